@@ -1,0 +1,232 @@
+"""Typed, validated configuration: the schema Hydra's YAML fills, and the checks run before any trial.
+
+Everything after `load()` works with these dataclasses, never with a `DictConfig`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+LR_SCALING_RULES = ("none", "linear", "sqrt")
+USE_GPU_CHOICES = ("auto", "true", "false")
+
+
+class ConfigError(ValueError):
+    """One or more user-facing configuration problems, each naming the key, the value and the fix."""
+
+    def __init__(self, problems: List[str]):
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+@dataclass
+class ModelConfig:
+    # A torchvision classification model name (resnet18, mobilenet_v3_small, ...), "mlp",
+    # or any label when `_target_` names your own factory.
+    name: str = MISSING
+    # Import path of a factory returning an nn.Module, Hydra `_target_` style; called with
+    # `kwargs`, plus `num_classes` if the factory accepts it and `kwargs` does not set it.
+    _target_: Optional[str] = None
+    kwargs: Dict[str, Any] = field(default_factory=dict)
+    # The shape of one sample the model consumes; the dataset is resized to it.
+    input_shape: List[int] = field(default_factory=lambda: [3, 32, 32])
+    # MLP only (seed 003's MLP is depth 8, width 1024).
+    depth: int = 8
+    width: int = 1024
+
+
+@dataclass
+class DataConfig:
+    # digits | cifar10 | synthetic, or any label when `_target_` names your own factory.
+    name: str = MISSING
+    _target_: Optional[str] = None
+    kwargs: Dict[str, Any] = field(default_factory=dict)
+    num_classes: int = 10
+    # cifar10: torchvision's on-disk layout under `root`.
+    root: str = "data"
+    download: bool = False
+    # cifar10: check the archive's MD5 sums as torchvision does; false accepts any files in
+    # CIFAR-10's on-disk format (a re-pickled or reduced copy, or the tests' tiny archive).
+    verify_checksums: bool = True
+    # digits / synthetic: the held-out share used for validation accuracy.
+    val_fraction: float = 0.2
+    # synthetic: how many random samples.
+    num_samples: int = 2048
+    # torch DataLoader worker processes per training worker.
+    loader_workers: int = 0
+
+
+@dataclass
+class SweepConfig:
+    micro_batch_sizes: List[int] = field(default_factory=lambda: [32, 64])
+    accumulation_steps: List[int] = field(default_factory=lambda: [1, 2])
+    num_workers: List[int] = field(default_factory=lambda: [1])
+    # Keep only grid points whose micro x accumulation x workers is one of these.
+    global_batch_sizes: Optional[List[int]] = None
+    max_concurrent_trials: int = 1
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 1
+    lr: float = 0.05
+    lr_scaling: str = "none"
+    base_batch_size: int = 32
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    seed: int = 0
+    # Optimizer steps excluded from timing (allocator warm-up, lazy init, caches).
+    warmup_steps: int = 2
+    # The measured steps are split into this many windows; their median and spread are reported.
+    timing_windows: int = 3
+
+
+@dataclass
+class TrackingConfig:
+    # null: a SQLite store `mlflow.db` in the working directory.
+    uri: Optional[str] = None
+    experiment_name: str = "sweeper"
+
+
+@dataclass
+class ClusterConfig:
+    # null: start a local Ray; "auto" or "host:port" or "ray://host:port": join an existing cluster.
+    address: Optional[str] = None
+    # auto | true | false
+    use_gpu: Any = "auto"
+    # null: split the machine's CPUs between the largest trial's workers.
+    cpus_per_worker: Optional[float] = None
+    # CPUs reserved by each trial's own driver (it only waits on its workers).
+    cpus_per_trial: float = 0.01
+    # Local Ray only: how many CPUs it may use (null: all of this machine's).
+    num_cpus: Optional[int] = None
+    # Ray's results and the local cluster's auth token go here, not into your home directory.
+    ray_dir: str = ".sweeper/ray"
+    include_dashboard: bool = True
+    dashboard_port: int = 8265
+
+
+@dataclass
+class SweeperConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+
+
+def register() -> None:
+    """Register the schema so `conf/config.yaml` can list `sweeper_schema` first in its defaults."""
+    ConfigStore.instance().store(name="sweeper_schema", node=SweeperConfig)
+
+
+def load(cfg: DictConfig) -> SweeperConfig:
+    """Convert the composed Hydra config into typed objects and validate them (raises ConfigError)."""
+    typed = OmegaConf.to_object(cfg)
+    if not isinstance(typed, SweeperConfig):  # composed without the schema (e.g. a bare compose)
+        typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(SweeperConfig), cfg))
+    typed.cluster.use_gpu = normalize_use_gpu(typed.cluster.use_gpu)
+    problems = validate(typed)
+    if problems:
+        raise ConfigError(problems)
+    return typed
+
+
+def normalize_use_gpu(value: Any) -> str:
+    return str(value).strip().lower()
+
+
+def validate(cfg: SweeperConfig) -> List[str]:
+    """Every problem with the plain values of the config; model/data/cluster reachability are checked
+    by their own modules."""
+    problems: List[str] = []
+    sweep, train = cfg.sweep, cfg.train
+
+    for key in ("micro_batch_sizes", "accumulation_steps", "num_workers"):
+        values = getattr(sweep, key)
+        if not values:
+            problems.append(f"sweep.{key}=[] is empty: give at least one value, e.g. sweep.{key}=[1]")
+        for v in values:
+            if v <= 0:
+                problems.append(
+                    f"sweep.{key} contains {v}: every value must be a positive integer; remove or fix it"
+                )
+    if sweep.global_batch_sizes is not None:
+        if not sweep.global_batch_sizes:
+            problems.append(
+                "sweep.global_batch_sizes=[] keeps nothing: set it to null to keep the whole grid"
+            )
+        for v in sweep.global_batch_sizes:
+            if v <= 0:
+                problems.append(
+                    f"sweep.global_batch_sizes contains {v}: global batch sizes must be positive"
+                )
+    if sweep.max_concurrent_trials <= 0:
+        problems.append(
+            f"sweep.max_concurrent_trials={sweep.max_concurrent_trials}: must be >= 1"
+        )
+
+    positive = {
+        "train.epochs": train.epochs,
+        "train.lr": train.lr,
+        "train.base_batch_size": train.base_batch_size,
+        "train.timing_windows": train.timing_windows,
+    }
+    for key, v in positive.items():
+        if v <= 0:
+            problems.append(f"{key}={v}: must be positive")
+    if train.warmup_steps < 0:
+        problems.append(f"train.warmup_steps={train.warmup_steps}: must be >= 0")
+    if train.lr_scaling not in LR_SCALING_RULES:
+        problems.append(
+            f"train.lr_scaling={train.lr_scaling!r} is invalid: use one of {', '.join(LR_SCALING_RULES)}"
+        )
+
+    if cfg.cluster.use_gpu not in USE_GPU_CHOICES:
+        problems.append(
+            f"cluster.use_gpu={cfg.cluster.use_gpu!r} is invalid: use one of {', '.join(USE_GPU_CHOICES)}"
+        )
+    if cfg.cluster.cpus_per_worker is not None and cfg.cluster.cpus_per_worker <= 0:
+        problems.append(
+            f"cluster.cpus_per_worker={cfg.cluster.cpus_per_worker}: must be positive, or null for auto"
+        )
+    if cfg.cluster.cpus_per_trial <= 0:
+        problems.append(
+            f"cluster.cpus_per_trial={cfg.cluster.cpus_per_trial}: must be positive "
+            "(Ray rejects an empty resource request), e.g. 0.01"
+        )
+    if cfg.cluster.num_cpus is not None and cfg.cluster.num_cpus <= 0:
+        problems.append(f"cluster.num_cpus={cfg.cluster.num_cpus}: must be positive, or null")
+
+    if not (0.0 < cfg.data.val_fraction < 1.0):
+        problems.append(f"data.val_fraction={cfg.data.val_fraction}: must be between 0 and 1")
+    if cfg.data.num_samples <= 0:
+        problems.append(f"data.num_samples={cfg.data.num_samples}: must be positive")
+    if cfg.data.num_classes <= 1:
+        problems.append(f"data.num_classes={cfg.data.num_classes}: must be at least 2")
+    if cfg.data.loader_workers < 0:
+        problems.append(f"data.loader_workers={cfg.data.loader_workers}: must be >= 0")
+
+    if not cfg.model.input_shape or any(d <= 0 for d in cfg.model.input_shape):
+        problems.append(
+            f"model.input_shape={list(cfg.model.input_shape)}: every dimension must be positive, "
+            "e.g. [3,32,32]"
+        )
+    if cfg.model.name == "mlp":
+        for key in ("depth", "width"):
+            if getattr(cfg.model, key) <= 0:
+                problems.append(f"model.{key}={getattr(cfg.model, key)}: must be positive")
+    return problems
+
+
+def tracking_uri(cfg: TrackingConfig, cwd: Optional[str] = None) -> str:
+    """The tracking URI to use: the configured one, else a SQLite store in the working directory."""
+    if cfg.uri:
+        return cfg.uri
+    return f"sqlite:///{os.path.join(cwd or os.getcwd(), 'mlflow.db')}"
