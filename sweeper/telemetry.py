@@ -26,7 +26,7 @@ class Device:
         """What `peak_memory_bytes` means on this device (logged beside the number)."""
         if self.is_cuda:
             return "cuda: torch.cuda.max_memory_allocated (tensors held by the caching allocator)"
-        return "cpu: peak process RSS (ru_maxrss) above the RSS before the model was built"
+        return "cpu: peak process RSS (VmHWM, reset before the model is built) above the RSS at that point"
 
     def synchronize(self) -> None:
         # Host clocks only mean something once queued device work has finished.
@@ -37,6 +37,7 @@ class Device:
         if self.is_cuda:
             torch.cuda.reset_peak_memory_stats(self.torch_device)
         else:
+            reset_peak_rss()
             self._baseline_rss_bytes = psutil.Process().memory_info().rss
 
     def peak_memory_bytes(self) -> int:
@@ -45,9 +46,27 @@ class Device:
         return max(0, peak_rss_bytes() - self._baseline_rss_bytes)
 
 
+def reset_peak_rss() -> bool:
+    """Reset the kernel's resident-memory high-water mark (Linux: VmHWM), so a peak read later
+    belongs to this window and not to, say, importing libraries. False where unsupported."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def peak_rss_bytes() -> int:
     """The kernel's high-water mark of this process's resident memory (exact, not sampled)."""
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # reported in kB
+    except OSError:
+        pass
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB, never reset
 
 
 def select(use_gpu: bool, local_rank: int = 0) -> Device:

@@ -1,0 +1,91 @@
+"""What the user sees in the terminal: where things are, a progress bar while trials run, and the
+final table of trials sorted by throughput."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from sweeper.plan import GridPoint
+
+# A wide table even when piped to a file or a CI log (rich would pick 80 columns there).
+console = Console(width=None if Console().is_terminal else 120)
+
+
+def print_start(
+    num_trials: int,
+    tracking_uri: str,
+    dashboard_url: Optional[str],
+    token_path: Optional[str],
+    results_dir: str,
+) -> None:
+    console.print(f"[bold]sweeper[/]: {num_trials} trials")
+    console.print(f"  MLflow store:   {tracking_uri}")
+    console.print(f"  Ray results:    {results_dir}")
+    if dashboard_url:
+        console.print(f"  Ray dashboard:  {dashboard_url}")
+        if token_path:
+            console.print(
+                f"    token auth is on: paste the token from {token_path} into the dashboard's "
+                "login prompt (or send `Authorization: Bearer <token>`)"
+            )
+
+
+def progress() -> Progress:
+    return Progress(
+        TextColumn("[bold]trials"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        console=console,
+        transient=False,
+    )
+
+
+def print_summary(
+    rows: List[Tuple[GridPoint, Dict[str, Any]]],
+    tracking_uri: str,
+    parent_run_id: str,
+    experiment_name: str,
+    accuracy_note: Optional[str],
+) -> None:
+    table = Table(title="trials, fastest first")
+    for column in ("micro", "accum", "workers", "global", "status", "samples/s", "cv", "peak MiB", "val acc", "startup s"):
+        table.add_column(column, justify="right")
+
+    def speed(row):
+        return row[1].get("samples_per_second") or -1.0
+
+    for point, result in sorted(rows, key=speed, reverse=True):
+        table.add_row(
+            str(point.micro_batch_size),
+            str(point.accumulation_steps),
+            str(point.num_workers),
+            str(point.global_batch_size),
+            result.get("status", "?") if result.get("status") == "ok" else f"[red]{result.get('status')}[/]",
+            _fmt(result.get("samples_per_second"), "{:.1f}"),
+            _fmt(result.get("samples_per_second_cv"), "{:.1%}"),
+            _fmt(_mib(result.get("peak_memory_bytes")), "{:.0f}"),
+            _fmt(result.get("val_accuracy"), "{:.3f}"),
+            _fmt(result.get("startup_seconds"), "{:.1f}"),
+        )
+    console.print(table)
+    for point, result in rows:
+        if result.get("status") != "ok":
+            console.print(f"  [red]{point.key}[/] {result.get('status')}: {result.get('error', '')}")
+    if accuracy_note:
+        console.print(f"  val acc: {accuracy_note}")
+    console.print(f"MLflow: experiment {experiment_name!r}, sweep run {parent_run_id}")
+    console.print(f"  open it with: mlflow ui --backend-store-uri {tracking_uri}")
+
+
+def _mib(value: Optional[float]) -> Optional[float]:
+    return None if value is None else value / 2**20
+
+
+def _fmt(value: Optional[float], pattern: str) -> str:
+    return "-" if value is None else pattern.format(value)

@@ -1,0 +1,293 @@
+"""The Ray layer: connect to (or start) Ray, size trials to the cluster, and run one Ray Tune trial per
+grid point, each a Ray Train `TorchTrainer` with `num_workers` DDP workers.
+
+The only module that imports Ray. Results reach the caller through `on_trial_done` in the driver
+process, so whatever records them (MLflow) never runs on a worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import secrets
+import socket
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Dict, List, Optional
+
+from sweeper.config import ClusterConfig, ConfigError
+from sweeper.plan import GridPoint
+from sweeper.training import TrialSpec, WorkerContext, run_trial
+
+TrialCallback = Callable[[GridPoint, Dict[str, Any]], None]
+
+
+@dataclass
+class Cluster:
+    address: str
+    started_here: bool
+    cpus: float
+    gpus: float
+    dashboard_url: Optional[str]
+    token_path: Optional[str]
+    results_dir: str
+
+
+@dataclass(frozen=True)
+class Resources:
+    use_gpu: bool
+    cpus_per_worker: float
+    cpus_per_trial: float
+    threads_per_worker: int
+
+
+def connect(cfg: ClusterConfig) -> Cluster:
+    """Start a local Ray (address null) or join an existing one; a clean ConfigError if unreachable."""
+    ray_dir = os.path.abspath(cfg.ray_dir)
+    results_dir = os.path.join(ray_dir, "results")
+    os.makedirs(results_dir, exist_ok=True)
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # Tune's own console tables would interleave with sweeper's progress bar and summary.
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    if cfg.address and cfg.address != "auto":
+        _check_reachable(cfg.address)
+
+    token_path = None
+    if cfg.address is None:
+        # Ray 2.60 turns on token auth for a new local cluster and would write the token to
+        # ~/.ray/auth_token; keep it with the rest of this tool's Ray files instead. Set before
+        # Ray is imported: its config is read once per process.
+        token_path = _ensure_token(ray_dir)
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
+
+    import ray
+
+    kwargs: Dict[str, Any] = dict(
+        log_to_driver=False, logging_level=logging.WARNING, ignore_reinit_error=True
+    )
+    if cfg.address is None:
+        kwargs.update(
+            num_cpus=cfg.num_cpus or os.cpu_count(),
+            include_dashboard=cfg.include_dashboard,
+            dashboard_port=cfg.dashboard_port,
+        )
+    else:
+        kwargs["address"] = cfg.address
+    try:
+        context = ray.init(**kwargs)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise ConfigError(
+            [
+                f"cluster.address={cfg.address!r}: cannot join a Ray cluster ({_first_line(exc)}); "
+                "start one with `ray start --head`, or set cluster.address=null for a local Ray"
+            ]
+        ) from None
+    resources = ray.cluster_resources()
+    dashboard = getattr(context, "dashboard_url", None) or None
+    return Cluster(
+        address=context.address_info.get("gcs_address", cfg.address or "local"),
+        started_here=cfg.address is None,
+        cpus=float(resources.get("CPU", 0.0)),
+        gpus=float(resources.get("GPU", 0.0)),
+        dashboard_url=f"http://{dashboard}" if dashboard and "://" not in dashboard else dashboard,
+        token_path=token_path or os.environ.get("RAY_AUTH_TOKEN_PATH"),
+        results_dir=results_dir,
+    )
+
+
+def plan_resources(cfg: ClusterConfig, cluster: Cluster, points: List[GridPoint]) -> Resources:
+    """Per-worker resources for the largest trial, or a ConfigError instead of Ray's silent hang
+    (a trial that asks for more than the cluster has stays PENDING/RUNNING forever)."""
+    max_workers = max(p.num_workers for p in points)
+    use_gpu = cluster.gpus > 0 if cfg.use_gpu == "auto" else cfg.use_gpu == "true"
+    problems = []
+    if use_gpu and cluster.gpus < max_workers:
+        problems.append(
+            f"cluster.use_gpu={cfg.use_gpu}: the largest trial needs {max_workers} GPUs (one per "
+            f"worker) but the Ray cluster has {cluster.gpus:g}; lower sweep.num_workers or set "
+            "cluster.use_gpu=false"
+        )
+    cpus_per_worker = cfg.cpus_per_worker
+    if cpus_per_worker is None:
+        # Every worker gets the same CPU share whatever its trial's size, as it would get its own
+        # GPU: trials with 1 and 2 workers are then comparable per worker.
+        cpus_per_worker = math.floor((cluster.cpus - cfg.cpus_per_trial) / max_workers * 100) / 100
+    need = cfg.cpus_per_trial + max_workers * cpus_per_worker
+    if cpus_per_worker <= 0 or need > cluster.cpus + 1e-9:
+        problems.append(
+            f"cluster.cpus_per_worker={cpus_per_worker:g}: the largest trial needs "
+            f"{cfg.cpus_per_trial:g} (trial driver, cluster.cpus_per_trial) + {max_workers} workers x "
+            f"{cpus_per_worker:g} = {need:g} CPUs but the Ray cluster has {cluster.cpus:g}; lower "
+            "cluster.cpus_per_worker (null picks the largest share that fits) or sweep.num_workers"
+        )
+    if problems:
+        raise ConfigError(problems)
+    return Resources(
+        use_gpu=use_gpu,
+        cpus_per_worker=cpus_per_worker,
+        cpus_per_trial=cfg.cpus_per_trial,
+        threads_per_worker=max(1, round(cpus_per_worker)),
+    )
+
+
+def run_sweep(
+    experiment: str,
+    points: List[GridPoint],
+    specs: Dict[GridPoint, TrialSpec],
+    resources: Resources,
+    cluster: Cluster,
+    max_concurrent_trials: int,
+    on_trial_start: Callable[[GridPoint], None],
+    on_trial_done: TrialCallback,
+) -> None:
+    """Run every grid point as a Ray Tune trial; `on_trial_done(point, result)` is called in this
+    process as each finishes, with `result["status"]` one of ok | oom | failed."""
+    from ray import tune
+
+    trainable = tune.with_resources(
+        tune.with_parameters(
+            _trial, specs=specs, resources=resources, storage_path=cluster.results_dir, experiment=experiment
+        ),
+        {"CPU": resources.cpus_per_trial},
+    )
+    tuner = tune.Tuner(
+        trainable,
+        param_space={"point": tune.grid_search([p.as_dict() for p in points])},
+        tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent_trials),
+        run_config=tune.RunConfig(
+            name=experiment,
+            storage_path=cluster.results_dir,
+            callbacks=[_relay(on_trial_start, on_trial_done)],
+            verbose=0,
+        ),
+    )
+    tuner.fit()
+
+
+def _relay(on_trial_start: Callable[[GridPoint], None], on_trial_done: TrialCallback):
+    from ray import tune
+
+    class Relay(tune.Callback):
+        """Hands trial events to the caller; Tune calls these in the driver process.
+
+        Tune pickles callbacks into its experiment state: the sinks (an MLflow client, a progress
+        bar) are attributes left out of that state, and no method closes over them.
+        """
+
+        def __init__(self, start, done):
+            self.start, self.done = start, done
+
+        def __getstate__(self):
+            return {}
+
+        def on_trial_start(self, iteration, trials, trial, **info):
+            self.start(GridPoint(**trial.config["point"]))
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            self.done(GridPoint(**trial.config["point"]), dict(trial.last_result or {}))
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            error = str(getattr(trial, "error_msg", "") or "the trial's process failed")
+            self.done(GridPoint(**trial.config["point"]), {"status": "failed", "error": _last_line(error)})
+
+    return Relay(on_trial_start, on_trial_done)
+
+
+def _trial(config: Dict[str, Any], specs, resources: Resources, storage_path: str, experiment: str) -> None:
+    """The Tune function trainable: one TorchTrainer per grid point (Train V2 cannot be passed to a
+    Tuner directly)."""
+    from ray import train, tune
+    from ray.train.torch import TorchTrainer
+
+    start = time.time()
+    point = GridPoint(**config["point"])
+    spec = replace(specs[point], trial_start_time=start)
+    per_worker = {"CPU": resources.cpus_per_worker}
+    if resources.use_gpu:
+        per_worker["GPU"] = 1
+    trainer = TorchTrainer(
+        _worker,
+        train_loop_config={"spec": spec, "threads": resources.threads_per_worker},
+        scaling_config=train.ScalingConfig(
+            num_workers=point.num_workers,
+            use_gpu=resources.use_gpu,
+            resources_per_worker=per_worker,
+        ),
+        run_config=train.RunConfig(
+            name=f"{experiment}-{point.key}",
+            storage_path=storage_path,
+            failure_config=train.FailureConfig(max_failures=0),
+        ),
+    )
+    try:
+        outcome = trainer.fit().return_value or {}
+        outcome["status"] = "ok"
+    except Exception as exc:  # a worker's failure arrives wrapped; keep its last line
+        text = str(exc)
+        outcome = {
+            "status": "oom" if "OutOfMemoryError" in text or "out of memory" in text else "failed",
+            "error": _last_line(text),
+        }
+    outcome["trial_wall_seconds"] = time.time() - start
+    tune.report(outcome)
+
+
+def _worker(config: Dict[str, Any]) -> Dict[str, Any]:
+    import torch
+    from ray import train
+
+    torch.set_num_threads(config["threads"])
+    ctx = train.get_context()
+    return run_trial(
+        config["spec"],
+        WorkerContext(
+            rank=ctx.get_world_rank(),
+            world_size=ctx.get_world_size(),
+            local_rank=ctx.get_local_rank(),
+        ),
+    )
+
+
+def shutdown() -> None:
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+def _ensure_token(ray_dir: str) -> str:
+    path = os.path.join(ray_dir, "auth_token")
+    if not os.path.exists(path):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))  # as Ray's own generator: 256 bits
+    os.environ["RAY_AUTH_TOKEN_PATH"] = path
+    return path
+
+
+def _check_reachable(address: str) -> None:
+    host_port = address.split("://", 1)[-1]
+    host, _, port = host_port.rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=3):
+            return
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(
+            [
+                f"cluster.address={address!r} is unreachable ({reason}): check the head node's "
+                "host:port (`ray status` on it), or set cluster.address=null to start a local Ray"
+            ]
+        ) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else "unknown error"
+
