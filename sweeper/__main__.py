@@ -15,8 +15,8 @@ config.register()
 @hydra.main(config_path="pkg://sweeper.conf", config_name="config", version_base="1.3")
 def _hydra_main(cfg: DictConfig) -> None:
     try:
-        typed = config.load(cfg)
-        from sweeper import app  # heavy imports (torch, ray, mlflow) only once the config is sound
+        typed = config.to_typed(cfg)
+        from sweeper import app  # validates everything (values, model, data, store) before Ray starts
 
         status = app.run(typed, OmegaConf.to_yaml(cfg, resolve=True))
     except config.ConfigError as exc:

@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Tuple
 from sweeper import console, plan, ray_runner, tracking
 from sweeper import data as data_mod
 from sweeper import models
-from sweeper.config import ConfigError, SweeperConfig, tracking_uri
+from sweeper.config import ConfigError, SweeperConfig, tracking_uri, validate
 from sweeper.plan import GridPoint
 from sweeper.training import TrialSpec
 
@@ -20,7 +20,7 @@ SYNTHETIC_NOTE = "not measured: synthetic data has random labels, so accuracy wo
 
 def preflight(cfg: SweeperConfig) -> Tuple[List[GridPoint], Dict[GridPoint, TrialSpec]]:
     """Every check that needs no cluster, all problems collected into one ConfigError."""
-    problems = models.check(cfg.model) + data_mod.check(cfg.data)
+    problems = validate(cfg) + models.check(cfg.model) + data_mod.check(cfg.data)
     problems += tracking.check(tracking_uri(cfg.tracking))
     points = plan.expand_grid(
         cfg.sweep.micro_batch_sizes,
@@ -28,11 +28,14 @@ def preflight(cfg: SweeperConfig) -> Tuple[List[GridPoint], Dict[GridPoint, Tria
         cfg.sweep.num_workers,
         cfg.sweep.global_batch_sizes,
     )
-    if not points:
+    if not points and not problems:
+        unfiltered = plan.expand_grid(
+            cfg.sweep.micro_batch_sizes, cfg.sweep.accumulation_steps, cfg.sweep.num_workers
+        )
+        available = sorted({p.global_batch_size for p in unfiltered})
         problems.append(
             f"sweep.global_batch_sizes={list(cfg.sweep.global_batch_sizes or [])} keeps no grid point "
-            f"(micro x accumulation x workers gives {sorted({p.global_batch_size for p in plan.expand_grid(cfg.sweep.micro_batch_sizes, cfg.sweep.accumulation_steps, cfg.sweep.num_workers)})}): "
-            "choose global batch sizes from that list or set it to null"
+            f"(micro x accumulation x workers gives {available}): choose from those or set it to null"
         )
     if problems:
         raise ConfigError(problems)
@@ -82,9 +85,9 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
     """Run the sweep; the exit status is 0 when every trial ended ok or oom, 1 if any failed."""
     points, specs = preflight(cfg)
     uri = tracking_uri(cfg.tracking)
-    tracker = tracking.Tracker(uri, cfg.tracking.experiment_name)
     cluster = ray_runner.connect(cfg.cluster)
     try:
+        tracker = tracking.Tracker(uri, cfg.tracking.experiment_name)
         resources = ray_runner.plan_resources(cfg.cluster, cluster, points)
         specs = {p: _with_device(s, resources.use_gpu) for p, s in specs.items()}
         console.print_start(len(points), uri, cluster.dashboard_url, cluster.token_path, cluster.results_dir)

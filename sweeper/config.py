@@ -126,12 +126,18 @@ def register() -> None:
     ConfigStore.instance().store(name="sweeper_schema", node=SweeperConfig)
 
 
-def load(cfg: DictConfig) -> SweeperConfig:
-    """Convert the composed Hydra config into typed objects and validate them (raises ConfigError)."""
+def to_typed(cfg: DictConfig) -> SweeperConfig:
+    """The composed Hydra config as typed objects (types checked by OmegaConf, values not yet)."""
     typed = OmegaConf.to_object(cfg)
     if not isinstance(typed, SweeperConfig):  # composed without the schema (e.g. a bare compose)
         typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(SweeperConfig), cfg))
     typed.cluster.use_gpu = normalize_use_gpu(typed.cluster.use_gpu)
+    return typed
+
+
+def load(cfg: DictConfig) -> SweeperConfig:
+    """Typed and validated (raises ConfigError with every problem of the plain values)."""
+    typed = to_typed(cfg)
     problems = validate(typed)
     if problems:
         raise ConfigError(problems)

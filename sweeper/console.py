@@ -22,15 +22,16 @@ def print_start(
     token_path: Optional[str],
     results_dir: str,
 ) -> None:
-    console.print(f"[bold]sweeper[/]: {num_trials} trials")
-    console.print(f"  MLflow store:   {tracking_uri}")
-    console.print(f"  Ray results:    {results_dir}")
+    console.print(f"[bold]sweeper[/]: {num_trials} trials", soft_wrap=True)
+    console.print(f"  MLflow store:   {tracking_uri}", soft_wrap=True)
+    console.print(f"  Ray results:    {results_dir}", soft_wrap=True)
     if dashboard_url:
-        console.print(f"  Ray dashboard:  {dashboard_url}")
+        console.print(f"  Ray dashboard:  {dashboard_url}", soft_wrap=True)
         if token_path:
             console.print(
                 f"    token auth is on: paste the token from {token_path} into the dashboard's "
-                "login prompt (or send `Authorization: Bearer <token>`)"
+                "login prompt (or send `Authorization: Bearer <token>`)",
+                soft_wrap=True,
             )
 
 
@@ -76,11 +77,11 @@ def print_summary(
     console.print(table)
     for point, result in rows:
         if result.get("status") != "ok":
-            console.print(f"  [red]{point.key}[/] {result.get('status')}: {result.get('error', '')}")
+            console.print(f"  [red]{point.key}[/] {result.get('status')}: {result.get('error', '')}", soft_wrap=True)
     if accuracy_note:
-        console.print(f"  val acc: {accuracy_note}")
-    console.print(f"MLflow: experiment {experiment_name!r}, sweep run {parent_run_id}")
-    console.print(f"  open it with: mlflow ui --backend-store-uri {tracking_uri}")
+        console.print(f"  val acc: {accuracy_note}", soft_wrap=True)
+    console.print(f"MLflow: experiment {experiment_name!r}, sweep run {parent_run_id}", soft_wrap=True)
+    console.print(f"  open it with: mlflow ui --backend-store-uri {tracking_uri}", soft_wrap=True)
 
 
 def _mib(value: Optional[float]) -> Optional[float]:

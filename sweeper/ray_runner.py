@@ -44,14 +44,14 @@ class Resources:
 
 def connect(cfg: ClusterConfig) -> Cluster:
     """Start a local Ray (address null) or join an existing one; a clean ConfigError if unreachable."""
+    if cfg.address and cfg.address != "auto":
+        _check_reachable(cfg.address)
     ray_dir = os.path.abspath(cfg.ray_dir)
     results_dir = os.path.join(ray_dir, "results")
     os.makedirs(results_dir, exist_ok=True)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     # Tune's own console tables would interleave with sweeper's progress bar and summary.
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    if cfg.address and cfg.address != "auto":
-        _check_reachable(cfg.address)
 
     token_path = None
     if cfg.address is None:

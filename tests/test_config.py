@@ -1,0 +1,92 @@
+"""The config contract: composition, typed conversion, and one clean error per bad input."""
+
+import pytest
+
+from sweeper.config import ConfigError, SweeperConfig
+from tests.conftest import run_cli
+
+
+def test_demo_experiment_composes_to_typed_config(cfg_of):
+    cfg = cfg_of("+experiment=resnet_batch")
+    assert isinstance(cfg, SweeperConfig)
+    assert cfg.model.name == "resnet18" and cfg.data.name == "digits"
+    assert cfg.sweep.micro_batch_sizes == [16, 64]
+
+
+def test_issue_overrides_compose(cfg_of):
+    cfg = cfg_of(
+        "sweep.micro_batch_sizes=[16,32,64]", "sweep.accumulation_steps=[1,4]",
+        "sweep.num_workers=[1,2]", "model=mlp", "data=synthetic", "train.epochs=2",
+    )
+    assert cfg.model.depth == 8 and cfg.model.width == 1024
+    assert cfg.data.name == "synthetic" and cfg.train.epochs == 2
+
+
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("sweep.micro_batch_sizes=[-8]", "sweep.micro_batch_sizes"),
+        ("sweep.accumulation_steps=[0]", "sweep.accumulation_steps"),
+        ("sweep.num_workers=[]", "sweep.num_workers"),
+        ("train.lr_scaling=cubic", "train.lr_scaling"),
+        ("cluster.use_gpu=maybe", "cluster.use_gpu"),
+        ("train.epochs=0", "train.epochs"),
+    ],
+)
+def test_bad_values_name_their_key(cfg_of, override, key):
+    with pytest.raises(ConfigError) as err:
+        cfg_of(override)
+    assert len(err.value.problems) == 1
+    assert err.value.problems[0].startswith(key)
+
+
+def test_all_problems_are_collected(cfg_of):
+    with pytest.raises(ConfigError) as err:
+        cfg_of("sweep.micro_batch_sizes=[-1]", "sweep.accumulation_steps=[0]", "train.lr=-1")
+    assert len(err.value.problems) == 3
+
+
+def test_use_gpu_accepts_yaml_booleans(cfg_of):
+    assert cfg_of("cluster.use_gpu=false").cluster.use_gpu == "false"
+    assert cfg_of("cluster.use_gpu=true").cluster.use_gpu == "true"
+
+
+# The CLI: exit status 2, one line per problem naming key and fix, no traceback, before any trial.
+BAD_INPUTS = [
+    (["sweep.micro_batch_sizes=[-16]"], "sweep.micro_batch_sizes"),
+    (["sweep.accumulation_steps=[0]"], "sweep.accumulation_steps"),
+    (["sweep.global_batch_sizes=[7]"], "sweep.global_batch_sizes"),
+    (["model.name=resnet_9000"], "model.name"),
+    (["data.name=imagenet_from_mars"], "data.name"),
+    (["data=cifar10", "data.root=/nonexistent"], "data.root"),
+    (["model=custom", "model._target_=no_such_pkg.build"], "model._target_"),
+    (["tracking.uri=http://127.0.0.1:9"], "tracking.uri"),
+    (["cluster.address=127.0.0.1:9"], "cluster.address"),
+    (["train.epochs=1", "sweep.micro_batch_sizes=[1024]", "sweep.accumulation_steps=[1]"], "train.epochs"),
+]
+
+
+@pytest.mark.parametrize("overrides,key", BAD_INPUTS, ids=[k for _, k in BAD_INPUTS])
+def test_cli_bad_input_is_one_clean_line(tmp_path, overrides, key):
+    result = run_cli(*overrides, cwd=tmp_path, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, result.stderr
+    assert errors[0].startswith(f"error: {key}")
+    assert not (tmp_path / ".sweeper" / "ray").exists()  # no Ray was started
+
+
+def test_cli_collects_several_problems(tmp_path):
+    result = run_cli("sweep.micro_batch_sizes=[0]", "model.name=nope", "data.name=nope", cwd=tmp_path, timeout=120)
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 3 and "Traceback" not in result.stderr
+
+
+def test_cli_help_and_cfg_job(tmp_path):
+    help_text = run_cli("--help", cwd=tmp_path, timeout=60)
+    assert help_text.returncode == 0 and "micro-batch" in help_text.stdout
+    assert "model: custom, mlp, resnet18" in help_text.stdout
+    job = run_cli("+experiment=resnet_batch", "--cfg", "job", cwd=tmp_path, timeout=60)
+    assert job.returncode == 0 and "name: resnet18" in job.stdout

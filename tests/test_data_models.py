@@ -1,0 +1,101 @@
+"""Datasets and models by name, the CIFAR-10 loader on a tiny archive in its on-disk format, and the
+sampler that keeps every micro-batch full."""
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from sweeper import data, models
+from sweeper.config import DataConfig, ModelConfig, TrainConfig
+from sweeper.plan import GridPoint
+from sweeper.training import TrialSpec, WorkerContext, run_trial
+
+
+def write_tiny_cifar10(root, per_batch=20, test=30):
+    """Five training batches and a test batch in CIFAR-10's python pickle format."""
+    folder = root / data.CIFAR_FOLDER
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for name, n in [(f"data_batch_{i}", per_batch) for i in range(1, 6)] + [("test_batch", test)]:
+        entry = {"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8), "labels": rng.integers(0, 10, n).tolist()}
+        with open(folder / name, "wb") as f:
+            pickle.dump(entry, f)
+    with open(folder / "batches.meta", "wb") as f:
+        pickle.dump({"label_names": [f"class{i}" for i in range(10)]}, f)
+
+
+def test_cifar10_loader_reads_the_on_disk_format(tmp_path):
+    write_tiny_cifar10(tmp_path)
+    cfg = DataConfig(name="cifar10", root=str(tmp_path), verify_checksums=False)
+    assert data.check(cfg) == []
+    splits = data.load(cfg, [3, 32, 32])
+    assert len(splits.train) == 100 and len(splits.val) == 30
+    image, label = splits.train[0]
+    assert image.shape == (3, 32, 32) and 0 <= label < 10
+
+
+def test_cifar10_checksums_are_verified_by_default(tmp_path):
+    write_tiny_cifar10(tmp_path)
+    with pytest.raises(RuntimeError, match="corrupted"):
+        data.load(DataConfig(name="cifar10", root=str(tmp_path)), [3, 32, 32])
+
+
+def test_cifar10_missing_root_without_download_is_a_config_problem(tmp_path):
+    problems = data.check(DataConfig(name="cifar10", root=str(tmp_path / "nothing")))
+    assert len(problems) == 1 and problems[0].startswith("data.root=") and "data.download=true" in problems[0]
+
+
+def test_a_trial_trains_on_cifar10_resized(tmp_path):
+    write_tiny_cifar10(tmp_path)
+    spec = TrialSpec(
+        model=ModelConfig(name="mlp", input_shape=[1, 16, 16], depth=2, width=32),
+        data=DataConfig(name="cifar10", root=str(tmp_path), verify_checksums=False),
+        train=TrainConfig(warmup_steps=1, timing_windows=2),
+        point=GridPoint(10, 1, 1), lr=0.05, steps=5,
+    )
+    result = run_trial(spec, WorkerContext())
+    assert len(result["train_loss"]) == 5 and 0.0 <= result["val_accuracy"] <= 1.0
+
+
+def test_digits_are_resized_to_the_model_input():
+    splits = data.load(DataConfig(name="digits"), [3, 32, 32])
+    x, y = splits.train[0]
+    assert x.shape == (3, 32, 32)
+    assert len(splits.train) + len(splits.val) == 1797
+
+
+def test_sampler_yields_only_full_micro_batches_for_every_rank():
+    point = GridPoint(micro_batch_size=7, accumulation_steps=3, num_workers=2)
+    lengths = []
+    for rank in range(2):
+        sampler = data.GlobalBatchSampler(num_samples=100, point=point, rank=rank, steps=5, seed=0)
+        indices = list(sampler)
+        assert len(indices) == len(sampler) == 5 * 7 * 3
+        lengths.append(len(indices))
+    assert lengths[0] == lengths[1]
+
+
+def test_any_torchvision_model_by_name():
+    model = models.build(ModelConfig(name="mobilenet_v3_small"), num_classes=10)
+    assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
+    assert models.check(ModelConfig(name="resnet18")) == []
+    assert models.check(ModelConfig(name="not_a_model"))[0].startswith("model.name=")
+
+
+def make_tiny_model(num_classes, hidden=8):
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, num_classes))
+
+
+def test_custom_model_factory_gets_kwargs_and_num_classes():
+    cfg = ModelConfig(name="custom", _target_="tests.test_data_models.make_tiny_model", kwargs={"hidden": 5})
+    assert models.check(cfg) == []
+    model = models.build(cfg, num_classes=4)
+    assert model[1].out_features == 5 and model[3].out_features == 4
+
+
+def test_mlp_has_the_seed_003_shape():
+    mlp = models.build(ModelConfig(name="mlp", input_shape=[1, 32, 32]), num_classes=10)
+    linears = [m for m in mlp.modules() if isinstance(m, torch.nn.Linear)]
+    assert len(linears) == 9 and linears[0].in_features == 1024 and linears[0].out_features == 1024

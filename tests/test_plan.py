@@ -1,0 +1,58 @@
+"""Batch arithmetic: the grid, the global-batch filter, LR scaling, the step budget, the stream."""
+
+import math
+
+import pytest
+
+from sweeper.plan import GridPoint, expand_grid, optimizer_steps, scaled_lr, stream_indices
+
+
+def test_grid_is_the_product_and_global_batch_is_micro_x_accum_x_workers():
+    points = expand_grid([16, 32], [1, 4], [1, 2])
+    assert len(points) == 8
+    assert GridPoint(32, 4, 2).global_batch_size == 256
+    assert {p.key for p in points} >= {"mb16-acc1-w1", "mb32-acc4-w2"}
+
+
+def test_duplicates_are_dropped():
+    assert len(expand_grid([16, 16], [1], [1])) == 1
+
+
+def test_global_batch_filter_keeps_only_matching_points():
+    points = expand_grid([8, 16, 32], [1, 2, 4], [1, 2], global_batch_sizes=[32])
+    assert points and all(p.global_batch_size == 32 for p in points)
+    assert set(points) == {GridPoint(8, 4, 1), GridPoint(16, 2, 1), GridPoint(32, 1, 1),
+                           GridPoint(8, 2, 2), GridPoint(16, 1, 2)}
+    assert expand_grid([8], [1], [1], global_batch_sizes=[64]) == []
+
+
+@pytest.mark.parametrize("rule,expected", [("none", 0.1), ("linear", 0.4), ("sqrt", 0.2)])
+def test_lr_scaling(rule, expected):
+    assert scaled_lr(0.1, 128, 32, rule) == pytest.approx(expected)
+
+
+def test_unknown_lr_rule_is_rejected():
+    with pytest.raises(ValueError, match="should be one of|Should be one of"):
+        scaled_lr(0.1, 64, 32, "cubic")
+
+
+def test_step_budget_gives_every_layout_the_same_samples_up_to_one_global_batch():
+    n, epochs = 1437, 3
+    for g in (16, 48, 256):
+        seen = optimizer_steps(n, epochs, g) * g
+        assert n * epochs - g < seen <= n * epochs
+
+
+def test_stream_gives_each_step_the_same_samples_whatever_the_layout():
+    perms = [list(range(10))[::-1], list(range(10))]  # two "epochs"
+    one = GridPoint(2, 2, 1)  # global 4
+    two = GridPoint(1, 2, 2)  # global 4
+    steps = 4  # crosses the epoch boundary at sample 10
+    single = stream_indices(perms, 0, steps, one, 0)
+    ranks = [stream_indices(perms, 0, steps, two, r) for r in range(2)]
+    assert len(single) == steps * 4 and all(len(r) == steps * 2 for r in ranks)
+    for k in range(steps):
+        step_single = set(single[4 * k : 4 * k + 4])
+        step_ranks = set(ranks[0][2 * k : 2 * k + 2]) | set(ranks[1][2 * k : 2 * k + 2])
+        assert step_single == step_ranks
+    assert single[8:12] == [1, 0, 0, 1]  # epoch 0's tail then epoch 1's head
