@@ -1,0 +1,85 @@
+"""Plain hand-written PyTorch loop vs. sweeper's training step, same model/data/batch, one process,
+alternating rounds. Prints `name: value` lines; the last line is the headline ratio.
+
+    python scripts/bench_overhead.py [--model resnet18] [--micro 32] [--accum 1] [--steps 30] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+
+from sweeper import data as data_mod
+from sweeper import models
+from sweeper.config import DataConfig, ModelConfig, TrainConfig
+from sweeper.plan import GridPoint
+from sweeper.training import TrialSpec, WorkerContext, run_trial
+
+
+def plain_loop(model_cfg, data_cfg, micro, accum, steps, warmup, lr) -> float:
+    """The loop a user would write by hand: shuffle, batch, accumulate, step. Returns samples/s."""
+    splits = data_mod.load(data_cfg, model_cfg.input_shape)
+    torch.manual_seed(0)
+    model = models.build(model_cfg, splits.num_classes)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    loader = DataLoader(splits.train, batch_size=micro, shuffle=True, drop_last=True)
+    batches = iter(loader)
+
+    def next_batch():
+        nonlocal batches
+        try:
+            return next(batches)
+        except StopIteration:
+            batches = iter(loader)
+            return next(batches)
+
+    model.train()
+    start = None
+    for step in range(steps):
+        if step == warmup:
+            start = time.perf_counter()
+        for _ in range(accum):
+            x, y = next_batch()
+            (F.cross_entropy(model(x), y) / accum).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return (steps - warmup) * micro * accum / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="resnet18")
+    parser.add_argument("--micro", type=int, default=32)
+    parser.add_argument("--accum", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    model_cfg = ModelConfig(name=args.model, input_shape=[3, 32, 32] if args.model != "mlp" else [1, 32, 32])
+    data_cfg = DataConfig(name="digits")
+    # The sweeper's step times one window over the same measured steps as the plain loop.
+    train_cfg = TrainConfig(warmup_steps=args.warmup, timing_windows=1, lr=0.05)
+    spec = TrialSpec(model=model_cfg, data=data_cfg, train=train_cfg,
+                     point=GridPoint(args.micro, args.accum, 1), lr=0.05, steps=args.steps)
+
+    plain, ours = [], []
+    for _ in range(args.rounds):
+        plain.append(plain_loop(model_cfg, data_cfg, args.micro, args.accum, args.steps, args.warmup, 0.05))
+        ours.append(run_trial(spec, WorkerContext())["samples_per_second"])
+    print(f"config: model={args.model} micro={args.micro} accum={args.accum} steps={args.steps} "
+          f"warmup={args.warmup} threads={args.threads}")
+    print(f"plain_samples_per_second: {statistics.median(plain):.1f} (rounds: {', '.join(f'{v:.1f}' for v in plain)})")
+    print(f"sweeper_samples_per_second: {statistics.median(ours):.1f} (rounds: {', '.join(f'{v:.1f}' for v in ours)})")
+    print(f"throughput_ratio_sweeper_over_plain: {statistics.median(ours) / statistics.median(plain):.3f}")
+
+
+if __name__ == "__main__":
+    main()
