@@ -12,8 +12,13 @@ from sweeper import config
 config.register()
 
 
+_composed = False
+
+
 @hydra.main(config_path="pkg://sweeper.conf", config_name="config", version_base="1.3")
 def _hydra_main(cfg: DictConfig) -> None:
+    global _composed
+    _composed = True
     try:
         typed = config.to_typed(cfg)
         from sweeper import app  # validates everything (values, model, data, store) before Ray starts
@@ -27,7 +32,14 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    _hydra_main()
+    try:
+        _hydra_main()
+    except SystemExit as exc:
+        # Hydra reports a bad override or config group (e.g. model=nope) itself, without a
+        # traceback, and exits 1; that is a config error like ours, so use our exit status.
+        if exc.code == 1 and not _composed:
+            sys.exit(2)
+        raise
 
 
 if __name__ == "__main__":

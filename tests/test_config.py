@@ -1,5 +1,7 @@
 """The config contract: composition, typed conversion, and one clean error per bad input."""
 
+from pathlib import Path
+
 import pytest
 
 from sweeper.config import ConfigError, SweeperConfig
@@ -90,3 +92,29 @@ def test_cli_help_and_cfg_job(tmp_path):
     assert "model: custom, mlp, resnet18" in help_text.stdout
     job = run_cli("+experiment=resnet_batch", "--cfg", "job", cwd=tmp_path, timeout=60)
     assert job.returncode == 0 and "name: resnet18" in job.stdout
+
+
+def test_unknown_config_group_option_exits_2_without_traceback(tmp_path):
+    result = run_cli("model=nope", cwd=tmp_path, timeout=60)
+    assert result.returncode == 2
+    assert "Could not find 'model/nope'" in result.stderr and "Traceback" not in result.stderr
+    assert "resnet18" in result.stderr  # Hydra lists the options
+
+
+def test_own_experiment_files_with_config_dir(tmp_path):
+    (tmp_path / "my_conf" / "experiment").mkdir(parents=True)
+    (tmp_path / "my_conf" / "experiment" / "wide.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - override /model: mlp\nmodel: {width: 4096}\n"
+    )
+    result = run_cli("--config-dir", "my_conf", "+experiment=wide", "--cfg", "job", cwd=tmp_path, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "width: 4096" in result.stdout
+
+
+EXPERIMENTS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "experiment").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_experiment_file_composes_and_validates(cfg_of, name):
+    cfg = cfg_of(f"+experiment={name}")
+    assert cfg.sweep.micro_batch_sizes
