@@ -84,3 +84,21 @@ def test_own_model_factory_on_synthetic_data_reports_no_accuracy(tmp_path):
     assert "val_accuracy" not in run.data.metrics
     assert "random labels" in run.data.tags["sweeper.accuracy"]
     assert math.isfinite(run.data.metrics["train_loss"])
+
+
+def test_a_trial_that_raises_is_recorded_failed_and_the_exit_status_says_so(tmp_path):
+    # Bad model code: Identity returns the image, so the loss raises inside the worker.
+    result = run_cli(
+        "model=custom", "model._target_=torch.nn.Identity", *TRAIN,
+        "sweep.micro_batch_sizes=[16]", "sweep.accumulation_steps=[1]", "sweep.num_workers=[1]",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Traceback" not in result.stdout
+    client, parents, children = _runs(tmp_path)
+    assert len(children) == 1
+    run = children[0]
+    assert run.data.tags["sweeper.status"] == "failed"
+    assert run.info.status == "FAILED"
+    assert run.data.tags["sweeper.error"]  # the worker's error, in one line
+    assert client.get_run(parents[0].info.run_id).info.status == "FAILED"
