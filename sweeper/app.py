@@ -6,6 +6,7 @@ Takes typed config only; Hydra stays in `__main__`.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any, Dict, List, Tuple
 
 from sweeper import console, plan, ray_runner, tracking
@@ -141,6 +142,4 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
 
 
 def _with_device(spec: TrialSpec, use_gpu: bool) -> TrialSpec:
-    from dataclasses import replace
-
     return replace(spec, use_gpu=use_gpu)

@@ -25,6 +25,8 @@ SCALAR_METRICS = (
     "optimizer_steps",
     "samples_seen",
 )
+# Counts logged on the sweep's parent run.
+SWEEP_METRICS = ("num_trials_ok", "num_trials_oom", "num_trials_failed")
 MAX_BATCH = 1000  # MLflow's limit of metrics per log_batch call
 
 
@@ -141,7 +143,7 @@ class Tracker:
         metrics = [
             Metric(name, float(values[name]), now, 0)
             for name in values
-            if (name in SCALAR_METRICS or name.startswith("num_")) and values[name] is not None
+            if (name in SCALAR_METRICS or name in SWEEP_METRICS) and values[name] is not None
         ]
         metrics += [
             Metric("train_loss", float(loss), now, step)

@@ -1,0 +1,36 @@
+"""The MLflow schema on a real SQLite store: parent and nested children, nothing recorded twice."""
+
+from mlflow.tracking import MlflowClient
+
+from sweeper.plan import GridPoint
+from sweeper.tracking import Tracker, check
+
+
+def test_trial_is_a_nested_child_and_is_never_recorded_twice(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker(uri, "exp")
+    parent = tracker.start_sweep("sweep-x", {"model": "mlp"}, "model:\n  name: mlp\n")
+    point = GridPoint(8, 2, 1)
+    result = {"status": "ok", "samples_per_second": 10.0, "train_loss": [2.0, 1.5, 1.0], "val_accuracy": 0.5}
+    first = tracker.log_trial(point, {"micro_batch_size": 8}, result)
+    again = tracker.log_trial(point, {"micro_batch_size": 8}, result)  # e.g. a re-delivered result
+    assert first is not None and again is None
+    tracker.end_sweep({"num_trials_ok": 1, "num_trials_oom": 0, "num_trials_failed": 0}, failed=False)
+
+    client = MlflowClient(uri)
+    children = tracker.children()
+    assert [c.info.run_id for c in children] == [first]
+    child = children[0]
+    assert child.data.tags["mlflow.parentRunId"] == parent
+    assert child.data.tags["sweeper.role"] == "trial" and child.data.tags["sweeper.status"] == "ok"
+    history = client.get_metric_history(first, "train_loss")
+    assert sorted((h.step, h.value) for h in history) == [(0, 2.0), (1, 1.5), (2, 1.0)]
+    parent_run = client.get_run(parent)
+    assert parent_run.data.tags["sweeper.role"] == "sweep" and parent_run.info.status == "FINISHED"
+    assert parent_run.data.metrics["num_trials_ok"] == 1
+
+
+def test_unreachable_server_and_unwritable_folder_are_config_problems(tmp_path):
+    assert check("http://127.0.0.1:9")[0].startswith("tracking.uri='http://127.0.0.1:9' is unreachable")
+    assert check(f"sqlite:///{tmp_path}/no/such/dir/mlflow.db")[0].startswith("tracking.uri=")
+    assert check(f"sqlite:///{tmp_path}/mlflow.db") == []
