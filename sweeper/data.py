@@ -43,6 +43,11 @@ def check(cfg: DataConfig) -> List[str]:
                 "give the import path of a function returning (train_dataset, val_dataset)"
             ]
         return [] if callable(factory) else [f"data._target_={cfg._target_!r} is not callable"]
+    if cfg.name == "custom":
+        return [
+            "data._target_ is not set: data=custom needs the import path of your factory, "
+            "e.g. data._target_=my_pkg.data.build"
+        ]
     if cfg.name not in BUILTIN:
         return [
             f"data.name={cfg.name!r} is unknown: use data=digits, data=cifar10 or data=synthetic, "

@@ -48,6 +48,11 @@ def check(cfg: ModelConfig) -> List[str]:
                 "you run the sweep"
             ]
         return [] if callable(factory) else [f"model._target_={cfg._target_!r} is not callable"]
+    if cfg.name == "custom":
+        return [
+            "model._target_ is not set: model=custom needs the import path of your factory, "
+            "e.g. model._target_=my_pkg.models.build"
+        ]
     if cfg.name == "mlp" or cfg.name in torchvision_names():
         return []
     return [

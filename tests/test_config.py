@@ -62,6 +62,8 @@ BAD_INPUTS = [
     (["data.name=imagenet_from_mars"], "data.name"),
     (["data=cifar10", "data.root=/nonexistent"], "data.root"),
     (["model=custom", "model._target_=no_such_pkg.build"], "model._target_"),
+    (["model=custom"], "model._target_"),
+    (["data=custom"], "data._target_"),
     (["tracking.uri=http://127.0.0.1:9"], "tracking.uri"),
     (["cluster.address=127.0.0.1:9"], "cluster.address"),
     (["train.epochs=1", "sweep.micro_batch_sizes=[1024]", "sweep.accumulation_steps=[1]"], "train.epochs"),
