@@ -6,7 +6,7 @@ Takes typed config only; Hydra stays in `__main__`.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from collections import Counter
 from typing import Any, Dict, List, Tuple
 
 from sweeper import console, plan, ray_runner, tracking
@@ -90,7 +90,6 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
     try:
         tracker = tracking.Tracker(uri, cfg.tracking.experiment_name)
         resources = ray_runner.plan_resources(cfg.cluster, cluster, points)
-        specs = {p: _with_device(s, resources.use_gpu) for p, s in specs.items()}
         console.print_start(len(points), uri, cluster.dashboard_url, cluster.token_path, cluster.results_dir)
         name = f"sweep-{cfg.model.name}-{cfg.data.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         parent = tracker.start_sweep(
@@ -126,20 +125,13 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
             ray_runner.run_sweep(
                 name, points, specs, resources, cluster, cfg.sweep.max_concurrent_trials, started, done
             )
-        failed = sum(1 for _, r in rows if r.get("status") == "failed")
+        statuses = Counter(result.get("status") for _, result in rows)
+        failed = statuses["failed"]
         tracker.end_sweep(
-            {
-                "num_trials_ok": sum(1 for _, r in rows if r.get("status") == "ok"),
-                "num_trials_oom": sum(1 for _, r in rows if r.get("status") == "oom"),
-                "num_trials_failed": failed,
-            },
+            {f"num_trials_{status}": statuses[status] for status in ("ok", "oom", "failed")},
             failed=failed > 0,
         )
         console.print_summary(rows, uri, parent, cfg.tracking.experiment_name, accuracy_note)
         return 1 if failed else 0
     finally:
         ray_runner.shutdown()
-
-
-def _with_device(spec: TrialSpec, use_gpu: bool) -> TrialSpec:
-    return replace(spec, use_gpu=use_gpu)

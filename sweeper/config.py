@@ -231,6 +231,26 @@ def validate(cfg: SweeperConfig) -> List[str]:
     return problems
 
 
+def first_line(exc: BaseException) -> str:
+    """An exception's first non-empty line, for one-line error messages."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def check_factory(key: str, path: str, returns: str) -> List[str]:
+    """Problems with a Hydra `_target_`-style import path: not importable, or not callable."""
+    from hydra.utils import get_method
+
+    try:
+        factory = get_method(path)
+    except Exception as exc:  # Hydra wraps import errors in its own types
+        return [
+            f"{key}={path!r} cannot be imported ({first_line(exc)}): give the import path of a "
+            f"function returning {returns}, importable from where you run the sweep"
+        ]
+    return [] if callable(factory) else [f"{key}={path!r} is not callable"]
+
+
 def tracking_uri(cfg: TrackingConfig, cwd: Optional[str] = None) -> str:
     """The tracking URI to use: the configured one, else a SQLite store in the working directory."""
     if cfg.uri:

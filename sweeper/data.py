@@ -12,7 +12,7 @@ import torch
 from hydra.utils import get_method
 from torch.utils.data import Dataset, Sampler, TensorDataset
 
-from sweeper.config import DataConfig
+from sweeper.config import DataConfig, check_factory
 from sweeper.plan import GridPoint, stream_indices
 
 BUILTIN = ("digits", "cifar10", "synthetic")
@@ -35,14 +35,7 @@ class Splits:
 def check(cfg: DataConfig) -> List[str]:
     """Problems that would stop `load(cfg, ...)`, found without loading anything."""
     if cfg._target_:
-        try:
-            factory = get_method(cfg._target_)
-        except Exception as exc:
-            return [
-                f"data._target_={cfg._target_!r} cannot be imported ({str(exc).splitlines()[0]}): "
-                "give the import path of a function returning (train_dataset, val_dataset)"
-            ]
-        return [] if callable(factory) else [f"data._target_={cfg._target_!r} is not callable"]
+        return check_factory("data._target_", cfg._target_, "(train_dataset, val_dataset)")
     if cfg.name == "custom":
         return [
             "data._target_ is not set: data=custom needs the import path of your factory, "

@@ -9,7 +9,7 @@ import torch
 from hydra.utils import get_method
 from torch import nn
 
-from sweeper.config import ModelConfig
+from sweeper.config import ModelConfig, check_factory
 
 
 class MLP(nn.Module):
@@ -39,15 +39,7 @@ def torchvision_names() -> List[str]:
 def check(cfg: ModelConfig) -> List[str]:
     """Problems that would stop `build(cfg, ...)`, found without building anything."""
     if cfg._target_:
-        try:
-            factory = get_method(cfg._target_)
-        except Exception as exc:  # Hydra wraps import errors in its own types
-            return [
-                f"model._target_={cfg._target_!r} cannot be imported ({_first_line(exc)}): "
-                "give the import path of a function returning an nn.Module, importable from where "
-                "you run the sweep"
-            ]
-        return [] if callable(factory) else [f"model._target_={cfg._target_!r} is not callable"]
+        return check_factory("model._target_", cfg._target_, "an nn.Module")
     if cfg.name == "custom":
         return [
             "model._target_ is not set: model=custom needs the import path of your factory, "
@@ -81,7 +73,3 @@ def build(cfg: ModelConfig, num_classes: int) -> nn.Module:
 
     return torchvision.models.get_model(cfg.name, weights=None, num_classes=num_classes, **cfg.kwargs)
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, List, Optional
 
-from sweeper.config import ClusterConfig, ConfigError
+from sweeper.config import ClusterConfig, ConfigError, first_line
 from sweeper.plan import GridPoint
 from sweeper.training import TrialSpec, WorkerContext, run_trial
 
@@ -26,7 +26,6 @@ TrialCallback = Callable[[GridPoint, Dict[str, Any]], None]
 @dataclass
 class Cluster:
     address: str
-    started_here: bool
     cpus: float
     gpus: float
     dashboard_url: Optional[str]
@@ -79,7 +78,7 @@ def connect(cfg: ClusterConfig) -> Cluster:
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise ConfigError(
             [
-                f"cluster.address={cfg.address!r}: cannot join a Ray cluster ({_first_line(exc)}); "
+                f"cluster.address={cfg.address!r}: cannot join a Ray cluster ({first_line(exc)}); "
                 "start one with `ray start --head`, or set cluster.address=null for a local Ray"
             ]
         ) from None
@@ -87,7 +86,6 @@ def connect(cfg: ClusterConfig) -> Cluster:
     dashboard = getattr(context, "dashboard_url", None) or None
     return Cluster(
         address=context.address_info.get("gcs_address", cfg.address or "local"),
-        started_here=cfg.address is None,
         cpus=float(resources.get("CPU", 0.0)),
         gpus=float(resources.get("GPU", 0.0)),
         dashboard_url=f"http://{dashboard}" if dashboard and "://" not in dashboard else dashboard,
@@ -202,7 +200,7 @@ def _trial(config: Dict[str, Any], specs, resources: Resources, storage_path: st
 
     start = time.time()
     point = GridPoint(**config["point"])
-    spec = replace(specs[point], trial_start_time=start)
+    spec = replace(specs[point], trial_start_time=start, use_gpu=resources.use_gpu)
     per_worker = {"CPU": resources.cpus_per_worker}
     if resources.use_gpu:
         per_worker["GPU"] = 1
@@ -280,11 +278,6 @@ def _check_reachable(address: str) -> None:
                 "host:port (`ray status` on it), or set cluster.address=null to start a local Ray"
             ]
         ) from None
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = [line for line in str(exc).splitlines() if line.strip()]
-    return lines[0] if lines else type(exc).__name__
 
 
 def _last_line(text: str) -> str:

@@ -75,7 +75,3 @@ def select(use_gpu: bool, local_rank: int = 0) -> Device:
             raise RuntimeError("cluster.use_gpu=true but this worker sees no CUDA device")
         return Device(torch.device("cuda", local_rank))
     return Device(torch.device("cpu"))
-
-
-def cuda_available() -> bool:
-    return torch.cuda.is_available()

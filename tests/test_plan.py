@@ -1,6 +1,5 @@
 """Batch arithmetic: the grid, the global-batch filter, LR scaling, the step budget, the stream."""
 
-import math
 
 import pytest
 

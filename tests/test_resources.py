@@ -8,7 +8,7 @@ from sweeper.ray_runner import Cluster, plan_resources
 
 
 def cluster(cpus, gpus=0.0):
-    return Cluster("local", True, cpus, gpus, None, None, "/tmp")
+    return Cluster("local", cpus, gpus, None, None, "/tmp")
 
 
 POINTS = [GridPoint(16, 1, 1), GridPoint(16, 1, 2)]
