@@ -1,15 +1,23 @@
-"""The device layer: which torch device a worker uses, clock synchronization and peak memory.
+"""The device layer: which torch device a worker uses, clocks, memory and utilization.
 
-The only module that touches CUDA memory statistics or process memory; GPU-only calls stay here.
+The only module that touches CUDA memory statistics, pynvml or psutil; GPU-only calls stay here.
 """
 
 from __future__ import annotations
 
+import functools
+import platform
 import resource
-from dataclasses import dataclass
+import threading
+import time
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import torch
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self from Python 3.11
 
 
 @dataclass
@@ -22,16 +30,37 @@ class Device:
         return self.torch_device.type == "cuda"
 
     @property
-    def memory_measure(self) -> str:
-        """What `peak_memory_bytes` means on this device (logged beside the number)."""
+    def name(self) -> str:
+        """The device's model name (what the GPU peak-FLOP table is keyed by)."""
         if self.is_cuda:
-            return "cuda: torch.cuda.max_memory_allocated (tensors held by the caching allocator)"
-        return "cpu: peak process RSS (VmHWM, reset before the model is built) above the RSS at that point"
+            return torch.cuda.get_device_name(self.torch_device)
+        return platform.processor() or platform.machine()
 
     def synchronize(self) -> None:
         # Host clocks only mean something once queued device work has finished.
         if self.is_cuda:
             torch.cuda.synchronize(self.torch_device)
+
+    def mark(self) -> Any:
+        """A point on this device's timeline, without waiting for the device.
+
+        CPU: `time.perf_counter()`. CUDA: a timing event recorded on the current stream, so
+        the span between two marks is the stream's time: host work done while queued kernels
+        still run (loading the next batch, say) shows as ~0, which is what it costs the step.
+        """
+        if self.is_cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record(torch.cuda.current_stream(self.torch_device))
+            return event
+        return time.perf_counter()
+
+    def seconds_between(self, start: Any, end: Any) -> float:
+        """Seconds from mark `start` to mark `end`. On CUDA this waits for `end` to complete,
+        so read the spans after the measured window, not inside each step."""
+        if self.is_cuda:
+            end.synchronize()
+            return start.elapsed_time(end) / 1000.0  # elapsed_time is in milliseconds
+        return end - start
 
     def start_memory_window(self) -> None:
         if self.is_cuda:
@@ -44,6 +73,42 @@ class Device:
         if self.is_cuda:
             return int(torch.cuda.max_memory_allocated(self.torch_device))
         return max(0, peak_rss_bytes() - self._baseline_rss_bytes)
+
+    def release_cached_memory(self) -> None:
+        """Hand the caching allocator's free blocks back to the driver between measured points,
+        so one point's reserved memory is not carried into the next. Nothing to do on CPU."""
+        if self.is_cuda:
+            with torch.cuda.device(self.torch_device):
+                torch.cuda.empty_cache()
+
+    def memory_metrics(self) -> dict[str, int]:
+        """Peak memory since `start_memory_window`, each number named for what it counts.
+
+        CUDA: bytes in tensors (allocated) and bytes held by the caching allocator (reserved);
+        neither includes the CUDA context, which the device-level NVML reading does.
+        CPU: the process's resident high-water mark, raw (libraries included) and above the
+        RSS at the window's start. Where the kernel refuses to reset the mark
+        (`reset_peak_rss` is False) both can include a peak from before the window.
+        """
+        if self.is_cuda:
+            allocated = torch.cuda.max_memory_allocated(self.torch_device)
+            reserved = torch.cuda.max_memory_reserved(self.torch_device)
+            return {
+                "cuda_max_memory_allocated_bytes": int(allocated),
+                "cuda_max_memory_reserved_bytes": int(reserved),
+            }
+        peak = peak_rss_bytes()  # read once, so the two numbers agree
+        return {
+            "cpu_rss_peak_above_baseline_bytes": max(0, peak - self._baseline_rss_bytes),
+            "cpu_rss_peak_bytes": peak,
+        }
+
+    def utilization_sampler(self, interval_seconds: float = 0.2) -> UtilizationSampler:
+        """A sampler for one measured window: CPU always, the GPU too on CUDA when NVML works."""
+        if not self.is_cuda:
+            return UtilizationSampler(interval_seconds)
+        handle, reason = _nvml_handle(self.torch_device)
+        return UtilizationSampler(interval_seconds, nvml_handle=handle, gpu_unavailable_reason=reason)
 
 
 def reset_peak_rss() -> bool:
@@ -66,7 +131,8 @@ def peak_rss_bytes() -> int:
                     return int(line.split()[1]) * 1024  # reported in kB
     except OSError:
         pass
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB, never reset
+    # Linux reports KiB here, and this mark is never reset.
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 def select(use_gpu: bool, local_rank: int = 0) -> Device:
@@ -75,3 +141,231 @@ def select(use_gpu: bool, local_rank: int = 0) -> Device:
             raise RuntimeError("cluster.use_gpu=true but this worker sees no CUDA device")
         return Device(torch.device("cuda", local_rank))
     return Device(torch.device("cpu"))
+
+
+def nvml_status() -> tuple[bool, str]:
+    """(True, "NVML <driver version>, <n> devices") or (False, a one-line reason). Never raises."""
+    nvml, message = _load_nvml()
+    return nvml is not None, message
+
+
+@functools.cache
+def _load_nvml() -> tuple[Any, str]:
+    """The initialized pynvml module (None if unusable) and a one-line status; once per process.
+
+    Imported lazily, so that a missing nvidia-ml-py costs the GPU numbers, not this module.
+    """
+    try:
+        import pynvml
+    except ImportError as exc:
+        why = _one_line(exc)
+        return None, f"pynvml is not importable (install nvidia-ml-py): {why}"
+    try:
+        pynvml.nvmlInit()
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        count = pynvml.nvmlDeviceGetCount()
+    # Every worker runs this; a broken driver install must cost the GPU numbers, not the run.
+    except Exception as exc:  # noqa: BLE001
+        return None, _one_line(exc)
+    if isinstance(driver, bytes):  # older pynvml returned bytes
+        driver = driver.decode()
+    return pynvml, f"NVML {driver}, {count} devices"
+
+
+def _nvml_handle(torch_device: torch.device) -> tuple[Any, str | None]:
+    """The NVML handle of a torch CUDA device, or None and why not.
+
+    Matched by UUID, not index: CUDA numbers the devices this process sees (after
+    CUDA_VISIBLE_DEVICES, fastest first by default) while NVML numbers all of them by PCI bus.
+    MIG instances are not matched; their utilization is not reported by NVML anyway.
+    """
+    nvml, message = _load_nvml()
+    if nvml is None:
+        return None, message
+    index = torch_device.index if torch_device.index is not None else torch.cuda.current_device()
+    uuid = f"GPU-{torch.cuda.get_device_properties(index).uuid}"
+    try:
+        return nvml.nvmlDeviceGetHandleByUUID(uuid), None
+    except Exception as exc:  # noqa: BLE001 - same reason as in _load_nvml
+        return None, f"no NVML device for cuda:{index} ({uuid}): {_one_line(exc)}"
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+@dataclass(frozen=True)
+class Utilization:
+    """How busy the process, the machine and the GPU were during one measured window.
+
+    CPU percents are of ONE core (psutil's convention): two busy threads read ~200. The process
+    figures cover this process's threads only, not DataLoader worker processes; the system
+    figures cover the whole machine, those workers and other tenants included. Means are
+    weighted by the time each sample covers, so the CPU means are exact for the window.
+    GPU fields are None on CPU, or when NVML is unusable (`gpu_unavailable_reason` says why).
+    `gpu_device_memory_used_bytes_max` is the device-level number nvidia-smi shows: every
+    process on the GPU, CUDA contexts included.
+    """
+
+    samples: int
+    process_cpu_percent_mean: float
+    process_cpu_percent_max: float
+    system_cpu_percent_mean: float
+    system_cpu_percent_max: float
+    gpu_utilization_percent_mean: float | None = None
+    gpu_utilization_percent_max: float | None = None
+    gpu_device_memory_used_bytes_max: int | None = None
+    gpu_unavailable_reason: str | None = None
+
+    def as_metrics(self) -> dict[str, float]:
+        """Numeric fields as metrics, None left out; `samples` becomes `utilization_samples`."""
+        metrics = {}
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, (int, float)):
+                name = "utilization_samples" if field.name == "samples" else field.name
+                metrics[name] = float(value)
+        return metrics
+
+
+@dataclass(frozen=True)
+class _Sample:
+    covered_seconds: float
+    process_cpu_percent: float
+    system_cpu_percent: float
+    gpu_utilization_percent: float | None
+    gpu_memory_used_bytes: int | None
+
+
+class UtilizationSampler:
+    """Samples CPU (and GPU) utilization on a daemon thread over one window.
+
+        sampler = device.utilization_sampler(interval_seconds=0.2)
+        sampler.start()
+        ...  # the measured work
+        utilization = sampler.stop()
+
+    or `with device.utilization_sampler() as sampler: ...`, then `sampler.utilization`.
+    Each sample costs a few /proc reads (plus two NVML calls on a GPU), and the thread sleeps
+    on an Event between them, so it takes little from training and stops without waiting out
+    an interval. `stop()` takes a last sample, so even a window shorter than the interval has
+    one. The kernel counts CPU time in 10 ms ticks, so below ~0.1 s the per-sample maxima get
+    coarse (one busy thread can read 0 or 200); the means stay exact.
+    """
+
+    def __init__(
+        self,
+        interval_seconds: float = 0.2,
+        *,
+        nvml_handle: Any = None,
+        gpu_unavailable_reason: str | None = None,
+    ) -> None:
+        if not interval_seconds > 0:  # also rejects NaN
+            raise ValueError(
+                f"interval_seconds={interval_seconds!r} is invalid: it must be a positive "
+                "number of seconds; 0.2 is a good default."
+            )
+        self.interval_seconds = float(interval_seconds)
+        self._nvml = _load_nvml()[0] if nvml_handle is not None else None
+        self._nvml_handle = nvml_handle
+        self._gpu_unavailable_reason = gpu_unavailable_reason
+        self._samples: list[_Sample] = []  # appended by the sampler thread, read after join
+        self._stopping = threading.Event()
+        self._primed = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._result: Utilization | None = None
+
+    @property
+    def utilization(self) -> Utilization | None:
+        """The window's result once stopped, else None."""
+        return self._result
+
+    def start(self) -> UtilizationSampler:
+        if self._thread is not None:
+            raise RuntimeError("this UtilizationSampler was already started: it measures one window; create another")
+        self._thread = threading.Thread(target=self._run, name="utilization-sampler", daemon=True)
+        self._thread.start()
+        # The window starts once the counters are primed, not when the thread is asked to.
+        self._primed.wait()
+        return self
+
+    def stop(self) -> Utilization:
+        """Stop sampling (one last sample first) and summarize; later calls return the same."""
+        if self._thread is None:
+            raise RuntimeError("UtilizationSampler.stop() before start()")
+        if self._result is None:
+            self._stopping.set()
+            self._thread.join()
+            self._result = self._summarize()
+        return self._result
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        try:
+            process = psutil.Process()
+            # psutil's first cpu_percent() is measured from nothing and reads 0.0: discard it.
+            # The system counter is kept per thread, so it is primed here, in this thread.
+            process.cpu_percent(None)
+            psutil.cpu_percent(None)
+            last = time.monotonic()
+        finally:
+            self._primed.set()
+        stopping = False
+        while not stopping:
+            stopping = self._stopping.wait(self.interval_seconds)
+            now = time.monotonic()
+            self._samples.append(self._sample(process, now - last))
+            last = now
+
+    def _sample(self, process: psutil.Process, covered_seconds: float) -> _Sample:
+        gpu_percent: float | None = None
+        gpu_memory: int | None = None
+        if self._nvml is not None:
+            try:
+                gpu_percent = float(self._nvml.nvmlDeviceGetUtilizationRates(self._nvml_handle).gpu)
+                gpu_memory = int(self._nvml.nvmlDeviceGetMemoryInfo(self._nvml_handle).used)
+            # A GPU read failing (device lost, not supported) must not end the CPU sampling.
+            except Exception as exc:  # noqa: BLE001
+                gpu_percent = gpu_memory = None
+                self._nvml = None
+                self._gpu_unavailable_reason = f"NVML read failed: {_one_line(exc)}"
+        return _Sample(
+            covered_seconds=covered_seconds,
+            process_cpu_percent=process.cpu_percent(None),
+            system_cpu_percent=psutil.cpu_percent(None),
+            gpu_utilization_percent=gpu_percent,
+            gpu_memory_used_bytes=gpu_memory,
+        )
+
+    def _summarize(self) -> Utilization:
+        samples = self._samples
+        gpu = [s for s in samples if s.gpu_utilization_percent is not None]
+        return Utilization(
+            samples=len(samples),
+            process_cpu_percent_mean=_weighted_mean(samples, [s.process_cpu_percent for s in samples]),
+            process_cpu_percent_max=max((s.process_cpu_percent for s in samples), default=0.0),
+            system_cpu_percent_mean=_weighted_mean(samples, [s.system_cpu_percent for s in samples]),
+            system_cpu_percent_max=max((s.system_cpu_percent for s in samples), default=0.0),
+            gpu_utilization_percent_mean=(
+                _weighted_mean(gpu, [s.gpu_utilization_percent for s in gpu]) if gpu else None
+            ),
+            gpu_utilization_percent_max=max(s.gpu_utilization_percent for s in gpu) if gpu else None,
+            gpu_device_memory_used_bytes_max=max(s.gpu_memory_used_bytes for s in gpu) if gpu else None,
+            gpu_unavailable_reason=self._gpu_unavailable_reason,
+        )
+
+
+def _weighted_mean(samples: list[_Sample], values: list[Any]) -> float:
+    """Mean of `values`, each weighted by the seconds its sample covers (plain mean if none)."""
+    if not values:
+        return 0.0
+    total = sum(s.covered_seconds for s in samples)
+    if total <= 0:
+        return sum(values) / len(values)
+    return sum(s.covered_seconds * v for s, v in zip(samples, values)) / total
