@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 
 from sweeper import data as data_mod
 from sweeper import models
-from sweeper.config import DataConfig, ModelConfig, TrainConfig
+from sweeper.config import DataConfig, MeasureConfig, ModelConfig, TrainConfig
 from sweeper.plan import GridPoint
 from sweeper.training import TrialSpec, WorkerContext, run_trial
 
@@ -65,9 +65,11 @@ def main() -> None:
 
     model_cfg = ModelConfig(name=args.model, input_shape=[3, 32, 32] if args.model != "mlp" else [1, 32, 32])
     data_cfg = DataConfig(name="digits")
-    # The sweeper's step times one window over the same measured steps as the plain loop.
-    train_cfg = TrainConfig(warmup_steps=args.warmup, timing_windows=1, lr=0.05)
-    spec = TrialSpec(model=model_cfg, data=data_cfg, train=train_cfg,
+    # The sweeper's step times one window over the same measured steps as the plain loop, with
+    # everything it does in a trial switched on: phase marks, the utilization sampler thread, the
+    # memory breakdown (on a warm-up step, as in a sweep).
+    measure_cfg = MeasureConfig(warmup_steps=args.warmup, windows=1, stable_windows=1)
+    spec = TrialSpec(model=model_cfg, data=data_cfg, train=TrainConfig(lr=0.05), measure=measure_cfg,
                      point=GridPoint(args.micro, args.accum, 1), lr=0.05, steps=args.steps)
 
     plain, ours = [], []

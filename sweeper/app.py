@@ -5,14 +5,16 @@ Takes typed config only; Hydra stays in `__main__`.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
-from typing import Any, Dict, List, Tuple
+from dataclasses import replace
+from typing import Any, Dict, List, Optional, Tuple
 
 from sweeper import console, plan, ray_runner, tracking
 from sweeper import data as data_mod
-from sweeper import models
-from sweeper.config import ConfigError, SweeperConfig, tracking_uri, validate
+from sweeper import flops, models
+from sweeper.config import ConfigError, SweeperConfig, first_line, tracking_uri, validate
 from sweeper.plan import GridPoint
 from sweeper.training import TrialSpec
 
@@ -41,29 +43,46 @@ def preflight(cfg: SweeperConfig) -> Tuple[List[GridPoint], Dict[GridPoint, Tria
     if problems:
         raise ConfigError(problems)
 
-    num_train = len(data_mod.load(cfg.data, cfg.model.input_shape).train)
+    splits = data_mod.load(cfg.data, cfg.model.input_shape)
+    num_train = len(splits.train)
+    flop_count = count_flops(cfg, splits.num_classes) if cfg.measure.flops else None
     specs: Dict[GridPoint, TrialSpec] = {}
-    need = cfg.train.warmup_steps + cfg.train.timing_windows
     for point in points:
         steps = plan.optimizer_steps(num_train, cfg.train.epochs, point.global_batch_size)
-        if steps < need:
-            problems.append(
-                f"train.epochs={cfg.train.epochs}: {point.key} (global batch {point.global_batch_size}) "
-                f"gets {steps} optimizer steps from {num_train} training samples, fewer than "
-                f"train.warmup_steps + train.timing_windows = {need}; raise train.epochs or lower "
-                "train.warmup_steps / train.timing_windows"
-            )
-        specs[point] = TrialSpec(
+        spec = TrialSpec(
             model=cfg.model,
             data=cfg.data,
             train=cfg.train,
+            measure=cfg.measure,
             point=point,
             lr=plan.scaled_lr(cfg.train.lr, point.global_batch_size, cfg.train.base_batch_size, cfg.train.lr_scaling),
             steps=steps,
+            profile=cfg.profile,
+            flop_count=flop_count,
         )
+        # Enough timed windows for the stability rule to be met at all.
+        need = spec.first_timed_step + cfg.measure.stable_windows
+        if steps < need:
+            untimed = "measure.warmup_steps" + (" + measure.profile_steps + 1" if cfg.profile else "")
+            problems.append(
+                f"train.epochs={cfg.train.epochs}: {point.key} (global batch {point.global_batch_size}) "
+                f"gets {steps} optimizer steps from {num_train} training samples, fewer than "
+                f"{untimed} + measure.stable_windows = {need}; raise train.epochs or lower those"
+            )
+        specs[point] = spec
     if problems:
         raise ConfigError(problems)
     return points, specs
+
+
+def count_flops(cfg: SweeperConfig, num_classes: int) -> Optional[flops.FlopCount]:
+    """FLOPs per sample, counted once for the sweep on a model traced with fake tensors (nothing is
+    computed or allocated); a model that cannot be counted is measured without FLOPs and MFU."""
+    try:
+        return flops.count_flops(lambda: models.build(cfg.model, num_classes), cfg.model.input_shape, num_classes)
+    except Exception as exc:  # the trials themselves will say whether the model works
+        console.warn(f"FLOPs not counted for model {cfg.model.name!r}: {first_line(exc)}")
+        return None
 
 
 def trial_params(cfg: SweeperConfig, spec: TrialSpec) -> Dict[str, Any]:
@@ -82,16 +101,33 @@ def trial_params(cfg: SweeperConfig, spec: TrialSpec) -> Dict[str, Any]:
     }
 
 
+def overhead(rows: List[Tuple[GridPoint, Dict[str, Any]]], wall_seconds: float) -> Dict[str, float]:
+    """The harness's cost on the parent run: the sweep's wall time against its trials' own time
+    (each point's model build, training and evaluation, measured in its worker)."""
+    trial_seconds = sum(r.get("trial_seconds", 0.0) for _, r in rows)
+    out = {"sweep_wall_seconds": wall_seconds, "sum_trial_seconds": trial_seconds}
+    if trial_seconds > 0:
+        out["sweep_wall_over_trial_seconds"] = wall_seconds / trial_seconds
+    return out
+
+
 def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
     """Run the sweep; the exit status is 0 when every trial ended ok or oom, 1 if any failed."""
+    sweep_start = time.perf_counter()
     points, specs = preflight(cfg)
     uri = tracking_uri(cfg.tracking)
     cluster = ray_runner.connect(cfg.cluster)
     try:
         tracker = tracking.Tracker(uri, cfg.tracking.experiment_name)
         resources = ray_runner.plan_resources(cfg.cluster, cluster, points)
-        console.print_start(len(points), uri, cluster.dashboard_url, cluster.token_path, cluster.results_dir)
+        groups = plan.worker_groups(points, cfg.sweep.points_per_worker_group)
         name = f"sweep-{cfg.model.name}-{cfg.data.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        if cfg.profile:
+            traces = os.path.join(cluster.results_dir, name, "profile")
+            specs = {p: replace(s, profile_dir=traces) for p, s in specs.items()}
+        console.print_start(
+            len(points), len(groups), uri, cluster.dashboard_url, cluster.token_path, cluster.results_dir
+        )
         parent = tracker.start_sweep(
             name,
             {
@@ -102,6 +138,9 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
                 "num_workers": list(cfg.sweep.num_workers),
                 "global_batch_sizes": cfg.sweep.global_batch_sizes,
                 "num_trials": len(points),
+                "num_worker_groups": len(groups),
+                "points_per_worker_group": cfg.sweep.points_per_worker_group,
+                "profile": cfg.profile,
                 "use_gpu": resources.use_gpu,
                 "cpus_per_worker": resources.cpus_per_worker,
             },
@@ -112,8 +151,9 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
         with console.progress() as bar:
             task = bar.add_task("", total=len(points))
 
-            def started(point: GridPoint) -> None:
-                bar.update(task, description=f"running {point.key}")
+            def started(group: List[GridPoint]) -> None:
+                keys = ", ".join(p.key for p in group)
+                bar.update(task, description=f"worker group of {len(group)}: {keys}")
 
             def done(point: GridPoint, result: Dict[str, Any]) -> None:
                 if accuracy_note:
@@ -123,12 +163,16 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
                 bar.update(task, advance=1, description=f"{point.key}: {result.get('status')}")
 
             ray_runner.run_sweep(
-                name, points, specs, resources, cluster, cfg.sweep.max_concurrent_trials, started, done
+                name, groups, specs, resources, cluster, cfg.sweep.max_concurrent_trials, started, done
             )
+        wall = time.perf_counter() - sweep_start
         statuses = Counter(result.get("status") for _, result in rows)
         failed = statuses["failed"]
         tracker.end_sweep(
-            {f"num_trials_{status}": statuses[status] for status in ("ok", "oom", "failed")},
+            {
+                **{f"num_trials_{status}": statuses[status] for status in ("ok", "oom", "failed")},
+                **overhead(rows, wall),
+            },
             failed=failed > 0,
         )
         console.print_summary(rows, uri, parent, cfg.tracking.experiment_name, accuracy_note)

@@ -69,6 +69,11 @@ class SweepConfig:
     # Keep only grid points whose micro x accumulation x workers is one of these.
     global_batch_sizes: Optional[List[int]] = None
     max_concurrent_trials: int = 1
+    # Grid points with the same number of workers are measured one after another in one Ray Train
+    # worker group (one Ray Tune trial), so worker start-up (process spawn, torch import, process
+    # group init) is paid once per group instead of once per point. null: one group per worker
+    # count; 1: a fresh worker group for every point (slowest, most isolated).
+    points_per_worker_group: Optional[int] = None
 
 
 @dataclass
@@ -80,10 +85,28 @@ class TrainConfig:
     momentum: float = 0.9
     weight_decay: float = 0.0
     seed: int = 0
-    # Optimizer steps excluded from timing (allocator warm-up, lazy init, caches).
-    warmup_steps: int = 2
-    # The measured steps are split into this many windows; their median and spread are reported.
-    timing_windows: int = 3
+
+
+@dataclass
+class MeasureConfig:
+    # Optimizer steps excluded from timing (allocator warm-up, lazy init, optimizer state). The last
+    # one runs under torch's MemTracker for the memory breakdown: after step 0 the optimizer state
+    # exists, after step 1 DDP has rebuilt its gradient buckets, so 3 gives the steady state.
+    warmup_steps: int = 3
+    # The timed steps (whole optimizer steps, data loading included) are cut into this many windows.
+    windows: int = 5
+    # perf_analyzer's stability rule: throughput is the mean of the last `stable_windows`
+    # consecutive windows that all lie within `stability_tolerance` of their mean. A trial with no
+    # such run is recorded with the median of all windows and marked unstable.
+    stable_windows: int = 3
+    stability_tolerance: float = 0.05
+    # Per-category memory of one warm-up step (torch MemTracker); FLOPs per sample and MFU.
+    memory_breakdown: bool = True
+    flops: bool = True
+    # How often CPU (psutil) and GPU (pynvml) utilization are sampled during the timed windows.
+    utilization_interval_seconds: float = 0.2
+    # With profile=true: how many steps (after warm-up, untimed) the torch.profiler trace covers.
+    profile_steps: int = 3
 
 
 @dataclass
@@ -117,8 +140,11 @@ class SweeperConfig:
     data: DataConfig = field(default_factory=DataConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    measure: MeasureConfig = field(default_factory=MeasureConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    # A torch.profiler trace of a few steps of every trial, logged to MLflow (TensorBoard/Perfetto).
+    profile: bool = False
 
 
 def register() -> None:
@@ -182,13 +208,31 @@ def validate(cfg: SweeperConfig) -> List[str]:
         "train.epochs": train.epochs,
         "train.lr": train.lr,
         "train.base_batch_size": train.base_batch_size,
-        "train.timing_windows": train.timing_windows,
+        "measure.windows": cfg.measure.windows,
+        "measure.stable_windows": cfg.measure.stable_windows,
+        "measure.stability_tolerance": cfg.measure.stability_tolerance,
+        "measure.utilization_interval_seconds": cfg.measure.utilization_interval_seconds,
+        "measure.profile_steps": cfg.measure.profile_steps,
     }
     for key, v in positive.items():
         if v <= 0:
             problems.append(f"{key}={v}: must be positive")
-    if train.warmup_steps < 0:
-        problems.append(f"train.warmup_steps={train.warmup_steps}: must be >= 0")
+    if cfg.measure.warmup_steps < 2:
+        problems.append(
+            f"measure.warmup_steps={cfg.measure.warmup_steps}: must be >= 2 (the first step builds "
+            "the optimizer state, the last warm-up step is the one whose memory is broken down)"
+        )
+    if 0 < cfg.measure.windows < cfg.measure.stable_windows:
+        problems.append(
+            f"measure.windows={cfg.measure.windows} is fewer than measure.stable_windows="
+            f"{cfg.measure.stable_windows}: the stability rule could never be met; raise "
+            "measure.windows or lower measure.stable_windows"
+        )
+    if sweep.points_per_worker_group is not None and sweep.points_per_worker_group <= 0:
+        problems.append(
+            f"sweep.points_per_worker_group={sweep.points_per_worker_group}: must be >= 1, or null "
+            "for one worker group per worker count"
+        )
     if train.lr_scaling not in LR_SCALING_RULES:
         problems.append(
             f"train.lr_scaling={train.lr_scaling!r} is invalid: use one of {', '.join(LR_SCALING_RULES)}"

@@ -17,12 +17,15 @@ console = Console(width=None if Console().is_terminal else 120)
 
 def print_start(
     num_trials: int,
+    num_groups: int,
     tracking_uri: str,
     dashboard_url: Optional[str],
     token_path: Optional[str],
     results_dir: str,
 ) -> None:
-    console.print(f"[bold]sweeper[/]: {num_trials} trials", soft_wrap=True)
+    console.print(
+        f"[bold]sweeper[/]: {num_trials} trials in {num_groups} Ray Train worker group(s)", soft_wrap=True
+    )
     console.print(f"  MLflow store:   {tracking_uri}", soft_wrap=True)
     console.print(f"  Ray results:    {results_dir}", soft_wrap=True)
     if dashboard_url:
@@ -33,6 +36,10 @@ def print_start(
                 "login prompt (or send `Authorization: Bearer <token>`)",
                 soft_wrap=True,
             )
+
+
+def warn(text: str) -> None:
+    console.print(f"[yellow]warning[/]: {text}", soft_wrap=True)
 
 
 def progress() -> Progress:
@@ -55,7 +62,8 @@ def print_summary(
     accuracy_note: Optional[str],
 ) -> None:
     table = Table(title="trials, fastest first")
-    for column in ("micro", "accum", "workers", "global", "status", "samples/s", "cv", "peak MiB", "val acc", "startup s"):
+    for column in ("micro", "accum", "workers", "global", "status", "samples/s", "cv", "MFU", "peak MiB",
+                   "val acc", "startup s"):
         table.add_column(column, justify="right")
 
     def speed(row):
@@ -68,8 +76,10 @@ def print_summary(
             str(point.num_workers),
             str(point.global_batch_size),
             result.get("status", "?") if result.get("status") == "ok" else f"[red]{result.get('status')}[/]",
-            _fmt(result.get("samples_per_second"), "{:.1f}"),
+            _fmt(result.get("samples_per_second"), "{:.1f}")
+            + ("" if result.get("throughput_stable", True) else " [yellow]unstable[/]"),
             _fmt(result.get("samples_per_second_cv"), "{:.1%}"),
+            _fmt(result.get("mfu"), "{:.1%}"),
             _fmt(_mib(result.get("peak_memory_bytes")), "{:.0f}"),
             _fmt(result.get("val_accuracy"), "{:.3f}"),
             _fmt(result.get("startup_seconds"), "{:.1f}"),
@@ -78,6 +88,15 @@ def print_summary(
     for point, result in rows:
         if result.get("status") != "ok":
             console.print(f"  [red]{point.key}[/] {result.get('status')}: {result.get('error', '')}", soft_wrap=True)
+    if any(not r.get("throughput_stable", True) for _, r in rows):
+        console.print(
+            "  unstable: no 3 consecutive timed windows agreed within the tolerance "
+            "(measure.stable_windows / measure.stability_tolerance); the figure is the median of all windows",
+            soft_wrap=True,
+        )
+    sources = {r["peak_flops_source"] for _, r in rows if r.get("peak_flops_source")}
+    for source in sorted(sources):
+        console.print(f"  MFU peak: {source}", soft_wrap=True)
     if accuracy_note:
         console.print(f"  val acc: {accuracy_note}", soft_wrap=True)
     console.print(f"MLflow: experiment {experiment_name!r}, sweep run {parent_run_id}", soft_wrap=True)

@@ -1,53 +1,95 @@
-"""Throughput from timed windows of whole optimizer steps: median, spread, and which steps to time.
-
-Pure arithmetic (standard library only); the training loop decides where the clock is read.
-"""
+"""Throughput from timed windows of whole optimizer steps: which steps to time, the stability rule,
+the spread, and the per-phase split of a step. Pure arithmetic (standard library only)."""
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import List, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 
 @dataclass(frozen=True)
 class Throughput:
-    samples_per_second: float  # median over windows
-    samples_per_second_cv: float  # population stdev / mean over windows (0 with one window)
-    step_time_seconds: float  # median window time / steps per window
+    samples_per_second: float  # mean of the stable run, or the median of all windows if unstable
+    samples_per_second_cv: float  # population stdev / mean over all windows (0 with one window)
+    step_time_seconds: float  # seconds per optimizer step at `samples_per_second`
     window_samples_per_second: List[float]
-    steps_per_window: int
-    noisy: bool  # spread above the threshold: report, do not trust blindly
+    stable: bool  # perf_analyzer's rule met: trust the figure; else report it marked unstable
+    stable_window_count: int  # windows the figure comes from (0 when unstable)
 
 
-def window_ends(total_steps: int, warmup_steps: int, windows: int) -> List[int]:
-    """Indices of the optimizer steps after which each timing window closes.
+def window_bounds(total_steps: int, first_timed_step: int, windows: int) -> List[Tuple[int, int]]:
+    """The timed windows as [start, stop) step ranges covering every step from `first_timed_step` on.
 
-    Steps [0, warmup_steps) are not timed; the rest are cut into `windows` equal windows (fewer if
-    there are fewer steps); a remainder is trained but not timed. Empty when nothing can be timed.
+    Steps before `first_timed_step` are warm-up (and profiling) and are not timed. Windows differ in
+    length by at most one step; there are fewer windows when there are fewer steps. Empty when
+    nothing can be timed.
     """
-    measured = total_steps - warmup_steps
+    measured = total_steps - first_timed_step
     if measured <= 0:
         return []
     windows = min(windows, measured)
-    length = measured // windows
-    return [warmup_steps + (i + 1) * length - 1 for i in range(windows)]
+    length, extra = divmod(measured, windows)
+    bounds, start = [], first_timed_step
+    for i in range(windows):
+        stop = start + length + (1 if i < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+def stable_run(rates: Sequence[float], run: int, tolerance: float) -> Optional[Tuple[int, int]]:
+    """perf_analyzer's stability rule: the last `run` consecutive windows whose rates all lie within
+    `tolerance` (a fraction) of their own mean, as a [start, stop) index range; None if no such run."""
+    for stop in range(len(rates), run - 1, -1):
+        window = rates[stop - run : stop]
+        mean = statistics.fmean(window)
+        if all(abs(r - mean) <= tolerance * mean for r in window):
+            return stop - run, stop
+    return None
 
 
 def summarize(
     window_seconds: Sequence[float],
-    steps_per_window: int,
+    window_steps: Sequence[int],
     global_batch_size: int,
-    cv_threshold: float = 0.05,
+    stable_windows: int = 3,
+    tolerance: float = 0.05,
 ) -> Throughput:
-    rates = [steps_per_window * global_batch_size / s for s in window_seconds]
+    rates = [steps * global_batch_size / s for steps, s in zip(window_steps, window_seconds)]
     mean = statistics.fmean(rates)
     cv = statistics.pstdev(rates) / mean if len(rates) > 1 else 0.0
+    found = stable_run(rates, stable_windows, tolerance)
+    if found is not None:
+        start, stop = found
+        # Samples over seconds across the run, not a mean of rates: windows may differ by a step.
+        samples = sum(window_steps[start:stop]) * global_batch_size
+        rate = samples / sum(window_seconds[start:stop])
+    else:
+        rate = statistics.median(rates)
     return Throughput(
-        samples_per_second=statistics.median(rates),
+        samples_per_second=rate,
         samples_per_second_cv=cv,
-        step_time_seconds=statistics.median(window_seconds) / steps_per_window,
+        step_time_seconds=global_batch_size / rate,
         window_samples_per_second=rates,
-        steps_per_window=steps_per_window,
-        noisy=cv > cv_threshold,
+        stable=found is not None,
+        stable_window_count=0 if found is None else found[1] - found[0],
     )
+
+
+PHASES = ("data", "forward_backward", "optimizer")
+
+
+def phase_split(per_step: Sequence[Tuple[float, float, float]]) -> Dict[str, float]:
+    """Mean seconds per optimizer step in each phase, over the timed steps.
+
+    data: waiting for the loader and copying to the device; forward_backward: forward, loss and
+    backward of every micro-batch (DDP's gradient all-reduce overlaps the last backward and is
+    inside it); optimizer: optimizer.step() and zero_grad().
+    """
+    if not per_step:
+        return {}
+    return {
+        f"{name}_seconds_per_step": statistics.fmean(step[i] for step in per_step)
+        for i, name in enumerate(PHASES)
+    }

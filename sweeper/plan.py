@@ -99,3 +99,17 @@ def stream_indices(
         if position % point.num_workers == rank:
             out.append(int(index))
     return out
+
+
+def worker_groups(points: Sequence[GridPoint], points_per_group: Optional[int] = None) -> List[List[GridPoint]]:
+    """Points that share a worker count, in grid order, cut into groups of at most `points_per_group`
+    (None: one group per worker count). Each group is measured in one Ray Train worker group, so
+    worker start-up is paid once per group, not once per point."""
+    by_workers: Dict[int, List[GridPoint]] = {}
+    for point in points:
+        by_workers.setdefault(point.num_workers, []).append(point)
+    groups: List[List[GridPoint]] = []
+    for same in by_workers.values():
+        size = points_per_group or len(same)
+        groups += [same[i : i + size] for i in range(0, len(same), size)]
+    return groups

@@ -1,5 +1,6 @@
 """The Ray layer: connect to (or start) Ray, size trials to the cluster, and run one Ray Tune trial per
-grid point, each a Ray Train `TorchTrainer` with `num_workers` DDP workers.
+group of grid points that share a worker count, each a Ray Train `TorchTrainer` with `num_workers`
+DDP workers that measure the group's points in turn.
 
 The only module that imports Ray. Results reach the caller through `on_trial_done` in the driver
 process, so whatever records them (MLflow) never runs on a worker.
@@ -14,11 +15,13 @@ import secrets
 import socket
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 from sweeper.config import ClusterConfig, ConfigError, first_line
 from sweeper.plan import GridPoint
-from sweeper.training import TrialSpec, WorkerContext, run_trial
+
+if TYPE_CHECKING:  # torch is imported by the workers, not by the driver's Ray layer
+    from sweeper.training import TrialSpec
 
 TrialCallback = Callable[[GridPoint, Dict[str, Any]], None]
 
@@ -131,43 +134,46 @@ def plan_resources(cfg: ClusterConfig, cluster: Cluster, points: List[GridPoint]
 
 def run_sweep(
     experiment: str,
-    points: List[GridPoint],
-    specs: Dict[GridPoint, TrialSpec],
+    groups: List[List[GridPoint]],
+    specs: Dict[GridPoint, "TrialSpec"],
     resources: Resources,
     cluster: Cluster,
     max_concurrent_trials: int,
-    on_trial_start: Callable[[GridPoint], None],
+    on_group_start: Callable[[List[GridPoint]], None],
     on_trial_done: TrialCallback,
 ) -> None:
-    """Run every grid point as a Ray Tune trial; `on_trial_done(point, result)` is called in this
-    process as each finishes, with `result["status"]` one of ok | oom | failed."""
+    """Run every group of grid points as one Ray Tune trial (one Ray Train worker group that measures
+    its points one after another); `on_trial_done(point, result)` is called in this process as each
+    point finishes, with `result["status"]` one of ok | oom | failed."""
     from ray import tune
 
     trainable = tune.with_resources(
         tune.with_parameters(
-            _trial, specs=specs, resources=resources, storage_path=cluster.results_dir, experiment=experiment
+            _group_trial, specs=specs, resources=resources, storage_path=cluster.results_dir, experiment=experiment
         ),
         {"CPU": resources.cpus_per_trial},
     )
     tuner = tune.Tuner(
         trainable,
-        param_space={"point": tune.grid_search([p.as_dict() for p in points])},
-        tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent_trials),
+        param_space={"points": tune.grid_search([[p.as_dict() for p in group] for group in groups])},
+        # Reusing the trial actor saves a process start and its imports (torch, via Ray Train's
+        # TorchTrainer) for every group after the first; all groups ask for the same resources.
+        tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent_trials, reuse_actors=True),
         run_config=tune.RunConfig(
             name=experiment,
             storage_path=cluster.results_dir,
-            callbacks=[_relay(on_trial_start, on_trial_done)],
+            callbacks=[_relay(on_group_start, on_trial_done)],
             verbose=0,
         ),
     )
     tuner.fit()
 
 
-def _relay(on_trial_start: Callable[[GridPoint], None], on_trial_done: TrialCallback):
+def _relay(on_group_start: Callable[[List[GridPoint]], None], on_trial_done: TrialCallback):
     from ray import tune
 
     class Relay(tune.Callback):
-        """Hands trial events to the caller; Tune calls these in the driver process.
+        """Hands results to the caller, one per grid point; Tune calls these in the driver process.
 
         Tune pickles callbacks into its experiment state: the sinks (an MLflow client, a progress
         bar) are attributes left out of that state, and no method closes over them.
@@ -175,75 +181,105 @@ def _relay(on_trial_start: Callable[[GridPoint], None], on_trial_done: TrialCall
 
         def __init__(self, start, done):
             self.start, self.done = start, done
+            self.reported: Dict[str, set] = {}
 
         def __getstate__(self):
             return {}
 
         def on_trial_start(self, iteration, trials, trial, **info):
-            self.start(GridPoint(**trial.config["point"]))
+            self.start(_points(trial))
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            key = result.get("trial_key")
+            by_key = {p.key: p for p in _points(trial)}
+            if key not in by_key:
+                return
+            self.reported.setdefault(trial.trial_id, set()).add(key)
+            self.done(by_key[key], {k: v for k, v in result.items() if k not in TUNE_FIELDS})
 
         def on_trial_complete(self, iteration, trials, trial, **info):
-            self.done(GridPoint(**trial.config["point"]), dict(trial.last_result or {}))
+            self._unreported(trial, "the worker group ended without measuring this point")
 
         def on_trial_error(self, iteration, trials, trial, **info):
             error = str(getattr(trial, "error_msg", "") or "the trial's process failed")
-            self.done(GridPoint(**trial.config["point"]), {"status": "failed", "error": _last_line(error)})
+            self._unreported(trial, f"the worker group failed: {_last_line(error)}")
 
-    return Relay(on_trial_start, on_trial_done)
+        def _unreported(self, trial, error: str) -> None:
+            seen = self.reported.get(trial.trial_id, set())
+            for point in _points(trial):
+                if point.key not in seen:
+                    self.done(point, {"status": "failed", "error": error})
+
+    return Relay(on_group_start, on_trial_done)
 
 
-def _trial(config: Dict[str, Any], specs, resources: Resources, storage_path: str, experiment: str) -> None:
-    """The Tune function trainable: one TorchTrainer per grid point (Train V2 cannot be passed to a
-    Tuner directly)."""
-    from ray import train, tune
+# Fields Tune adds to every reported result; not the trial's own measurements.
+TUNE_FIELDS = frozenset(
+    "timestamp checkpoint_dir_name done training_iteration trial_id date time_this_iter_s "
+    "time_total_s pid hostname node_ip config time_since_restore iterations_since_restore "
+    "experiment_tag should_checkpoint".split()
+)
+
+
+def _points(trial) -> List[GridPoint]:
+    return [GridPoint(**p) for p in trial.config["points"]]
+
+
+def _group_trial(config: Dict[str, Any], specs, resources: Resources, storage_path: str, experiment: str) -> None:
+    """The Tune function trainable: one TorchTrainer whose workers measure the group's points in turn
+    (Train V2 cannot be passed to a Tuner directly). Each point's result reaches Tune through
+    `TuneReportCallback`, so the driver records it as soon as it is measured."""
+    from ray import train
     from ray.train.torch import TorchTrainer
+    from ray.tune.integration.ray_train import TuneReportCallback
 
     start = time.time()
-    point = GridPoint(**config["point"])
-    spec = replace(specs[point], trial_start_time=start, use_gpu=resources.use_gpu)
+    points = [GridPoint(**p) for p in config["points"]]
+    group_specs = [replace(specs[p], use_gpu=resources.use_gpu) for p in points]
     per_worker = {"CPU": resources.cpus_per_worker}
     if resources.use_gpu:
         per_worker["GPU"] = 1
     trainer = TorchTrainer(
         _worker,
-        train_loop_config={"spec": spec, "threads": resources.threads_per_worker},
+        train_loop_config={
+            "specs": group_specs,
+            "threads": resources.threads_per_worker,
+            "group_start_time": start,
+        },
         scaling_config=train.ScalingConfig(
-            num_workers=point.num_workers,
+            num_workers=points[0].num_workers,
             use_gpu=resources.use_gpu,
             resources_per_worker=per_worker,
         ),
         run_config=train.RunConfig(
-            name=f"{experiment}-{point.key}",
+            name=f"{experiment}-{points[0].key}-x{len(points)}",
             storage_path=storage_path,
             failure_config=train.FailureConfig(max_failures=0),
+            callbacks=[TuneReportCallback()],
         ),
     )
-    try:
-        outcome = trainer.fit().return_value or {}
-        outcome["status"] = "ok"
-    except Exception as exc:  # a worker's failure arrives wrapped; keep its last line
-        text = str(exc)
-        outcome = {
-            "status": "oom" if "OutOfMemoryError" in text or "out of memory" in text else "failed",
-            "error": _last_line(text),
-        }
-    outcome["trial_wall_seconds"] = time.time() - start
-    tune.report(outcome)
+    trainer.fit()
 
 
-def _worker(config: Dict[str, Any]) -> Dict[str, Any]:
+def _worker(config: Dict[str, Any]) -> None:
     import torch
     from ray import train
 
+    from sweeper.training import WorkerContext, run_points
+
     torch.set_num_threads(config["threads"])
     ctx = train.get_context()
-    return run_trial(
-        config["spec"],
+    run_points(
+        config["specs"],
         WorkerContext(
             rank=ctx.get_world_rank(),
             world_size=ctx.get_world_size(),
             local_rank=ctx.get_local_rank(),
         ),
+        # Every rank reports (Train V2's report is collective); rank 0's result reaches Tune.
+        report=train.report,
+        group_start_time=config["group_start_time"],
+        threads=config["threads"],
     )
 
 

@@ -13,20 +13,72 @@ from typing import Any, Dict, List, Optional
 
 from sweeper.plan import GridPoint
 
-# Metrics a trial result may carry, logged under these exact names when present.
+# Metrics a trial result may carry, logged under these exact names when present (README: schema).
 SCALAR_METRICS = (
+    # throughput: timed windows of whole optimizer steps, warm-up excluded
     "samples_per_second",
     "samples_per_second_cv",
     "step_time_seconds",
+    "data_seconds_per_step",
+    "forward_backward_seconds_per_step",
+    "optimizer_seconds_per_step",
+    "timing_windows",
+    "stable_windows_used",
+    # memory, the largest over workers
     "peak_memory_bytes",
+    "memory_parameters_bytes",
+    "memory_buffers_bytes",
+    "memory_gradients_bytes",
+    "memory_optimizer_state_bytes",
+    "memory_activations_bytes",
+    "memory_temporaries_bytes",
+    "memory_other_bytes",
+    "memory_tracked_peak_bytes",
+    "memory_forward_activations_bytes",
+    "cuda_max_memory_allocated_bytes",
+    "cuda_max_memory_reserved_bytes",
+    "gpu_device_memory_used_bytes_max",
+    "cpu_rss_peak_above_baseline_bytes",
+    "cpu_rss_peak_bytes",
+    # utilization during the timed windows (means over workers, maxima over workers)
+    "process_cpu_percent_mean",
+    "process_cpu_percent_max",
+    "system_cpu_percent_mean",
+    "system_cpu_percent_max",
+    "gpu_utilization_percent_mean",
+    "gpu_utilization_percent_max",
+    # FLOPs
+    "flops_per_sample_forward",
+    "flops_per_sample_train",
+    "achieved_flops_per_second",
+    "peak_flops_per_second",
+    "mfu",
+    # accuracy and the harness's own cost
     "val_accuracy",
     "startup_seconds",
-    "trial_wall_seconds",
+    "worker_group_startup_seconds",
+    "worker_group_points",
+    "trial_seconds",
+    "train_seconds",
     "optimizer_steps",
     "samples_seen",
 )
-# Counts logged on the sweep's parent run.
-SWEEP_METRICS = ("num_trials_ok", "num_trials_oom", "num_trials_failed")
+# Logged on the sweep's parent run.
+SWEEP_METRICS = (
+    "num_trials_ok",
+    "num_trials_oom",
+    "num_trials_failed",
+    "sweep_wall_seconds",
+    "sum_trial_seconds",
+    "sweep_wall_over_trial_seconds",
+)
+# Result entries recorded as tags (text, not numbers).
+RESULT_TAGS = {
+    "error": "sweeper.error",
+    "memory_measure": "sweeper.memory_measure",
+    "peak_flops_source": "sweeper.peak_flops_source",
+    "accuracy_note": "sweeper.accuracy",
+}
 MAX_BATCH = 1000  # MLflow's limit of metrics per log_batch call
 
 
@@ -92,18 +144,19 @@ class Tracker:
             "sweeper.status": status,
             "sweeper.trial_key": point.key,
         }
-        if result.get("error"):
-            tags["sweeper.error"] = str(result["error"])[:5000]
-        if result.get("memory_measure"):
-            tags["sweeper.memory_measure"] = result["memory_measure"]
-        if "throughput_noisy" in result:
-            tags["sweeper.throughput_noisy"] = str(bool(result["throughput_noisy"])).lower()
-        if result.get("accuracy_note"):
-            tags["sweeper.accuracy"] = result["accuracy_note"]
+        for name, tag in RESULT_TAGS.items():
+            if result.get(name):
+                tags[tag] = str(result[name])[:5000]
+        if "throughput_stable" in result:
+            tags["sweeper.throughput_stable"] = str(bool(result["throughput_stable"])).lower()
         run = self.client.create_run(self.experiment_id, run_name=point.key, tags=tags)
         run_id = run.info.run_id
         self._log_params(run_id, params)
         self._log_metrics(run_id, result)
+        trace = result.get("profile_trace_dir")
+        if trace and os.path.isdir(trace):
+            # A torch.profiler Chrome trace: open in Perfetto or TensorBoard's profiler plugin.
+            self.client.log_artifacts(run_id, trace, "profile")
         self.client.set_terminated(run_id, "FAILED" if status == "failed" else "FINISHED")
         return run_id
 

@@ -1,15 +1,18 @@
-"""One trial on one data-parallel worker: gradient accumulation, timing windows, validation accuracy.
+"""Grid points on one data-parallel worker: gradient accumulation, timed windows, memory breakdown,
+FLOPs, utilization, an optional profiler trace and validation accuracy.
 
 Knows torch only. Runs the same under Ray Train, under a plain `torch.distributed` gloo group, or in
-one process (world size 1, no DDP wrapper).
+one process (world size 1, no DDP wrapper). Every rank returns the same result.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
+import os
 import time
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -18,11 +21,14 @@ from torch import nn
 from torch.utils.data import DataLoader, Subset
 
 from sweeper import data as data_mod
+from sweeper import flops as flops_mod
 from sweeper import measure, models, telemetry
-from sweeper.config import DataConfig, ModelConfig, TrainConfig
+from sweeper.config import DataConfig, MeasureConfig, ModelConfig, TrainConfig, first_line
 from sweeper.plan import GridPoint
 
 EVAL_BATCH_SIZE = 256
+STATUS_ORDER = ("ok", "oom", "failed")  # the worst status over ranks wins
+TRACE_FILE = "rank0.pt.trace.json.gz"
 
 
 @dataclass
@@ -35,10 +41,20 @@ class TrialSpec:
     point: GridPoint
     lr: float
     steps: int
+    measure: MeasureConfig = field(default_factory=MeasureConfig)
     use_gpu: bool = False
-    # Wall-clock time (time.time()) the trial started, to measure the start-up overhead.
-    trial_start_time: Optional[float] = None
-    noisy_cv_threshold: float = 0.05
+    # FLOPs per sample of this model, counted once per sweep by the driver (None: not counted).
+    flop_count: Optional[flops_mod.FlopCount] = None
+    # profile=true: a torch.profiler trace of `measure.profile_steps` untimed steps, written under
+    # `profile_dir` (the driver sets it once it knows where Ray keeps results).
+    profile: bool = False
+    profile_dir: Optional[str] = None
+
+    @property
+    def first_timed_step(self) -> int:
+        """Warm-up steps, then (when profiling) one profiler warm-up step and the profiled steps."""
+        profiled = self.measure.profile_steps + 1 if self.profile else 0
+        return self.measure.warmup_steps + profiled
 
 
 @dataclass
@@ -46,6 +62,14 @@ class WorkerContext:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+
+
+@dataclass(frozen=True)
+class GroupFacts:
+    """Measured once per worker group and shared by its points: the device's peak FLOP/s (a table
+    entry on GPU, a matmul measured on this worker's CPU share)."""
+
+    peak: Optional[flops_mod.PeakFlops] = None
 
 
 def accumulation_context(model: nn.Module, micro_step: int, accumulation_steps: int):
@@ -60,25 +84,105 @@ def accumulation_context(model: nn.Module, micro_step: int, accumulation_steps: 
     return contextlib.nullcontext()
 
 
-def run_trial(spec: TrialSpec, ctx: WorkerContext) -> Dict[str, Any]:
+def run_points(
+    specs: Sequence[TrialSpec],
+    ctx: WorkerContext,
+    report: Callable[[Dict[str, Any]], None],
+    group_start_time: Optional[float] = None,
+    threads: int = 1,
+) -> None:
+    """Measure grid points one after another in this worker group, calling `report(result)` on every
+    rank after each. The data and the per-group facts are loaded and measured once."""
+    first = specs[0]
+    device = telemetry.select(first.use_gpu, ctx.local_rank)
+    splits = data_mod.load(first.data, first.model.input_shape)
+    facts = group_facts(first, device, ctx, threads)
+    ready = time.time()
+    for i, spec in enumerate(specs):
+        result = run_point(spec, ctx, device, splits, facts)
+        result["worker_group_points"] = len(specs)
+        if i == 0 and group_start_time is not None:
+            # Paid once by the group (Ray trial start to a worker ready to train): logged on the
+            # group's first point only, so summing it over trials does not count it twice.
+            result["worker_group_startup_seconds"] = ready - group_start_time
+        report(result)
+
+
+def group_facts(spec: TrialSpec, device: telemetry.Device, ctx: WorkerContext, threads: int) -> GroupFacts:
+    if spec.flop_count is None:
+        return GroupFacts()
+    if device.is_cuda:
+        # fp32 training runs its matmuls/convolutions as TF32 where torch allows it (cuDNN does by
+        # default): compare with the peak of the math actually used.
+        tf32 = torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32
+        peak = flops_mod.gpu_peak_flops(device.name, "tf32" if tf32 else "fp32")
+    else:
+        # Every worker gets the same CPU share; one measurement on rank 0 stands for all of them.
+        peak = flops_mod.measure_cpu_peak_flops(threads) if ctx.rank == 0 else None
+        peak = _broadcast_object(peak, ctx)
+    return GroupFacts(peak=peak)
+
+
+def run_point(
+    spec: TrialSpec,
+    ctx: WorkerContext,
+    device: Optional[telemetry.Device] = None,
+    splits: Optional[data_mod.Splits] = None,
+    facts: GroupFacts = GroupFacts(),
+) -> Dict[str, Any]:
+    """One grid point, its failure included: every rank agrees on the status (ok | oom | failed).
+
+    A point that raises on every rank (bad model code, an OOM of the same size everywhere) is
+    recorded and the group goes on to the next point.
+    """
+    start = time.time()
+    status, error, result = "ok", None, {}
+    try:
+        result = run_trial(spec, ctx, device, splits)
+    except Exception as exc:  # recorded as the point's result, never silently dropped
+        status = "oom" if _is_oom(exc) else "failed"
+        error = f"{type(exc).__name__}: {first_line(exc)}"
+    finally:
+        gc.collect()  # the point's model and optimizer go before the next point is measured
+        if device is not None:
+            device.release_cached_memory()
+    outcomes = _gather_objects((status, error), ctx)
+    worst = max(outcomes, key=lambda o: STATUS_ORDER.index(o[0]))
+    if worst[0] != "ok":
+        result = {"status": worst[0], "error": worst[1] or "failed on another rank"}
+    else:
+        result["status"] = "ok"
+        result.update(_flops_metrics(spec, result, facts))
+    result["trial_key"] = spec.point.key
+    result["trial_seconds"] = time.time() - start
+    return result
+
+
+def run_trial(
+    spec: TrialSpec,
+    ctx: WorkerContext,
+    device: Optional[telemetry.Device] = None,
+    splits: Optional[data_mod.Splits] = None,
+) -> Dict[str, Any]:
     """Train `spec.steps` optimizer steps and measure them. Every rank returns the same dict."""
-    point, train = spec.point, spec.train
+    point, cfg = spec.point, spec.measure
     if point.num_workers != ctx.world_size:
         raise ValueError(f"grid point wants {point.num_workers} workers, world size is {ctx.world_size}")
-    device = telemetry.select(spec.use_gpu, ctx.local_rank)
-    splits = data_mod.load(spec.data, spec.model.input_shape)
+    point_start = time.time()
+    device = device or telemetry.select(spec.use_gpu, ctx.local_rank)
+    splits = splits or data_mod.load(spec.data, spec.model.input_shape)
 
     device.start_memory_window()
-    torch.manual_seed(train.seed)  # same initial weights on every layout (DDP also broadcasts rank 0's)
+    torch.manual_seed(spec.train.seed)  # same initial weights on every layout (DDP also broadcasts rank 0's)
     model: nn.Module = models.build(spec.model, splits.num_classes).to(device.torch_device)
     if ctx.world_size > 1:
         model = nn.parallel.DistributedDataParallel(
             model, device_ids=[ctx.local_rank] if device.is_cuda else None
         )
     optimizer = torch.optim.SGD(
-        model.parameters(), lr=spec.lr, momentum=train.momentum, weight_decay=train.weight_decay
+        model.parameters(), lr=spec.lr, momentum=spec.train.momentum, weight_decay=spec.train.weight_decay
     )
-    sampler = data_mod.GlobalBatchSampler(len(splits.train), point, ctx.rank, spec.steps, train.seed)
+    sampler = data_mod.GlobalBatchSampler(len(splits.train), point, ctx.rank, spec.steps, spec.train.seed)
     loader = DataLoader(
         splits.train,
         batch_size=point.micro_batch_size,
@@ -87,69 +191,137 @@ def run_trial(spec: TrialSpec, ctx: WorkerContext) -> Dict[str, Any]:
         num_workers=spec.data.loader_workers,
         pin_memory=device.is_cuda,
     )
-
-    ends = measure.window_ends(spec.steps, train.warmup_steps, train.timing_windows)
-    starts = {train.warmup_steps, *(end + 1 for end in ends[:-1])} if ends else set()
-    step_losses = torch.zeros(spec.steps, dtype=torch.float64, device=device.torch_device)
-    window_seconds: List[float] = []
-    first_step_time: Optional[float] = None
-    model.train()
     batches = iter(loader)
-    clock = 0.0  # set at the start of each window
-    for step in range(spec.steps):
-        # Whole optimizer steps are timed, data loading included (internal per-phase timers
-        # overestimate throughput).
-        if step in starts:
-            device.synchronize()
-            clock = time.perf_counter()
+    step_losses = torch.zeros(spec.steps, dtype=torch.float64, device=device.torch_device)
+
+    def train_step(step: int, marks: Optional[List[Any]] = None) -> None:
+        # Whole optimizer steps, data loading included: internal per-phase timers alone would
+        # overestimate throughput. Marks do not synchronize the device (events on GPU).
         for micro_step in range(point.accumulation_steps):
             inputs, targets = next(batches)
             inputs = inputs.to(device.torch_device, non_blocking=True)
             targets = targets.to(device.torch_device, non_blocking=True)
+            if marks is not None:
+                marks.append(device.mark())
             with accumulation_context(model, micro_step, point.accumulation_steps):
                 loss = F.cross_entropy(model(inputs), targets)
                 # Each micro-batch loss is a mean over its samples; dividing by the accumulation
                 # steps makes the summed gradient the mean over the worker's whole share.
                 (loss / point.accumulation_steps).backward()
+            if marks is not None:
+                marks.append(device.mark())
             step_losses[step] += loss.detach()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+
+    bounds = measure.window_bounds(spec.steps, spec.first_timed_step, cfg.windows)
+    window_starts = {start: i for i, (start, _) in enumerate(bounds)}
+    window_stops = {stop - 1: i for i, (_, stop) in enumerate(bounds)}
+    window_seconds: List[float] = [0.0] * len(bounds)
+    step_marks: List[List[Any]] = []
+    breakdown = None
+    sampler_thread: Optional[telemetry.UtilizationSampler] = None
+    utilization: Optional[telemetry.Utilization] = None
+    first_step_time: Optional[float] = None
+    train_start = time.perf_counter()
+    clock = 0.0
+    model.train()
+    profiler = _profiler(spec, ctx, device)
+    for step in range(spec.steps):
+        if step in window_starts:
+            device.synchronize()
+            clock = time.perf_counter()
+            if step == spec.first_timed_step:
+                sampler_thread = device.utilization_sampler(cfg.utilization_interval_seconds)
+                sampler_thread.start()
+        if profiler is not None and step == cfg.warmup_steps:
+            profiler.start()
+        if step == cfg.warmup_steps - 1 and cfg.memory_breakdown:
+            # A warm-up step, so the tracker's cost is never timed; after step 0, so the optimizer
+            # state exists as it does for every later step.
+            from sweeper import memory  # loads DTensor (~1.5 s): only when the breakdown is on
+
+            breakdown = memory.track_step(model, optimizer, lambda step=step: train_step(step), device.torch_device)
+        elif step >= spec.first_timed_step:
+            marks = [device.mark()]
+            train_step(step, marks)
+            marks.append(device.mark())
+            step_marks.append(marks)
+        else:
+            train_step(step)
+        if profiler is not None and cfg.warmup_steps <= step < spec.first_timed_step:
+            profiler.step()
+            if step == spec.first_timed_step - 1:
+                profiler.stop()
         if first_step_time is None:
             device.synchronize()
             first_step_time = time.time()
-        if len(window_seconds) < len(ends) and step == ends[len(window_seconds)]:
+        if step in window_stops:
             device.synchronize()
-            window_seconds.append(time.perf_counter() - clock)
+            window_seconds[window_stops[step]] = time.perf_counter() - clock
+    if sampler_thread is not None:
+        utilization = sampler_thread.stop()
+    train_seconds = time.perf_counter() - train_start
 
     # Mean over micro-steps, then over workers: the loss of the whole global batch at each step.
     step_losses /= point.accumulation_steps
     _all_reduce(step_losses, ctx, dist.ReduceOp.SUM)
     step_losses /= ctx.world_size
-    peak = torch.tensor([float(device.peak_memory_bytes())], dtype=torch.float64, device=device.torch_device)
-    _all_reduce(peak, ctx, dist.ReduceOp.MAX)
 
     result: Dict[str, Any] = {
         "train_loss": step_losses.cpu().tolist(),
         "optimizer_steps": spec.steps,
         "samples_seen": spec.steps * point.global_batch_size,
-        "peak_memory_bytes": int(peak.item()),
-        "memory_measure": device.memory_measure,
         "device": str(device.torch_device.type),
+        "train_seconds": train_seconds,
     }
-    if spec.trial_start_time is not None and first_step_time is not None:
-        result["startup_seconds"] = first_step_time - spec.trial_start_time
-    if window_seconds:
-        steps_per_window = ends[0] - train.warmup_steps + 1
+    if first_step_time is not None:
+        result["startup_seconds"] = first_step_time - point_start
+    # Memory: the largest over workers, each under a name that says what it measures.
+    memory_metrics: Dict[str, float] = dict(device.memory_metrics())
+    if breakdown is not None:
+        memory_metrics.update(breakdown.as_metrics())
+    result.update(_reduce(memory_metrics, ctx, device, dist.ReduceOp.MAX))
+    if device.is_cuda:
+        result["peak_memory_bytes"] = result["cuda_max_memory_allocated_bytes"]
+        result["memory_measure"] = "cuda: torch.cuda.max_memory_allocated over the trial, largest worker"
+    elif breakdown is not None:
+        result["peak_memory_bytes"] = result["memory_tracked_peak_bytes"]
+        result["memory_measure"] = (
+            "cpu: peak tensor memory of one training step (torch MemTracker), largest worker; "
+            "process RSS above its pre-trial baseline is cpu_rss_peak_above_baseline_bytes"
+        )
+
+    if bounds:
+        # The slowest rank sets the pace of a data-parallel step.
+        seconds = torch.tensor(window_seconds, dtype=torch.float64, device=device.torch_device)
+        _all_reduce(seconds, ctx, dist.ReduceOp.MAX)
         tp = measure.summarize(
-            window_seconds, steps_per_window, point.global_batch_size, spec.noisy_cv_threshold
+            seconds.cpu().tolist(),
+            [stop - start for start, stop in bounds],
+            point.global_batch_size,
+            cfg.stable_windows,
+            cfg.stability_tolerance,
         )
         result.update(
             samples_per_second=tp.samples_per_second,
             samples_per_second_cv=tp.samples_per_second_cv,
             step_time_seconds=tp.step_time_seconds,
             window_samples_per_second=tp.window_samples_per_second,
-            throughput_noisy=tp.noisy,
+            throughput_stable=tp.stable,
+            timing_windows=len(bounds),
+            stable_windows_used=tp.stable_window_count,
         )
+        phases = measure.phase_split([_phases(device, marks) for marks in step_marks])
+        result.update(_reduce(phases, ctx, device, dist.ReduceOp.SUM, mean=True))
+    if utilization is not None:
+        util = utilization.as_metrics()
+        maxima = {k: v for k, v in util.items() if k.endswith("_max")}
+        means = {k: v for k, v in util.items() if not k.endswith("_max") and k != "utilization_samples"}
+        result.update(_reduce(maxima, ctx, device, dist.ReduceOp.MAX))
+        result.update(_reduce(means, ctx, device, dist.ReduceOp.SUM, mean=True))
+    if spec.profile and ctx.rank == 0:
+        result["profile_trace_dir"] = _trace_dir(spec)
     if splits.val is not None and splits.has_real_labels:
         result["val_accuracy"] = evaluate(model, splits.val, device, ctx)
     return result
@@ -170,6 +342,102 @@ def evaluate(model: nn.Module, dataset, device: telemetry.Device, ctx: WorkerCon
     return float(counts[0] / counts[1])
 
 
+def _phases(device: telemetry.Device, marks: List[Any]) -> Tuple[float, float, float]:
+    """(data, forward_backward, optimizer) seconds of one step from its marks:
+    [start, (after data, after backward) per micro-step, end]."""
+    data = compute = 0.0
+    previous = marks[0]
+    for loaded, backward_done in zip(marks[1:-1:2], marks[2:-1:2]):
+        data += device.seconds_between(previous, loaded)
+        compute += device.seconds_between(loaded, backward_done)
+        previous = backward_done
+    return data, compute, device.seconds_between(previous, marks[-1])
+
+
+def _flops_metrics(spec: TrialSpec, result: Dict[str, Any], facts: GroupFacts) -> Dict[str, Any]:
+    count = spec.flop_count
+    if count is None or "samples_per_second" not in result:
+        return {}
+    achieved = count.train_per_sample * result["samples_per_second"]
+    out: Dict[str, Any] = {
+        "flops_per_sample_forward": count.forward_per_sample,
+        "flops_per_sample_train": count.train_per_sample,
+        "achieved_flops_per_second": achieved,
+    }
+    if facts.peak is not None:
+        # Every worker has the same device: the trial's peak is one device's times the workers.
+        peak = facts.peak.flops_per_second * spec.point.num_workers
+        out.update(
+            peak_flops_per_second=peak,
+            peak_flops_source=facts.peak.source,
+            mfu=flops_mod.mfu(achieved, flops_mod.PeakFlops(peak, facts.peak.source)),
+        )
+    return out
+
+
+def _profiler(spec: TrialSpec, ctx: WorkerContext, device: telemetry.Device):
+    """torch.profiler for the untimed steps after warm-up (rank 0; one profiler warm-up step, then
+    `profile_steps` recorded), written as a Chrome trace that TensorBoard's profiler plugin and
+    Perfetto open. None when not profiling."""
+    if not spec.profile or ctx.rank != 0:
+        return None
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    folder = _trace_dir(spec)
+    os.makedirs(folder, exist_ok=True)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.is_cuda else [])
+    return profile(
+        activities=activities,
+        schedule=schedule(wait=0, warmup=1, active=spec.measure.profile_steps, repeat=1),
+        on_trace_ready=lambda p: p.export_chrome_trace(os.path.join(folder, TRACE_FILE)),
+        record_shapes=True,
+        profile_memory=True,
+    )
+
+
+def _trace_dir(spec: TrialSpec) -> str:
+    return os.path.join(spec.profile_dir or "profile", spec.point.key)
+
+
+def _is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    text = str(exc)
+    return "out of memory" in text or "can't allocate memory" in text
+
+
+def _reduce(
+    values: Dict[str, float], ctx: WorkerContext, device: telemetry.Device, op, mean: bool = False
+) -> Dict[str, float]:
+    """Reduce a dict of numbers (same keys on every rank) across ranks."""
+    if not values:
+        return {}
+    names = sorted(values)
+    tensor = torch.tensor([float(values[n]) for n in names], dtype=torch.float64, device=device.torch_device)
+    _all_reduce(tensor, ctx, op)
+    if mean:
+        tensor /= ctx.world_size
+    return {
+        n: (int(v) if isinstance(values[n], int) else v) for n, v in zip(names, tensor.cpu().tolist())
+    }
+
+
 def _all_reduce(tensor: torch.Tensor, ctx: WorkerContext, op) -> None:
     if ctx.world_size > 1:
         dist.all_reduce(tensor, op=op)
+
+
+def _gather_objects(obj: Any, ctx: WorkerContext) -> List[Any]:
+    if ctx.world_size == 1:
+        return [obj]
+    out: List[Any] = [None] * ctx.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _broadcast_object(obj: Any, ctx: WorkerContext) -> Any:
+    if ctx.world_size == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

@@ -33,6 +33,10 @@ def test_issue_overrides_compose(cfg_of):
         ("train.lr_scaling=cubic", "train.lr_scaling"),
         ("cluster.use_gpu=maybe", "cluster.use_gpu"),
         ("train.epochs=0", "train.epochs"),
+        ("measure.warmup_steps=1", "measure.warmup_steps"),
+        ("measure.windows=2", "measure.windows"),
+        ("measure.stability_tolerance=0", "measure.stability_tolerance"),
+        ("sweep.points_per_worker_group=0", "sweep.points_per_worker_group"),
     ],
 )
 def test_bad_values_name_their_key(cfg_of, override, key):

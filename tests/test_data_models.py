@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sweeper import data, models
-from sweeper.config import DataConfig, ModelConfig, TrainConfig
+from sweeper.config import DataConfig, MeasureConfig, ModelConfig, TrainConfig
 from sweeper.plan import GridPoint
 from sweeper.training import TrialSpec, WorkerContext, run_trial
 
@@ -52,7 +52,8 @@ def test_a_trial_trains_on_cifar10_resized(tmp_path):
     spec = TrialSpec(
         model=ModelConfig(name="mlp", input_shape=[1, 16, 16], depth=2, width=32),
         data=DataConfig(name="cifar10", root=str(tmp_path), verify_checksums=False),
-        train=TrainConfig(warmup_steps=1, timing_windows=2),
+        train=TrainConfig(),
+        measure=MeasureConfig(warmup_steps=2, windows=2, flops=False),
         point=GridPoint(10, 1, 1), lr=0.05, steps=5,
     )
     result = run_trial(spec, WorkerContext())
@@ -85,7 +86,9 @@ def test_any_torchvision_model_by_name():
 
 
 def make_tiny_model(num_classes, hidden=8):
-    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, num_classes))
+    return torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, num_classes)
+    )
 
 
 def test_custom_model_factory_gets_kwargs_and_num_classes():

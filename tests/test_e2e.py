@@ -1,17 +1,21 @@
 """The real thing: the CLI with a local Ray and a SQLite MLflow store, read back afterwards."""
 
+import gzip
+import json
 import math
 
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
+from sweeper import models
+from sweeper.config import ModelConfig
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.e2e
 
 TINY_MLP = ["model=mlp", "model.depth=2", "model.width=64", "model.input_shape=[1,8,8]"]
-TRAIN = ["train.epochs=1", "train.lr=0.1", "train.warmup_steps=1", "train.timing_windows=2"]
+TRAIN = ["train.epochs=1", "train.lr=0.1", "measure.warmup_steps=2", "measure.windows=3"]
 
 
 def _runs(tmp_path, experiment="sweeper"):
@@ -44,6 +48,30 @@ def test_equal_global_batch_layouts_give_one_loss_curve_through_the_cli(tmp_path
                for r in children}
     assert layouts == {("8", "4", "1"), ("16", "2", "1"), ("8", "2", "2"), ("16", "1", "2")}
 
+    # Measurements (issue 3): every child carries them under their schema names.
+    tiny = models.build(ModelConfig(name="mlp", depth=2, width=64, input_shape=[1, 8, 8]), 10)
+    param_bytes = 4 * sum(p.numel() for p in tiny.parameters())
+    for run in children:
+        m, tags = run.data.metrics, run.data.tags
+        assert m["memory_parameters_bytes"] == param_bytes  # known answer: float32 parameters
+        assert m["memory_optimizer_state_bytes"] == param_bytes  # SGD momentum: one buffer per parameter
+        assert m["peak_memory_bytes"] == m["memory_tracked_peak_bytes"] >= 2 * param_bytes
+        assert m["cpu_rss_peak_above_baseline_bytes"] > 0
+        assert m["flops_per_sample_train"] > m["flops_per_sample_forward"] > 0
+        assert tags["sweeper.peak_flops_source"].startswith("measured: fp32 matmul")
+        assert 0 < m["mfu"] and m["achieved_flops_per_second"] > 0
+        assert m["timing_windows"] == 3 and tags["sweeper.throughput_stable"] in ("true", "false")
+        phases = sum(m[f"{p}_seconds_per_step"] for p in ("data", "forward_backward", "optimizer"))
+        assert phases <= m["step_time_seconds"] * 1.5  # the parts of a step are not longer than it
+        assert m["process_cpu_percent_mean"] > 0
+        assert 0 < m["startup_seconds"] < m["trial_seconds"]
+    # One Ray Train worker group per worker count; its start-up is logged once, on its first point.
+    group_starts = [r for r in children if "worker_group_startup_seconds" in r.data.metrics]
+    assert sorted(r.data.params["num_workers"] for r in group_starts) == ["1", "2"]
+    assert {r.data.metrics["worker_group_points"] for r in children} == {2.0}
+    pm = client.get_run(parent.info.run_id).data.metrics
+    assert pm["sweep_wall_seconds"] > pm["sum_trial_seconds"] > 0
+
     curves = []
     for run in children:
         assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
@@ -70,14 +98,14 @@ def test_equal_global_batch_layouts_give_one_loss_curve_through_the_cli(tmp_path
 def test_own_model_factory_on_synthetic_data_reports_no_accuracy(tmp_path):
     result = run_cli(
         "model=custom", "model._target_=torchvision.models.mobilenet_v3_small", "model.input_shape=[3,32,32]",
-        "data=synthetic", "data.num_samples=256", *TRAIN,
+        "data=synthetic", "data.num_samples=384", *TRAIN,
         "sweep.micro_batch_sizes=[16]", "sweep.accumulation_steps=[2]", "sweep.num_workers=[1]",
-        "tracking.experiment_name=custom",
+        "tracking.experiment_name=custom", "profile=true", "measure.profile_steps=2",
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "synthetic data has random labels" in result.stdout
-    _, parents, children = _runs(tmp_path, "custom")
+    client, parents, children = _runs(tmp_path, "custom")
     assert len(parents) == 1 and len(children) == 1
     run = children[0]
     assert run.data.tags["sweeper.status"] == "ok"
@@ -85,20 +113,47 @@ def test_own_model_factory_on_synthetic_data_reports_no_accuracy(tmp_path):
     assert "random labels" in run.data.tags["sweeper.accuracy"]
     assert math.isfinite(run.data.metrics["train_loss"])
 
+    # profile=true: a Chrome trace of the profiled steps, as an artifact of the trial's run.
+    assert [a.path for a in client.list_artifacts(run.info.run_id, "profile")] == ["profile/rank0.pt.trace.json.gz"]
+    local = client.download_artifacts(run.info.run_id, "profile/rank0.pt.trace.json.gz", str(tmp_path))
+    with gzip.open(local, "rt") as f:
+        trace = json.load(f)
+    names = {event.get("name", "") for event in trace["traceEvents"]}
+    assert any("ProfilerStep" in name for name in names) and any("conv" in name for name in names)
 
-def test_a_trial_that_raises_is_recorded_failed_and_the_exit_status_says_so(tmp_path):
-    # Bad model code: Identity returns the image, so the loss raises inside the worker.
+
+FRAGILE_MODEL = """
+import torch
+
+
+class Fragile(torch.nn.Module):
+    # Bad model code that only shows at some batch sizes.
+    def __init__(self, num_classes):
+        super().__init__()
+        self.linear = torch.nn.Linear(64, num_classes)
+
+    def forward(self, x):
+        if self.training and x.shape[0] > 16:
+            raise ValueError("fragile model: batch larger than 16")
+        return self.linear(x.flatten(1))
+"""
+
+
+def test_a_point_that_raises_is_recorded_failed_and_its_group_goes_on(tmp_path):
+    (tmp_path / "fragile.py").write_text(FRAGILE_MODEL)
     result = run_cli(
-        "model=custom", "model._target_=torch.nn.Identity", *TRAIN,
-        "sweep.micro_batch_sizes=[16]", "sweep.accumulation_steps=[1]", "sweep.num_workers=[1]",
-        cwd=tmp_path,
+        "model=custom", "model._target_=fragile.Fragile", "model.input_shape=[1,8,8]", *TRAIN,
+        "sweep.micro_batch_sizes=[32,8]", "sweep.accumulation_steps=[1]", "sweep.num_workers=[1]",
+        cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)},
     )
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     assert "Traceback" not in result.stdout
     client, parents, children = _runs(tmp_path)
-    assert len(children) == 1
-    run = children[0]
-    assert run.data.tags["sweeper.status"] == "failed"
-    assert run.info.status == "FAILED"
-    assert run.data.tags["sweeper.error"]  # the worker's error, in one line
+    by_micro = {r.data.params["micro_batch_size"]: r for r in children}
+    assert set(by_micro) == {"32", "8"}
+    failed, ok = by_micro["32"], by_micro["8"]
+    assert failed.data.tags["sweeper.status"] == "failed" and failed.info.status == "FAILED"
+    assert failed.data.tags["sweeper.error"] == "ValueError: fragile model: batch larger than 16"
+    # The same worker group measured the next point after the failure.
+    assert ok.data.tags["sweeper.status"] == "ok" and ok.data.metrics["samples_per_second"] > 0
     assert client.get_run(parents[0].info.run_id).info.status == "FAILED"

@@ -1,25 +1,47 @@
-"""Timing windows and their summary, against cases with known answers."""
+"""Timing windows, the stability rule and the phase split, against cases with known answers."""
 
 import pytest
 
-from sweeper.measure import summarize, window_ends
+from sweeper.measure import phase_split, stable_run, summarize, window_bounds
 
 
-def test_windows_skip_warmup_and_split_the_rest_evenly():
-    assert window_ends(total_steps=11, warmup_steps=2, windows=3) == [4, 7, 10]
-    assert window_ends(total_steps=12, warmup_steps=2, windows=3) == [4, 7, 10]  # remainder untimed
-    assert window_ends(total_steps=4, warmup_steps=2, windows=3) == [2, 3]  # fewer steps than windows
-    assert window_ends(total_steps=2, warmup_steps=2, windows=3) == []
+def test_windows_skip_warmup_and_cover_every_later_step():
+    assert window_bounds(total_steps=11, first_timed_step=2, windows=3) == [(2, 5), (5, 8), (8, 11)]
+    # The remainder is spread over the first windows instead of being left untimed.
+    assert window_bounds(total_steps=13, first_timed_step=2, windows=3) == [(2, 6), (6, 10), (10, 13)]
+    assert window_bounds(total_steps=4, first_timed_step=2, windows=3) == [(2, 3), (3, 4)]
+    assert window_bounds(total_steps=2, first_timed_step=2, windows=3) == []
 
 
-def test_summary_is_median_with_spread():
-    tp = summarize([1.0, 2.0, 1.0], steps_per_window=4, global_batch_size=25)  # 100, 50, 100 samples/s
+def test_stability_rule_takes_the_last_consecutive_run_within_tolerance():
+    # A slow start (cache warming), then steady: the run is the last three windows.
+    assert stable_run([50, 90, 100, 101, 99], run=3, tolerance=0.05) == (2, 5)
+    # A hiccup at the end: the latest steady run before it is taken.
+    assert stable_run([100, 101, 99, 60], run=3, tolerance=0.05) == (0, 3)
+    assert stable_run([100, 80, 100, 80, 100], run=3, tolerance=0.05) is None
+    assert stable_run([100, 100], run=3, tolerance=0.05) is None  # too few windows
+
+
+def test_summary_of_a_stable_run_uses_samples_over_seconds_of_that_run():
+    # Windows of 4, 4, 3, 3 steps at 10 samples per step; the first window is slow.
+    tp = summarize([2.0, 0.4, 0.3, 0.3], window_steps=[4, 4, 3, 3], global_batch_size=10, stable_windows=3)
+    assert tp.window_samples_per_second == pytest.approx([20.0, 100.0, 100.0, 100.0])
+    assert tp.stable and tp.stable_window_count == 3
     assert tp.samples_per_second == pytest.approx(100.0)
-    assert tp.step_time_seconds == pytest.approx(0.25)
+    assert tp.step_time_seconds == pytest.approx(0.1)
+    assert tp.samples_per_second_cv > 0.3  # the spread over all windows is still reported
+
+
+def test_unstable_windows_report_the_median_and_say_so():
+    tp = summarize([1.0, 2.0, 1.0], window_steps=[4, 4, 4], global_batch_size=25)  # 100, 50, 100 samples/s
+    assert not tp.stable and tp.stable_window_count == 0
+    assert tp.samples_per_second == pytest.approx(100.0)
     assert tp.samples_per_second_cv == pytest.approx(23.570 / 83.333, abs=1e-3)  # pstdev / mean
-    assert tp.noisy
 
 
-def test_steady_windows_are_not_noisy():
-    tp = summarize([1.0, 1.01, 0.99], steps_per_window=1, global_batch_size=10)
-    assert tp.samples_per_second_cv < 0.01 and not tp.noisy
+def test_phase_split_is_the_mean_per_step():
+    split = phase_split([(0.1, 0.5, 0.2), (0.3, 0.7, 0.2)])
+    assert split == pytest.approx(
+        {"data_seconds_per_step": 0.2, "forward_backward_seconds_per_step": 0.6, "optimizer_seconds_per_step": 0.2}
+    )
+    assert phase_split([]) == {}

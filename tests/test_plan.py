@@ -3,7 +3,7 @@
 
 import pytest
 
-from sweeper.plan import GridPoint, expand_grid, optimizer_steps, scaled_lr, stream_indices
+from sweeper.plan import GridPoint, expand_grid, optimizer_steps, scaled_lr, stream_indices, worker_groups
 
 
 def test_grid_is_the_product_and_global_batch_is_micro_x_accum_x_workers():
@@ -55,3 +55,14 @@ def test_stream_gives_each_step_the_same_samples_whatever_the_layout():
         step_ranks = set(ranks[0][2 * k : 2 * k + 2]) | set(ranks[1][2 * k : 2 * k + 2])
         assert step_single == step_ranks
     assert single[8:12] == [1, 0, 0, 1]  # epoch 0's tail then epoch 1's head
+
+
+def test_worker_groups_share_a_worker_count_and_keep_grid_order():
+    points = expand_grid([16, 32], [1, 2], [1, 2])  # workers vary fastest
+    groups = worker_groups(points)
+    assert [len(g) for g in groups] == [4, 4]
+    assert all(p.num_workers == 1 for p in groups[0]) and all(p.num_workers == 2 for p in groups[1])
+    assert groups[0] == [p for p in points if p.num_workers == 1]
+    chunks = worker_groups(points, points_per_group=3)
+    assert [len(g) for g in chunks] == [3, 1, 3, 1]
+    assert worker_groups(points, points_per_group=1) == [[p] for p in sorted(points, key=lambda p: p.num_workers)]

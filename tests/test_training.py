@@ -7,18 +7,19 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from sweeper.config import DataConfig, ModelConfig, TrainConfig
+from sweeper.config import DataConfig, MeasureConfig, ModelConfig, TrainConfig
 from sweeper.plan import GridPoint
 from sweeper.training import TrialSpec, WorkerContext, run_trial
 
 MLP = ModelConfig(name="mlp", input_shape=[1, 8, 8], depth=3, width=32)
 DIGITS = DataConfig(name="digits")
-TRAIN = TrainConfig(lr=0.1, seed=3, warmup_steps=1, timing_windows=2)
+TRAIN = TrainConfig(lr=0.1, seed=3)
+MEASURE = MeasureConfig(warmup_steps=2, windows=3, flops=False)
 STEPS = 12
 
 
 def spec(point: GridPoint, model=MLP, data=DIGITS) -> TrialSpec:
-    return TrialSpec(model=model, data=data, train=TRAIN, point=point, lr=TRAIN.lr, steps=STEPS)
+    return TrialSpec(model=model, data=data, train=TRAIN, measure=MEASURE, point=point, lr=TRAIN.lr, steps=STEPS)
 
 
 def test_same_global_batch_gives_same_loss_curve_in_one_process():
@@ -41,7 +42,7 @@ def test_result_has_measurements_and_accuracy():
     r = run_trial(spec(GridPoint(16, 1, 1)), WorkerContext())
     assert r["optimizer_steps"] == STEPS and r["samples_seen"] == STEPS * 16
     assert r["samples_per_second"] > 0 and r["step_time_seconds"] > 0
-    assert len(r["window_samples_per_second"]) == 2
+    assert len(r["window_samples_per_second"]) == 3 and r["timing_windows"] == 3
     assert 0.0 <= r["val_accuracy"] <= 1.0
     assert r["peak_memory_bytes"] >= 0
 
