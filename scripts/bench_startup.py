@@ -1,0 +1,55 @@
+"""Per-trial fixed overhead, before and after sharing worker groups: the same sweep run with a fresh
+Ray Train worker group per grid point (`sweep.points_per_worker_group=1`, the old design) and with
+one worker group per worker count (the default), one after the other. Prints `name: value` lines;
+the last line is the headline (the grouped sweep's wall time over its trials' own time; goal <= 1.5).
+
+    python scripts/bench_startup.py [--out .sweeper/bench_startup] [-- extra Hydra overrides]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+from _sweeps import read_sweep, run_sweep, spread
+
+DEFAULT = ["+experiment=resnet_batch"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=".sweeper/bench_startup")
+    parser.add_argument("overrides", nargs="*", help=f"Hydra overrides (default: {' '.join(DEFAULT)})")
+    args = parser.parse_args()
+    overrides = args.overrides or DEFAULT
+    out = Path(args.out).resolve()
+    shutil.rmtree(out, ignore_errors=True)
+    print(f"config: {' '.join(overrides)}")
+
+    figures = {}
+    for name, group in (("per_point", "1"), ("grouped", "null")):
+        folder = out / name
+        command_wall = run_sweep(folder, [*overrides, f"sweep.points_per_worker_group={group}"])
+        parent, children = read_sweep(folder)
+        ok = [c for c in children if c["status"] == "ok"]
+        group_startup = [c["worker_group_startup_seconds"] for c in ok if "worker_group_startup_seconds" in c]
+        point_startup = [c["startup_seconds"] for c in ok]
+        # What each point pays before its first optimizer step, the group's start-up shared out.
+        amortized = (sum(group_startup) + sum(point_startup)) / len(ok)
+        figures[name] = parent
+        print(f"{name}_trials_ok: {len(ok)} of {len(children)}")
+        print(f"{name}_worker_groups: {len(group_startup)}")
+        print(f"{name}_worker_group_startup_seconds: {spread(group_startup)}")
+        print(f"{name}_point_startup_seconds: {spread(point_startup)}")
+        print(f"{name}_startup_seconds_per_point_amortized: {amortized:.2f}")
+        print(f"{name}_sum_trial_seconds: {parent['sum_trial_seconds']:.1f}")
+        print(f"{name}_sweep_wall_seconds: {parent['sweep_wall_seconds']:.1f} (command {command_wall:.1f})")
+        print(f"{name}_sweep_wall_over_trial_seconds: {parent['sweep_wall_over_trial_seconds']:.2f}")
+    speedup = figures["per_point"]["sweep_wall_seconds"] / figures["grouped"]["sweep_wall_seconds"]
+    print(f"sweep_wall_speedup_grouped_over_per_point: {speedup:.2f}")
+    print(f"grouped_sweep_wall_over_trial_seconds: {figures['grouped']['sweep_wall_over_trial_seconds']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
