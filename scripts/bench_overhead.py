@@ -1,7 +1,7 @@
 """Plain hand-written PyTorch loop vs. sweeper's training step, same model/data/batch, one process,
 alternating rounds. Prints `name: value` lines; the last line is the headline ratio.
 
-    python scripts/bench_overhead.py [--model resnet18] [--micro 32] [--accum 1] [--steps 30] [--rounds 3]
+    python scripts/bench_overhead.py [--model resnet18] [--micro 32] [--accum 1] [--steps 30] [--rounds 4]
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def main() -> None:
     parser.add_argument("--accum", type=int, default=1)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -73,9 +73,14 @@ def main() -> None:
                      point=GridPoint(args.micro, args.accum, 1), lr=0.05, steps=args.steps)
 
     plain, ours = [], []
-    for _ in range(args.rounds):
-        plain.append(plain_loop(model_cfg, data_cfg, args.micro, args.accum, args.steps, args.warmup, 0.05))
-        ours.append(run_trial(spec, WorkerContext())["samples_per_second"])
+    for i in range(args.rounds):
+        # Alternate which goes first, so neither always inherits the other's warm caches.
+        order = ("plain", "ours") if i % 2 == 0 else ("ours", "plain")
+        for name in order:
+            if name == "plain":
+                plain.append(plain_loop(model_cfg, data_cfg, args.micro, args.accum, args.steps, args.warmup, 0.05))
+            else:
+                ours.append(run_trial(spec, WorkerContext())["samples_per_second"])
     print(f"config: model={args.model} micro={args.micro} accum={args.accum} steps={args.steps} "
           f"warmup={args.warmup} threads={args.threads}")
     print(f"plain_samples_per_second: {statistics.median(plain):.1f} (rounds: {', '.join(f'{v:.1f}' for v in plain)})")

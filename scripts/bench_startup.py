@@ -1,6 +1,6 @@
 """Per-trial fixed overhead, before and after sharing worker groups: the same sweep run with a fresh
 Ray Train worker group per grid point (`sweep.points_per_worker_group=1`, the old design) and with
-one worker group per worker count (the default), one after the other. Prints `name: value` lines;
+one worker group for the whole grid (the default), one after the other. Prints `name: value` lines;
 the last line is the headline (the grouped sweep's wall time over its trials' own time; goal <= 1.5).
 
     python scripts/bench_startup.py [--out .sweeper/bench_startup] [-- extra Hydra overrides]

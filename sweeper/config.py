@@ -69,10 +69,10 @@ class SweepConfig:
     # Keep only grid points whose micro x accumulation x workers is one of these.
     global_batch_sizes: Optional[List[int]] = None
     max_concurrent_trials: int = 1
-    # Grid points with the same number of workers are measured one after another in one Ray Train
-    # worker group (one Ray Tune trial), so worker start-up (process spawn, torch import, process
-    # group init) is paid once per group instead of once per point. null: one group per worker
-    # count; 1: a fresh worker group for every point (slowest, most isolated).
+    # Grid points are measured one after another in one Ray Train worker group (one Ray Tune trial)
+    # sized to the largest point, so worker start-up (process spawn, torch import, process group
+    # init) is paid once per group instead of once per point. null: one group for the whole grid;
+    # N: groups of at most N points; 1: a fresh worker group for every point (slowest, most isolated).
     points_per_worker_group: Optional[int] = None
 
 
@@ -231,7 +231,7 @@ def validate(cfg: SweeperConfig) -> List[str]:
     if sweep.points_per_worker_group is not None and sweep.points_per_worker_group <= 0:
         problems.append(
             f"sweep.points_per_worker_group={sweep.points_per_worker_group}: must be >= 1, or null "
-            "for one worker group per worker count"
+            "for one worker group for the whole grid"
         )
     if train.lr_scaling not in LR_SCALING_RULES:
         problems.append(

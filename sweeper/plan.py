@@ -102,14 +102,10 @@ def stream_indices(
 
 
 def worker_groups(points: Sequence[GridPoint], points_per_group: Optional[int] = None) -> List[List[GridPoint]]:
-    """Points that share a worker count, in grid order, cut into groups of at most `points_per_group`
-    (None: one group per worker count). Each group is measured in one Ray Train worker group, so
-    worker start-up is paid once per group, not once per point."""
-    by_workers: Dict[int, List[GridPoint]] = {}
-    for point in points:
-        by_workers.setdefault(point.num_workers, []).append(point)
-    groups: List[List[GridPoint]] = []
-    for same in by_workers.values():
-        size = points_per_group or len(same)
-        groups += [same[i : i + size] for i in range(0, len(same), size)]
-    return groups
+    """The points cut into groups of at most `points_per_group` (None: one group), each measured in
+    one Ray Train worker group sized to its largest point; a point with fewer workers runs on the
+    group's first ranks while the others wait. Points are ordered by worker count (stable), so
+    groups are as uniform as they can be. Worker start-up is then paid once per group."""
+    ordered = sorted(points, key=lambda p: p.num_workers)
+    size = points_per_group or max(len(ordered), 1)
+    return [ordered[i : i + size] for i in range(0, len(ordered), size)]

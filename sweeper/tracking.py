@@ -77,6 +77,7 @@ RESULT_TAGS = {
     "error": "sweeper.error",
     "memory_measure": "sweeper.memory_measure",
     "peak_flops_source": "sweeper.peak_flops_source",
+    "gpu_telemetry_note": "sweeper.gpu_telemetry",
     "accuracy_note": "sweeper.accuracy",
 }
 MAX_BATCH = 1000  # MLflow's limit of metrics per log_batch call

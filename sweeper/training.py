@@ -59,9 +59,13 @@ class TrialSpec:
 
 @dataclass
 class WorkerContext:
+    """This worker's place in the process group a point trains with: the whole worker group, or
+    (for a point with fewer workers than the group) the sub-group of its first ranks."""
+
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    group: Any = None  # a torch.distributed ProcessGroup; None: the default (whole) group
 
 
 @dataclass(frozen=True)
@@ -92,20 +96,36 @@ def run_points(
     threads: int = 1,
 ) -> None:
     """Measure grid points one after another in this worker group, calling `report(result)` on every
-    rank after each. The data and the per-group facts are loaded and measured once."""
+    rank after each. The data and the per-group facts are loaded and measured once.
+
+    A point with fewer workers than the group trains on ranks 0..n-1 (a sub-group) while the other
+    ranks wait in `report`, Ray Train's own barrier: they hold no model and use no CPU meanwhile.
+    """
     first = specs[0]
     device = telemetry.select(first.use_gpu, ctx.local_rank)
     splits = data_mod.load(first.data, first.model.input_shape)
     facts = group_facts(first, device, ctx, threads)
+    subgroups = _subgroups(sorted({s.point.num_workers for s in specs}), ctx)
     ready = time.time()
     for i, spec in enumerate(specs):
-        result = run_point(spec, ctx, device, splits, facts)
+        members = spec.point.num_workers
+        if ctx.rank < members:
+            member = WorkerContext(ctx.rank, members, ctx.local_rank, subgroups.get(members, ctx.group))
+            result = run_point(spec, member, device, splits, facts)
+        else:
+            result = {"trial_key": spec.point.key, "status": "idle"}  # rank 0's result is the one used
         result["worker_group_points"] = len(specs)
         if i == 0 and group_start_time is not None:
             # Paid once by the group (Ray trial start to a worker ready to train): logged on the
             # group's first point only, so summing it over trials does not count it twice.
             result["worker_group_startup_seconds"] = ready - group_start_time
         report(result)
+
+
+def _subgroups(sizes: Sequence[int], ctx: WorkerContext) -> Dict[int, Any]:
+    """A process group of ranks 0..n-1 for each point size n between 1 and the whole group (every
+    rank must take part in creating each, members or not)."""
+    return {n: dist.new_group(ranks=list(range(n))) for n in sizes if 1 < n < ctx.world_size}
 
 
 def group_facts(spec: TrialSpec, device: telemetry.Device, ctx: WorkerContext, threads: int) -> GroupFacts:
@@ -177,7 +197,7 @@ def run_trial(
     model: nn.Module = models.build(spec.model, splits.num_classes).to(device.torch_device)
     if ctx.world_size > 1:
         model = nn.parallel.DistributedDataParallel(
-            model, device_ids=[ctx.local_rank] if device.is_cuda else None
+            model, device_ids=[ctx.local_rank] if device.is_cuda else None, process_group=ctx.group
         )
     optimizer = torch.optim.SGD(
         model.parameters(), lr=spec.lr, momentum=spec.train.momentum, weight_decay=spec.train.weight_decay
@@ -320,6 +340,8 @@ def run_trial(
         means = {k: v for k, v in util.items() if not k.endswith("_max") and k != "utilization_samples"}
         result.update(_reduce(maxima, ctx, device, dist.ReduceOp.MAX))
         result.update(_reduce(means, ctx, device, dist.ReduceOp.SUM, mean=True))
+        if utilization.gpu_unavailable_reason:
+            result["gpu_telemetry_note"] = f"no GPU utilization: {utilization.gpu_unavailable_reason}"
     if spec.profile and ctx.rank == 0:
         result["profile_trace_dir"] = _trace_dir(spec)
     if splits.val is not None and splits.has_real_labels:
@@ -424,14 +446,14 @@ def _reduce(
 
 def _all_reduce(tensor: torch.Tensor, ctx: WorkerContext, op) -> None:
     if ctx.world_size > 1:
-        dist.all_reduce(tensor, op=op)
+        dist.all_reduce(tensor, op=op, group=ctx.group)
 
 
 def _gather_objects(obj: Any, ctx: WorkerContext) -> List[Any]:
     if ctx.world_size == 1:
         return [obj]
     out: List[Any] = [None] * ctx.world_size
-    dist.all_gather_object(out, obj)
+    dist.all_gather_object(out, obj, group=ctx.group)
     return out
 
 
@@ -439,5 +461,5 @@ def _broadcast_object(obj: Any, ctx: WorkerContext) -> Any:
     if ctx.world_size == 1:
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=ctx.group)
     return box[0]

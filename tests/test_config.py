@@ -1,5 +1,6 @@
 """The config contract: composition, typed conversion, and one clean error per bad input."""
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,18 @@ def test_cli_bad_input_is_one_clean_line(tmp_path, overrides, key):
     assert len(errors) == 1, result.stderr
     assert errors[0].startswith(f"error: {key}")
     assert not (tmp_path / ".sweeper" / "ray").exists()  # no Ray was started
+
+
+def test_cli_dashboard_port_in_use_names_the_key(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_cli(f"cluster.dashboard_port={port}", cwd=tmp_path, timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [errors[0]] and errors[0].startswith(f"error: cluster.dashboard_port={port} is in use")
+    assert "Traceback" not in result.stderr
 
 
 def test_cli_collects_several_problems(tmp_path):

@@ -57,12 +57,12 @@ def test_stream_gives_each_step_the_same_samples_whatever_the_layout():
     assert single[8:12] == [1, 0, 0, 1]  # epoch 0's tail then epoch 1's head
 
 
-def test_worker_groups_share_a_worker_count_and_keep_grid_order():
+def test_worker_groups_hold_every_point_ordered_by_worker_count():
     points = expand_grid([16, 32], [1, 2], [1, 2])  # workers vary fastest
-    groups = worker_groups(points)
-    assert [len(g) for g in groups] == [4, 4]
-    assert all(p.num_workers == 1 for p in groups[0]) and all(p.num_workers == 2 for p in groups[1])
-    assert groups[0] == [p for p in points if p.num_workers == 1]
+    (group,) = worker_groups(points)
+    assert [p.num_workers for p in group] == [1, 1, 1, 1, 2, 2, 2, 2]
+    assert [p for p in group if p.num_workers == 1] == [p for p in points if p.num_workers == 1]  # stable
     chunks = worker_groups(points, points_per_group=3)
-    assert [len(g) for g in chunks] == [3, 1, 3, 1]
-    assert worker_groups(points, points_per_group=1) == [[p] for p in sorted(points, key=lambda p: p.num_workers)]
+    assert [[p.num_workers for p in g] for g in chunks] == [[1, 1, 1], [1, 2, 2], [2, 2]]
+    assert worker_groups(points, points_per_group=1) == [[p] for p in group]
+    assert worker_groups([]) == []

@@ -2,14 +2,16 @@
 
 import os
 import socket
+import time
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from sweeper.config import DataConfig, MeasureConfig, ModelConfig, TrainConfig
 from sweeper.plan import GridPoint
-from sweeper.training import TrialSpec, WorkerContext, run_trial
+from sweeper.training import TrialSpec, WorkerContext, run_points, run_trial
 
 MLP = ModelConfig(name="mlp", input_shape=[1, 8, 8], depth=3, width=32)
 DIGITS = DataConfig(name="digits")
@@ -58,23 +60,59 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _gloo_worker(rank, world_size, port, point, out):
+def _gloo_worker(rank, world_size, port, points, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    reports = []
     try:
-        result = run_trial(spec(point), WorkerContext(rank=rank, world_size=world_size))
-        out[rank] = result["train_loss"]
+        run_points([spec(p) for p in points], WorkerContext(rank=rank, world_size=world_size), reports.append)
+        out[rank] = reports
     finally:
         dist.destroy_process_group()
 
 
-def test_two_gloo_ranks_match_accumulation_in_one_process():
+def test_a_two_rank_worker_group_matches_one_process_and_runs_smaller_points_on_its_first_rank():
     torch.set_num_threads(1)
     single = run_trial(spec(GridPoint(8, 4, 1)), WorkerContext())["train_loss"]
+    points = [GridPoint(8, 4, 1), GridPoint(8, 2, 2)]  # global batch 32 both: one curve
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(_gloo_worker, args=(2, _free_port(), GridPoint(8, 2, 2), out), nprocs=2)
+        mp.spawn(_gloo_worker, args=(2, _free_port(), points, out), nprocs=2)
         rank0, rank1 = out[0], out[1]
-    assert rank0 == rank1  # every rank reports the same global loss
-    torch.testing.assert_close(torch.tensor(single), torch.tensor(rank0), rtol=1e-5, atol=1e-6)
+    assert [r["trial_key"] for r in rank0] == ["mb8-acc4-w1", "mb8-acc2-w2"]
+    assert all(r["status"] == "ok" for r in rank0)
+    # Rank 1 waited out the 1-worker point and trained the 2-worker one, agreeing with rank 0.
+    assert rank1[0]["status"] == "idle" and rank1[1]["train_loss"] == rank0[1]["train_loss"]
+    for result in rank0:
+        torch.testing.assert_close(torch.tensor(single), torch.tensor(result["train_loss"]), rtol=1e-5, atol=1e-6)
+
+
+class Sleepy(torch.nn.Module):
+    """A model whose forward takes a known time: 20 ms per micro-batch, whatever the batch."""
+
+    def __init__(self, num_classes):
+        super().__init__()
+        self.linear = torch.nn.Linear(64, num_classes)
+
+    def forward(self, x):
+        time.sleep(0.02)
+        return self.linear(x.flatten(1))
+
+
+def test_throughput_and_phases_match_a_step_of_known_duration():
+    sleepy = ModelConfig(name="sleepy", _target_="tests.test_training.Sleepy", input_shape=[1, 8, 8])
+    s = TrialSpec(
+        model=sleepy, data=DIGITS, train=TRAIN, measure=MeasureConfig(warmup_steps=2, windows=3, stable_windows=3,
+                                                                      stability_tolerance=0.2),
+        point=GridPoint(8, 2, 1), lr=0.1, steps=14,
+    )
+    r = run_trial(s, WorkerContext())
+    # 2 micro-batches x 20 ms per optimizer step of 16 samples: at most 400 samples/s, and the
+    # rest of the step (a tiny linear layer, 16 samples from memory) adds only a few percent.
+    assert 0.75 * 400 < r["samples_per_second"] <= 400
+    assert r["throughput_stable"] and r["stable_windows_used"] == 3
+    assert 0.040 <= r["forward_backward_seconds_per_step"] < 0.050
+    assert r["data_seconds_per_step"] < 0.01 and r["optimizer_seconds_per_step"] < 0.01
+    phases = r["data_seconds_per_step"] + r["forward_backward_seconds_per_step"] + r["optimizer_seconds_per_step"]
+    assert phases == pytest.approx(r["step_time_seconds"], rel=0.1)  # the phases make up the step
