@@ -162,9 +162,16 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
                 rows.append((point, result))
                 bar.update(task, advance=1, description=f"{point.key}: {result.get('status')}")
 
-            ray_runner.run_sweep(
+            attempt, remaining = 0, ray_runner.run_sweep(
                 name, groups, specs, resources, cluster, cfg.sweep.max_concurrent_trials, started, done
             )
+            while remaining:  # each round records at least the point its group died on
+                attempt += 1
+                groups = plan.worker_groups(remaining, cfg.sweep.points_per_worker_group)
+                remaining = ray_runner.run_sweep(
+                    f"{name}-rerun{attempt}", groups, specs, resources, cluster,
+                    cfg.sweep.max_concurrent_trials, started, done,
+                )
         wall = time.perf_counter() - sweep_start
         statuses = Counter(result.get("status") for _, result in rows)
         failed = statuses["failed"]

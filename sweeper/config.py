@@ -95,9 +95,9 @@ class MeasureConfig:
     warmup_steps: int = 3
     # The timed steps (whole optimizer steps, data loading included) are cut into this many windows.
     windows: int = 5
-    # perf_analyzer's stability rule: throughput is the mean of the last `stable_windows`
-    # consecutive windows that all lie within `stability_tolerance` of their mean. A trial with no
-    # such run is recorded with the median of all windows and marked unstable.
+    # perf_analyzer's stability rule: if the last `stable_windows` windows all lie within
+    # `stability_tolerance` of their mean, throughput is the rate over them; otherwise the trial is
+    # recorded with the median of all windows and marked unstable.
     stable_windows: int = 3
     stability_tolerance: float = 0.05
     # Per-category memory of one warm-up step (torch MemTracker); FLOPs per sample and MFU.
@@ -221,6 +221,16 @@ def validate(cfg: SweeperConfig) -> List[str]:
         problems.append(
             f"measure.warmup_steps={cfg.measure.warmup_steps}: must be >= 2 (the first step builds "
             "the optimizer state, the last warm-up step is the one whose memory is broken down)"
+        )
+    if (
+        cfg.measure.warmup_steps == 2
+        and cfg.measure.memory_breakdown
+        and any(w > 1 for w in sweep.num_workers)
+    ):
+        problems.append(
+            "measure.warmup_steps=2: with more than one worker the memory-tracked (last warm-up) "
+            "step would be the one where DDP rebuilds its gradient buckets; use >= 3, or set "
+            "measure.memory_breakdown=false"
         )
     if 0 < cfg.measure.windows < cfg.measure.stable_windows:
         problems.append(

@@ -90,7 +90,7 @@ def print_summary(
             console.print(f"  [red]{point.key}[/] {result.get('status')}: {result.get('error', '')}", soft_wrap=True)
     if any(not r.get("throughput_stable", True) for _, r in rows):
         console.print(
-            "  unstable: no 3 consecutive timed windows agreed within the tolerance "
+            "  unstable: the last timed windows disagreed by more than the tolerance "
             "(measure.stable_windows / measure.stability_tolerance); the figure is the median of all windows",
             soft_wrap=True,
         )

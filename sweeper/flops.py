@@ -30,6 +30,9 @@ class FlopCount:
     # loss are not), which is the convention MFU figures are quoted in.
     forward_per_sample: float
     train_per_sample: float  # forward + backward
+    # The share of the train FLOPs in convolutions: on GPU, fp32 convolutions and matmuls run
+    # as TF32 under different switches, so the right peak depends on which dominates.
+    convolution_share: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -110,7 +113,9 @@ def _count(model: nn.Module, input_shape: Sequence[int], num_classes: int, batch
         forward = counter.get_total_flops()
         loss.backward()
         total = counter.get_total_flops()
-    return FlopCount(forward / batch_size, total / batch_size)
+    by_op = counter.get_flop_counts().get("Global", {})
+    convolution = sum(n for op, n in by_op.items() if "convolution" in str(op))
+    return FlopCount(forward / batch_size, total / batch_size, convolution / total if total else 0.0)
 
 
 @dataclass(frozen=True)

@@ -39,13 +39,15 @@ def window_bounds(total_steps: int, first_timed_step: int, windows: int) -> List
 
 
 def stable_run(rates: Sequence[float], run: int, tolerance: float) -> Optional[Tuple[int, int]]:
-    """perf_analyzer's stability rule: the last `run` consecutive windows whose rates all lie within
-    `tolerance` (a fraction) of their own mean, as a [start, stop) index range; None if no such run."""
-    for stop in range(len(rates), run - 1, -1):
-        window = rates[stop - run : stop]
-        mean = statistics.fmean(window)
-        if all(abs(r - mean) <= tolerance * mean for r in window):
-            return stop - run, stop
+    """perf_analyzer's stability rule: the last `run` windows, if their rates all lie within
+    `tolerance` (a fraction) of their own mean, as a [start, stop) index range; else None. Only the
+    latest windows count: an earlier steady stretch would hide a slowdown at the end."""
+    if len(rates) < run:
+        return None
+    window = rates[-run:]
+    mean = statistics.fmean(window)
+    if all(abs(r - mean) <= tolerance * mean for r in window):
+        return len(rates) - run, len(rates)
     return None
 
 

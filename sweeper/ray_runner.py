@@ -151,12 +151,17 @@ def run_sweep(
     max_concurrent_trials: int,
     on_group_start: Callable[[List[GridPoint]], None],
     on_trial_done: TrialCallback,
-) -> None:
+) -> List[GridPoint]:
     """Run every group of grid points as one Ray Tune trial (one Ray Train worker group that measures
     its points one after another); `on_trial_done(point, result)` is called in this process as each
-    point finishes, with `result["status"]` one of ok | oom | failed."""
+    point finishes, with `result["status"]` one of ok | oom | failed.
+
+    Returns the points never tried because their worker group died on an earlier point (a worker
+    process killed, a rank failing alone): the caller runs them again in a fresh group.
+    """
     from ray import tune
 
+    relay = _relay(on_group_start, on_trial_done)
     trainable = tune.with_resources(
         tune.with_parameters(
             _group_trial, specs=specs, resources=resources, storage_path=cluster.results_dir, experiment=experiment
@@ -172,11 +177,12 @@ def run_sweep(
         run_config=tune.RunConfig(
             name=experiment,
             storage_path=cluster.results_dir,
-            callbacks=[_relay(on_group_start, on_trial_done)],
+            callbacks=[relay],
             verbose=0,
         ),
     )
     tuner.fit()
+    return relay.not_attempted
 
 
 def _relay(on_group_start: Callable[[List[GridPoint]], None], on_trial_done: TrialCallback):
@@ -192,6 +198,7 @@ def _relay(on_group_start: Callable[[List[GridPoint]], None], on_trial_done: Tri
         def __init__(self, start, done):
             self.start, self.done = start, done
             self.reported: Dict[str, set] = {}
+            self.not_attempted: List[GridPoint] = []
 
         def __getstate__(self):
             return {}
@@ -208,17 +215,25 @@ def _relay(on_group_start: Callable[[List[GridPoint]], None], on_trial_done: Tri
             self.done(by_key[key], {k: v for k, v in result.items() if k not in TUNE_FIELDS})
 
         def on_trial_complete(self, iteration, trials, trial, **info):
-            self._unreported(trial, "the worker group ended without measuring this point")
+            for point in self._unreported(trial):
+                self.done(point, {"status": "failed", "error": "the worker group ended without measuring it"})
 
         def on_trial_error(self, iteration, trials, trial, **info):
-            error = str(getattr(trial, "error_msg", "") or "the trial's process failed")
-            self._unreported(trial, f"the worker group failed: {_last_line(error)}")
+            error = trial.get_error()
+            text = f"the worker group failed: {_last_line(str(error)) if error else 'no error recorded'}"
+            unreported = self._unreported(trial)
+            if unreported and self.reported.get(trial.trial_id):
+                # Points are measured in order: the first unreported one was running when the group
+                # died. The group had worked, so the rest were never tried: hand them back.
+                self.done(unreported[0], {"status": "failed", "error": text})
+                self.not_attempted += unreported[1:]
+            else:  # the group never measured anything: whatever broke it would break them all
+                for point in unreported:
+                    self.done(point, {"status": "failed", "error": text})
 
-        def _unreported(self, trial, error: str) -> None:
+        def _unreported(self, trial) -> List[GridPoint]:
             seen = self.reported.get(trial.trial_id, set())
-            for point in _points(trial):
-                if point.key not in seen:
-                    self.done(point, {"status": "failed", "error": error})
+            return [point for point in _points(trial) if point.key not in seen]
 
     return Relay(on_group_start, on_trial_done)
 

@@ -5,6 +5,7 @@ The only module that touches CUDA memory statistics, pynvml or psutil; GPU-only 
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import platform
 import resource
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 class Device:
     torch_device: torch.device
     _baseline_rss_bytes: int = 0
+    _rss_reset: bool = False
 
     @property
     def is_cuda(self) -> bool:
@@ -66,13 +68,12 @@ class Device:
         if self.is_cuda:
             torch.cuda.reset_peak_memory_stats(self.torch_device)
         else:
-            reset_peak_rss()
+            # Memory an earlier point freed stays resident in glibc's arenas and would be reused
+            # without growing RSS: hand it back first, so growth above the baseline is this
+            # window's. Without a reset high-water mark the RSS figures would be stale: drop them.
+            _trim_malloc()
+            self._rss_reset = reset_peak_rss()
             self._baseline_rss_bytes = psutil.Process().memory_info().rss
-
-    def peak_memory_bytes(self) -> int:
-        if self.is_cuda:
-            return int(torch.cuda.max_memory_allocated(self.torch_device))
-        return max(0, peak_rss_bytes() - self._baseline_rss_bytes)
 
     def release_cached_memory(self) -> None:
         """Hand the caching allocator's free blocks back to the driver between measured points,
@@ -88,7 +89,7 @@ class Device:
         neither includes the CUDA context, which the device-level NVML reading does.
         CPU: the process's resident high-water mark, raw (libraries included) and above the
         RSS at the window's start. Where the kernel refuses to reset the mark
-        (`reset_peak_rss` is False) both can include a peak from before the window.
+        (`reset_peak_rss` is False) there is no honest CPU figure: nothing is returned.
         """
         if self.is_cuda:
             allocated = torch.cuda.max_memory_allocated(self.torch_device)
@@ -97,6 +98,8 @@ class Device:
                 "cuda_max_memory_allocated_bytes": int(allocated),
                 "cuda_max_memory_reserved_bytes": int(reserved),
             }
+        if not self._rss_reset:
+            return {}
         peak = peak_rss_bytes()  # read once, so the two numbers agree
         return {
             "cpu_rss_peak_above_baseline_bytes": max(0, peak - self._baseline_rss_bytes),
@@ -109,6 +112,14 @@ class Device:
             return UtilizationSampler(interval_seconds)
         handle, reason = _nvml_handle(self.torch_device)
         return UtilizationSampler(interval_seconds, nvml_handle=handle, gpu_unavailable_reason=reason)
+
+
+def _trim_malloc() -> None:
+    """Return glibc's free heap memory to the kernel (a no-op elsewhere)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def reset_peak_rss() -> bool:

@@ -8,6 +8,7 @@ one process (world size 1, no DDP wrapper). Every rank returns the same result.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import gc
 import os
 import time
@@ -28,6 +29,9 @@ from sweeper.plan import GridPoint
 
 EVAL_BATCH_SIZE = 256
 STATUS_ORDER = ("ok", "oom", "failed")  # the worst status over ranks wins
+# Ranks that failed together reach the status exchange within seconds of each other; a rank still
+# training after this long means the failure was one rank's alone.
+STATUS_TIMEOUT = datetime.timedelta(seconds=120)
 TRACE_FILE = "rank0.pt.trace.json.gz"
 
 
@@ -66,6 +70,8 @@ class WorkerContext:
     world_size: int = 1
     local_rank: int = 0
     group: Any = None  # a torch.distributed ProcessGroup; None: the default (whole) group
+    # A gloo group of the same ranks with a short timeout, for agreeing on a point's status.
+    status_group: Any = None
 
 
 @dataclass(frozen=True)
@@ -94,6 +100,7 @@ def run_points(
     report: Callable[[Dict[str, Any]], None],
     group_start_time: Optional[float] = None,
     threads: int = 1,
+    status_timeout: datetime.timedelta = STATUS_TIMEOUT,
 ) -> None:
     """Measure grid points one after another in this worker group, calling `report(result)` on every
     rank after each. The data and the per-group facts are loaded and measured once.
@@ -105,12 +112,13 @@ def run_points(
     device = telemetry.select(first.use_gpu, ctx.local_rank)
     splits = data_mod.load(first.data, first.model.input_shape)
     facts = group_facts(first, device, ctx, threads)
-    subgroups = _subgroups(sorted({s.point.num_workers for s in specs}), ctx)
+    subgroups = _subgroups(sorted({s.point.num_workers for s in specs}), ctx, status_timeout)
     ready = time.time()
     for i, spec in enumerate(specs):
         members = spec.point.num_workers
         if ctx.rank < members:
-            member = WorkerContext(ctx.rank, members, ctx.local_rank, subgroups.get(members, ctx.group))
+            group, status_group = subgroups.get(members, (ctx.group, None))
+            member = WorkerContext(ctx.rank, members, ctx.local_rank, group, status_group)
             result = run_point(spec, member, device, splits, facts)
         else:
             result = {"trial_key": spec.point.key, "status": "idle"}  # rank 0's result is the one used
@@ -122,20 +130,34 @@ def run_points(
         report(result)
 
 
-def _subgroups(sizes: Sequence[int], ctx: WorkerContext) -> Dict[int, Any]:
-    """A process group of ranks 0..n-1 for each point size n between 1 and the whole group (every
-    rank must take part in creating each, members or not)."""
-    return {n: dist.new_group(ranks=list(range(n))) for n in sizes if 1 < n < ctx.world_size}
+def _subgroups(sizes: Sequence[int], ctx: WorkerContext, timeout: datetime.timedelta) -> Dict[int, Tuple[Any, Any]]:
+    """For each point size n > 1: the process group of ranks 0..n-1 to train in (the whole group
+    when n is its size) and a gloo group of the same ranks with a short timeout to agree on the
+    point's status. Every rank takes part in creating each group, members or not."""
+    groups: Dict[int, Tuple[Any, Any]] = {}
+    for n in sizes:
+        if n > 1:
+            ranks = list(range(n))
+            train_group = ctx.group if n == ctx.world_size else dist.new_group(ranks=ranks)
+            status_group = dist.new_group(ranks=ranks, backend="gloo", timeout=timeout)
+            groups[n] = (train_group, status_group)
+    return groups
 
 
 def group_facts(spec: TrialSpec, device: telemetry.Device, ctx: WorkerContext, threads: int) -> GroupFacts:
     if spec.flop_count is None:
         return GroupFacts()
     if device.is_cuda:
-        # fp32 training runs its matmuls/convolutions as TF32 where torch allows it (cuDNN does by
-        # default): compare with the peak of the math actually used.
-        tf32 = torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32
-        peak = flops_mod.gpu_peak_flops(device.name, "tf32" if tf32 else "fp32")
+        # fp32 convolutions run as TF32 when cuDNN allows it (torch's default), fp32 matmuls only
+        # when torch.backends.cuda.matmul.allow_tf32 is set: compare with the peak of the math the
+        # model's dominant op runs in, fp32 on GPUs without TF32 (V100, T4).
+        if spec.flop_count.convolution_share >= 0.5:
+            tf32 = torch.backends.cudnn.allow_tf32
+        else:
+            tf32 = torch.backends.cuda.matmul.allow_tf32
+        peak = (flops_mod.gpu_peak_flops(device.name, "tf32") if tf32 else None) or flops_mod.gpu_peak_flops(
+            device.name, "fp32"
+        )
     else:
         # Every worker gets the same CPU share; one measurement on rank 0 stands for all of them.
         peak = flops_mod.measure_cpu_peak_flops(threads) if ctx.rank == 0 else None
@@ -153,20 +175,28 @@ def run_point(
     """One grid point, its failure included: every rank agrees on the status (ok | oom | failed).
 
     A point that raises on every rank (bad model code, an OOM of the same size everywhere) is
-    recorded and the group goes on to the next point.
+    recorded and the group goes on to the next point. A rank that fails alone cannot agree with
+    ranks still inside the step: the status exchange times out and the failure is re-raised, so
+    Ray Train ends the worker group instead of leaving it hung in a collective.
     """
     start = time.time()
-    status, error, result = "ok", None, {}
+    status, error, result, raised = "ok", None, {}, None
     try:
         result = run_trial(spec, ctx, device, splits)
     except Exception as exc:  # recorded as the point's result, never silently dropped
         status = "oom" if _is_oom(exc) else "failed"
         error = f"{type(exc).__name__}: {first_line(exc)}"
+        raised = exc
     finally:
         gc.collect()  # the point's model and optimizer go before the next point is measured
         if device is not None:
             device.release_cached_memory()
-    outcomes = _gather_objects((status, error), ctx)
+    try:
+        outcomes = _gather_objects((status, error), ctx, ctx.status_group)
+    except Exception:
+        if raised is not None:
+            raise raised from None
+        raise
     worst = max(outcomes, key=lambda o: STATUS_ORDER.index(o[0]))
     if worst[0] != "ok":
         result = {"status": worst[0], "error": worst[1] or "failed on another rank"}
@@ -247,40 +277,50 @@ def run_trial(
     clock = 0.0
     model.train()
     profiler = _profiler(spec, ctx, device)
-    for step in range(spec.steps):
-        if step in window_starts:
-            device.synchronize()
-            clock = time.perf_counter()
-            if step == spec.first_timed_step:
-                sampler_thread = device.utilization_sampler(cfg.utilization_interval_seconds)
-                sampler_thread.start()
-        if profiler is not None and step == cfg.warmup_steps:
-            profiler.start()
-        if step == cfg.warmup_steps - 1 and cfg.memory_breakdown:
-            # A warm-up step, so the tracker's cost is never timed; after step 0, so the optimizer
-            # state exists as it does for every later step.
-            from sweeper import memory  # loads DTensor (~1.5 s): only when the breakdown is on
+    try:
+        for step in range(spec.steps):
+            if step in window_starts:
+                if step == spec.first_timed_step:
+                    sampler_thread = device.utilization_sampler(cfg.utilization_interval_seconds).start()
+                    # Ranks leave warm-up (and rank 0 the profiler's trace export) at different
+                    # times; line them up so the first window does not time the wait.
+                    _barrier(ctx)
+                device.synchronize()
+                clock = time.perf_counter()
+            if profiler is not None and step == cfg.warmup_steps:
+                profiler.start()
+            if step == cfg.warmup_steps - 1 and cfg.memory_breakdown:
+                # A warm-up step, so the tracker's cost is never timed; after step 0, so the
+                # optimizer state exists as it does for every later step.
+                from sweeper import memory  # loads DTensor (~1.5 s): only when the breakdown is on
 
-            breakdown = memory.track_step(model, optimizer, lambda step=step: train_step(step), device.torch_device)
-        elif step >= spec.first_timed_step:
-            marks = [device.mark()]
-            train_step(step, marks)
-            marks.append(device.mark())
-            step_marks.append(marks)
-        else:
-            train_step(step)
-        if profiler is not None and cfg.warmup_steps <= step < spec.first_timed_step:
-            profiler.step()
-            if step == spec.first_timed_step - 1:
-                profiler.stop()
-        if first_step_time is None:
-            device.synchronize()
-            first_step_time = time.time()
-        if step in window_stops:
-            device.synchronize()
-            window_seconds[window_stops[step]] = time.perf_counter() - clock
-    if sampler_thread is not None:
-        utilization = sampler_thread.stop()
+                breakdown = memory.track_step(
+                    model, optimizer, lambda step=step: train_step(step), device.torch_device
+                )
+            elif step >= spec.first_timed_step:
+                marks = [device.mark()]
+                train_step(step, marks)
+                marks.append(device.mark())
+                step_marks.append(marks)
+            else:
+                train_step(step)
+            if profiler is not None and cfg.warmup_steps <= step < spec.first_timed_step:
+                profiler.step()
+                if step == spec.first_timed_step - 1:
+                    profiler.stop()
+                    profiler = None
+            if first_step_time is None:
+                device.synchronize()
+                first_step_time = time.time()
+            if step in window_stops:
+                device.synchronize()
+                window_seconds[window_stops[step]] = time.perf_counter() - clock
+    finally:
+        # Also on failure: neither may outlive this point into the next one's measurement.
+        if sampler_thread is not None:
+            utilization = sampler_thread.stop()
+        if profiler is not None:
+            profiler.stop()
     train_seconds = time.perf_counter() - train_start
 
     # Mean over micro-steps, then over workers: the loss of the whole global batch at each step.
@@ -298,10 +338,11 @@ def run_trial(
     if first_step_time is not None:
         result["startup_seconds"] = first_step_time - point_start
     # Memory: the largest over workers, each under a name that says what it measures.
-    memory_metrics: Dict[str, float] = dict(device.memory_metrics())
+    result.update(_reduce(dict(device.memory_metrics()), ctx, device, dist.ReduceOp.MAX))
     if breakdown is not None:
-        memory_metrics.update(breakdown.as_metrics())
-    result.update(_reduce(memory_metrics, ctx, device, dist.ReduceOp.MAX))
+        # The whole breakdown of the worker with the largest peak, so its parts still add up.
+        breakdowns = _gather_objects(breakdown.as_metrics(), ctx)
+        result.update(max(breakdowns, key=lambda b: b["memory_tracked_peak_bytes"]))
     if device.is_cuda:
         result["peak_memory_bytes"] = result["cuda_max_memory_allocated_bytes"]
         result["memory_measure"] = "cuda: torch.cuda.max_memory_allocated over the trial, largest worker"
@@ -310,6 +351,12 @@ def run_trial(
         result["memory_measure"] = (
             "cpu: peak tensor memory of one training step (torch MemTracker), largest worker; "
             "process RSS above its pre-trial baseline is cpu_rss_peak_above_baseline_bytes"
+        )
+    elif "cpu_rss_peak_above_baseline_bytes" in result:
+        result["peak_memory_bytes"] = result["cpu_rss_peak_above_baseline_bytes"]
+        result["memory_measure"] = (
+            "cpu: process RSS high-water mark above its pre-trial baseline (measure.memory_breakdown=false, "
+            "so no tensor-level peak), largest worker"
         )
 
     if bounds:
@@ -444,16 +491,21 @@ def _reduce(
     }
 
 
+def _barrier(ctx: WorkerContext) -> None:
+    if ctx.world_size > 1:
+        dist.barrier(group=ctx.group)
+
+
 def _all_reduce(tensor: torch.Tensor, ctx: WorkerContext, op) -> None:
     if ctx.world_size > 1:
         dist.all_reduce(tensor, op=op, group=ctx.group)
 
 
-def _gather_objects(obj: Any, ctx: WorkerContext) -> List[Any]:
+def _gather_objects(obj: Any, ctx: WorkerContext, group: Any = None) -> List[Any]:
     if ctx.world_size == 1:
         return [obj]
     out: List[Any] = [None] * ctx.world_size
-    dist.all_gather_object(out, obj, group=ctx.group)
+    dist.all_gather_object(out, obj, group=group or ctx.group)
     return out
 
 

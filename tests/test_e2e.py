@@ -15,7 +15,7 @@ from tests.conftest import run_cli
 pytestmark = pytest.mark.e2e
 
 TINY_MLP = ["model=mlp", "model.depth=2", "model.width=64", "model.input_shape=[1,8,8]"]
-TRAIN = ["train.epochs=1", "train.lr=0.1", "measure.warmup_steps=2", "measure.windows=3"]
+TRAIN = ["train.epochs=1", "train.lr=0.1", "measure.warmup_steps=3", "measure.windows=3"]
 
 
 def _runs(tmp_path, experiment="sweeper"):

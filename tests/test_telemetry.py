@@ -253,7 +253,6 @@ def test_cpu_memory_metrics_count_a_touched_tensor_under_honest_names():
     assert grown >= 180 * MiB
     # The raw mark also counts the libraries already loaded before the window.
     assert after["cpu_rss_peak_bytes"] > after["cpu_rss_peak_above_baseline_bytes"]
-    assert device.peak_memory_bytes() == device.memory_metrics()["cpu_rss_peak_above_baseline_bytes"]
 
 
 def test_release_cached_memory_is_a_no_op_on_cpu():

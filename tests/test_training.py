@@ -1,5 +1,6 @@
 """The training step's semantics: accumulation and data parallelism give the same global-batch step."""
 
+import datetime
 import os
 import socket
 import time
@@ -86,6 +87,38 @@ def test_a_two_rank_worker_group_matches_one_process_and_runs_smaller_points_on_
     assert rank1[0]["status"] == "idle" and rank1[1]["train_loss"] == rank0[1]["train_loss"]
     for result in rank0:
         torch.testing.assert_close(torch.tensor(single), torch.tensor(result["train_loss"]), rtol=1e-5, atol=1e-6)
+
+
+class FailsOnRankOne(torch.nn.Module):
+    """Bad model code that breaks on one rank only: the other rank is left inside a collective."""
+
+    def __init__(self, num_classes):
+        super().__init__()
+        self.linear = torch.nn.Linear(64, num_classes)
+
+    def forward(self, x):
+        if self.training and dist.get_rank() == 1:
+            raise ValueError("rank 1 broke")
+        return self.linear(x.flatten(1))
+
+
+def _lonely_failure_worker(rank, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    model = ModelConfig(name="fails", _target_="tests.test_training.FailsOnRankOne", input_shape=[1, 8, 8])
+    try:
+        run_points([spec(GridPoint(8, 2, 2), model=model)], WorkerContext(rank=rank, world_size=2), lambda r: None,
+                   status_timeout=datetime.timedelta(seconds=5))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_failure_on_one_rank_ends_the_group_instead_of_hanging_it():
+    start = time.perf_counter()
+    with pytest.raises(mp.ProcessRaisedException, match="rank 1 broke|Connection closed|timed out"):
+        mp.spawn(_lonely_failure_worker, args=(_free_port(),), nprocs=2)
+    assert time.perf_counter() - start < 90
 
 
 class Sleepy(torch.nn.Module):
