@@ -1,7 +1,7 @@
 """Plain hand-written PyTorch loop vs. sweeper's training step, same model/data/batch, one process,
 alternating rounds. Prints `name: value` lines; the last line is the headline ratio.
 
-    python scripts/bench_overhead.py [--model resnet18] [--micro 32] [--accum 1] [--steps 30] [--rounds 4]
+    python scripts/bench_overhead.py [--model resnet18] [--micro 32] [--accum 1] [--steps 30] [--rounds 6]
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def main() -> None:
     parser.add_argument("--accum", type=int, default=1)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -81,12 +81,15 @@ def main() -> None:
                 plain.append(plain_loop(model_cfg, data_cfg, args.micro, args.accum, args.steps, args.warmup, 0.05))
             else:
                 ours.append(run_trial(spec, WorkerContext())["samples_per_second"])
+    # Each round's ratio compares two runs seconds apart, so slow drift of the machine (other
+    # processes, thermal state) cancels; the headline is the median of those paired ratios.
+    ratios = [o / p for o, p in zip(ours, plain)]
     print(f"config: model={args.model} micro={args.micro} accum={args.accum} steps={args.steps} "
-          f"warmup={args.warmup} threads={args.threads}")
+          f"warmup={args.warmup} threads={args.threads} rounds={args.rounds}")
     print(f"plain_samples_per_second: {statistics.median(plain):.1f} (rounds: {', '.join(f'{v:.1f}' for v in plain)})")
     print(f"sweeper_samples_per_second: {statistics.median(ours):.1f} (rounds: {', '.join(f'{v:.1f}' for v in ours)})")
-    print(f"throughput_ratio_sweeper_over_plain: {statistics.median(ours) / statistics.median(plain):.3f}")
-
+    print(f"paired_ratios: {', '.join(f'{r:.3f}' for r in ratios)}")
+    print(f"throughput_ratio_sweeper_over_plain: {statistics.median(ratios):.3f}")
 
 if __name__ == "__main__":
     main()
