@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any, Dict, List, Optional, Tuple
 
 from sweeper import console, plan, ray_runner, tracking
+from sweeper import report as report_mod
 from sweeper import data as data_mod
 from sweeper import flops, models
 from sweeper.config import ConfigError, SweeperConfig, first_line, tracking_uri, validate
@@ -111,6 +112,17 @@ def overhead(rows: List[Tuple[GridPoint, Dict[str, Any]]], wall_seconds: float) 
     return out
 
 
+def make_report(cfg: SweeperConfig, tracker, parent: str, uri: str, name: str):
+    """The report, or None with a warning: what is recorded in MLflow is never lost to a failing
+    plot; `python -m sweeper.report` can rebuild it later."""
+    try:
+        return report_mod.build(tracker, parent, cfg.report, report_mod.default_folder(uri, name))
+    except Exception as exc:  # noqa: BLE001 - reported, and the trials stay recorded
+        console.warn(f"the report could not be built ({type(exc).__name__}: {first_line(exc)}); "
+                     f"rebuild it with: python -m sweeper.report {parent}")
+        return None
+
+
 def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
     """Run the sweep; the exit status is 0 when every trial ended ok or oom, 1 if any failed."""
     sweep_start = time.perf_counter()
@@ -141,6 +153,8 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
                 "num_worker_groups": len(groups),
                 "points_per_worker_group": cfg.sweep.points_per_worker_group,
                 "profile": cfg.profile,
+                "lr_scaling": cfg.train.lr_scaling,
+                "base_batch_size": cfg.train.base_batch_size,
                 "use_gpu": resources.use_gpu,
                 "cpus_per_worker": resources.cpus_per_worker,
             },
@@ -173,6 +187,7 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
                     cfg.sweep.max_concurrent_trials, started, done,
                 )
         wall = time.perf_counter() - sweep_start
+        made = make_report(cfg, tracker, parent, uri, name)
         statuses = Counter(result.get("status") for _, result in rows)
         failed = statuses["failed"]
         tracker.end_sweep(
@@ -183,6 +198,9 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
             failed=failed > 0,
         )
         console.print_summary(rows, uri, parent, cfg.tracking.experiment_name, accuracy_note)
+        if made is not None:
+            console.print_report(made.html_path, report_mod.recommendation_text(made.recommendation,
+                                                                             made.override_line))
         return 1 if failed else 0
     finally:
         ray_runner.shutdown()

@@ -14,6 +14,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 LR_SCALING_RULES = ("none", "linear", "sqrt")
 USE_GPU_CHOICES = ("auto", "true", "false")
+REPORT_OBJECTIVES = ("throughput", "accuracy", "time_to_accuracy")
 
 
 class ConfigError(ValueError):
@@ -110,6 +111,18 @@ class MeasureConfig:
 
 
 @dataclass
+class ReportConfig:
+    # What "best" means: throughput | accuracy | time_to_accuracy (needs min_accuracy).
+    objective: str = "throughput"
+    # Trials under this validation accuracy are not recommended (null: no minimum).
+    min_accuracy: Optional[float] = None
+    # Trials whose peak_memory_bytes exceeds this are not recommended (null: no budget).
+    memory_budget_gb: Optional[float] = None
+    # The knee of a throughput curve: the first micro-batch after which doubling gains less.
+    knee_min_gain: float = 0.10
+
+
+@dataclass
 class TrackingConfig:
     # null: a SQLite store `mlflow.db` in the working directory.
     uri: Optional[str] = None
@@ -141,6 +154,7 @@ class SweeperConfig:
     sweep: SweepConfig = field(default_factory=SweepConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     measure: MeasureConfig = field(default_factory=MeasureConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     # A torch.profiler trace of a few steps of every trial, logged to MLflow (TensorBoard/Perfetto).
@@ -243,6 +257,22 @@ def validate(cfg: SweeperConfig) -> List[str]:
             f"sweep.points_per_worker_group={sweep.points_per_worker_group}: must be >= 1, or null "
             "for one worker group for the whole grid"
         )
+    report = cfg.report
+    if report.objective not in REPORT_OBJECTIVES:
+        problems.append(
+            f"report.objective={report.objective!r} is invalid: use one of {', '.join(REPORT_OBJECTIVES)}"
+        )
+    elif report.objective == "time_to_accuracy" and report.min_accuracy is None:
+        problems.append(
+            "report.objective=time_to_accuracy needs report.min_accuracy (the accuracy to reach), "
+            "e.g. report.min_accuracy=0.9"
+        )
+    if report.min_accuracy is not None and not (0.0 <= report.min_accuracy <= 1.0):
+        problems.append(f"report.min_accuracy={report.min_accuracy}: must be between 0 and 1, or null")
+    if report.memory_budget_gb is not None and report.memory_budget_gb <= 0:
+        problems.append(f"report.memory_budget_gb={report.memory_budget_gb}: must be positive, or null")
+    if not (0.0 < report.knee_min_gain < 1.0):
+        problems.append(f"report.knee_min_gain={report.knee_min_gain}: must be between 0 and 1, e.g. 0.1")
     if train.lr_scaling not in LR_SCALING_RULES:
         problems.append(
             f"train.lr_scaling={train.lr_scaling!r} is invalid: use one of {', '.join(LR_SCALING_RULES)}"

@@ -9,7 +9,8 @@ import os
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Dict, List, Optional
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
 
 from sweeper.plan import GridPoint
 
@@ -107,7 +108,49 @@ def check(uri: str) -> List[str]:
     return []
 
 
+@dataclass(frozen=True)
+class SweepRecord:
+    """A sweep read back from MLflow: its parent run and one row per child run (params, metrics and
+    the sweeper tags, plus `key` and `status`)."""
+
+    run_id: str
+    run_name: str
+    params: Dict[str, str]
+    children: List[Dict[str, Any]]
+
+
 class Tracker:
+    @classmethod
+    def for_sweep(cls, uri: str, ref: str) -> "Tuple[Tracker, str]":
+        """A tracker on the experiment holding sweep `ref` (a parent run id, or an experiment name
+        meaning its latest sweep), and that sweep's run id. LookupError if there is none."""
+        from mlflow.exceptions import MlflowException
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=uri)
+        experiment = client.get_experiment_by_name(ref)
+        if experiment is None:
+            try:
+                run = client.get_run(ref)
+            except MlflowException:
+                raise LookupError(
+                    f"{ref!r} is neither an experiment nor a run in {uri}: give a sweep's parent run id "
+                    "or an experiment name (`mlflow ui` lists both)"
+                ) from None
+            if run.data.tags.get("sweeper.role") != "sweep":
+                raise LookupError(f"run {ref} is not a sweep's parent run (tag sweeper.role=sweep)")
+            experiment = client.get_experiment(run.info.experiment_id)
+            return cls(uri, experiment.name), ref
+        sweeps = client.search_runs(
+            [experiment.experiment_id],
+            filter_string="tags.`sweeper.role` = 'sweep'",
+            order_by=["attributes.start_time DESC"],
+            max_results=1,
+        )
+        if not sweeps:
+            raise LookupError(f"experiment {ref!r} holds no sweep in {uri}")
+        return cls(uri, ref), sweeps[0].info.run_id
+
     def __init__(self, uri: str, experiment_name: str):
         from mlflow.tracking import MlflowClient
 
@@ -166,6 +209,33 @@ class Tracker:
             return
         self._log_metrics(self.parent_run_id, metrics)
         self.client.set_terminated(self.parent_run_id, "FAILED" if failed else "FINISHED")
+
+    def load_sweep(self, parent_run_id: str) -> SweepRecord:
+        parent = self.client.get_run(parent_run_id)
+        runs = self.client.search_runs(
+            [parent.info.experiment_id],
+            filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}'",
+            max_results=10_000,
+        )
+        children = []
+        for run in runs:
+            tags = run.data.tags
+            if tags.get("sweeper.role") != "trial":
+                continue
+            row: Dict[str, Any] = {**run.data.params, **run.data.metrics}
+            row.update({k: v for k, v in tags.items() if k.startswith("sweeper.")})
+            row["key"] = tags.get("sweeper.trial_key", run.info.run_name)
+            row["status"] = tags.get("sweeper.status", "failed")
+            children.append(row)
+        return SweepRecord(parent_run_id, parent.info.run_name, dict(parent.data.params), children)
+
+    def log_report(self, run_id: str, folder: str, recommendation: str, override_line: Optional[str]) -> None:
+        """The report's files as artifacts `report/` of the sweep's run; the recommendation also as
+        tags, readable in the runs table without opening anything."""
+        self.client.log_artifacts(run_id, folder, "report")
+        self.client.set_tag(run_id, "sweeper.recommendation", recommendation[:5000])
+        if override_line:
+            self.client.set_tag(run_id, "sweeper.recommended_overrides", override_line)
 
     def children(self) -> List[Any]:
         return self.client.search_runs(

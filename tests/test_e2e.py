@@ -3,6 +3,8 @@
 import gzip
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -43,7 +45,7 @@ def test_equal_global_batch_layouts_give_one_loss_curve_through_the_cli(tmp_path
     client, parents, children = _runs(tmp_path)
     assert len(parents) == 1
     parent = parents[0]
-    assert {a.path for a in client.list_artifacts(parent.info.run_id)} == {"config.yaml"}
+    assert {a.path for a in client.list_artifacts(parent.info.run_id)} == {"config.yaml", "report"}
     layouts = {(r.data.params["micro_batch_size"], r.data.params["accumulation_steps"], r.data.params["num_workers"])
                for r in children}
     assert layouts == {("8", "4", "1"), ("16", "2", "1"), ("8", "2", "2"), ("16", "1", "2")}
@@ -88,6 +90,25 @@ def test_equal_global_batch_layouts_give_one_loss_curve_through_the_cli(tmp_path
         curves.append(torch.tensor([h.value for h in history]))
     for curve in curves[1:]:
         torch.testing.assert_close(curve, curves[0], rtol=1e-4, atol=1e-5)
+
+    # The report (issue 5): files on the parent run and next to the store, the answer printed.
+    report_files = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
+    assert {"report/report.html", "report/recommendation.yaml", "report/throughput_vs_micro_batch.png",
+            "report/memory_vs_micro_batch.png", "report/accuracy_vs_global_batch.png",
+            "report/pareto_throughput_memory.png"} <= report_files
+    tags = client.get_run(parent.info.run_id).data.tags
+    assert tags["sweeper.recommendation"].startswith("Train with mb")
+    assert tags["sweeper.recommended_overrides"].startswith("sweep.micro_batch_sizes=[")
+    assert "recommendation: Train with" in result.stdout
+    on_disk = tmp_path / "reports" / parent.info.run_name / "report.html"
+    assert on_disk.exists() and "data:image/png;base64," in on_disk.read_text()
+    # ... and rebuilt from MLflow alone, by experiment name.
+    again = subprocess.run(
+        [sys.executable, "-m", "sweeper.report", "sweeper", "--no-log", "--out", str(tmp_path / "again")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert again.stdout.startswith("Train with mb") and (tmp_path / "again" / "report.html").exists()
 
     # Ray's files stay in the configured directory, not in the user's home.
     assert (tmp_path / ".sweeper" / "ray" / "auth_token").exists()

@@ -1,0 +1,393 @@
+"""The sweep's figures as PNG files: throughput and memory against the micro-batch, accuracy against
+the global batch, and the throughput/memory Pareto front. matplotlib's object API only (no pyplot)."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import defaultdict
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+# Figure + the Agg canvas, never pyplot: pyplot keeps global state (a current figure, a backend chosen
+# at first import) that a Ray driver, a worker or a test process may not want changed under it.
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.transforms import Bbox
+from matplotlib.ticker import NullLocator, PercentFormatter
+
+from sweeper.analysis import Trial
+
+# Every function writes a FIGSIZE x DPI picture (840 x 540 pixels), whatever it contains.
+FIGSIZE = (7.0, 4.5)
+DPI = 120
+MiB = 2**20
+KiB = 2**10
+
+OOM_COLOR = "#d62728"
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+Series = Tuple[int, int]  # (accumulation_steps, num_workers)
+
+
+def throughput_vs_micro_batch(
+    trials: Sequence[Trial], knees: Mapping[Series, Optional[int]], path: str | os.PathLike
+) -> str:
+    """samples/s against the micro-batch, one line per (accumulation, workers), +- cv x value as error
+    bars, each series' knee ringed; trials that ran out of memory or failed as red x on the floor.
+
+    With no ok trial that has a throughput, the PNG says so (the path is still returned)."""
+    ok = [t for t in trials if t.status == "ok" and t.samples_per_second is not None]
+    if not ok:
+        return _placeholder(path, "Throughput vs micro-batch size", trials, "no ok trials with a throughput")
+    fig, ax = _figure()
+    ok_ids = {id(t) for t in ok}
+    by_series = _by_series(trials)
+    top = 0.0
+    knee_marks: List[Tuple[int, float, str]] = []
+    for i, (series, members) in enumerate(by_series.items()):
+        points = sorted((t for t in members if id(t) in ok_ids), key=lambda t: t.micro_batch_size)
+        if not points:
+            continue
+        color = _color(i)
+        x = [t.micro_batch_size for t in points]
+        y = [t.samples_per_second for t in points]
+        err = [(t.samples_per_second_cv or 0.0) * t.samples_per_second for t in points]
+        ax.errorbar(x, y, yerr=err, color=color, marker=_MARKERS[i % len(_MARKERS)], markersize=5,
+                    capsize=3, linewidth=1.5, label=_series_label(series))
+        top = max(top, max(a + b for a, b in zip(y, err)))
+        knee = knees.get(series)
+        knee_trial = next((t for t in points if t.micro_batch_size == knee), None)
+        if knee_trial is not None:
+            knee_marks.append((knee_trial.micro_batch_size, knee_trial.samples_per_second, color))
+    top = top or 1.0
+    ax.set_ylim(0, top * 1.15)
+
+    annotated: List[Tuple[int, float]] = []
+    for x0, y0, color in knee_marks:
+        ax.scatter([x0], [y0], s=230, facecolors="none", edgecolors=color, linewidths=1.8, zorder=4)
+        # One "knee" word per spot: series that bend at the same place would stack identical labels.
+        if any(x0 == xa and abs(y0 - ya) < 0.06 * top for xa, ya in annotated):
+            continue
+        annotated.append((x0, y0))
+        ax.annotate("knee", (x0, y0), xytext=(0, 11), textcoords="offset points", ha="center", va="bottom",
+                    fontsize=8, color=color, fontweight="bold")
+
+    extra = []
+    if knee_marks:
+        extra.append(Line2D([], [], linestyle="none", marker="o", markersize=11, markerfacecolor="none",
+                            markeredgecolor="0.3", markeredgewidth=1.8, label="knee"))
+    if _mark_not_ok_on_floor(ax, trials, by_series):
+        extra.append(Line2D([], [], linestyle="none", marker="x", color=OOM_COLOR, markersize=8,
+                            markeredgewidth=2, label="oom / failed (no throughput)"))
+    _log2_axis(ax, [t.micro_batch_size for t in trials])
+    ax.set_title("Throughput vs micro-batch size")
+    ax.set_xlabel("micro-batch size (samples per worker per step, log2)")
+    ax.set_ylabel("throughput (samples/s)")
+    _legend(ax, extra)
+    return _save(fig, path)
+
+
+def memory_vs_micro_batch(
+    trials: Sequence[Trial],
+    path: str | os.PathLike,
+    budget_bytes: Optional[float] = None,
+    fit: Optional[Tuple[float, float]] = None,
+) -> str:
+    """Peak memory (MiB, the largest worker's) against the micro-batch, one series per
+    (accumulation, workers). `fit` = (fixed_bytes, per_sample_bytes) is drawn as one dashed line;
+    without it, every series with two or more micro-batch sizes gets its own least-squares line.
+    `budget_bytes` is a red horizontal line; oom trials are red x on it (or at the top without one).
+    Failed trials are left out: their failure says nothing about memory.
+
+    With no ok trial that has a peak memory, the PNG says so (the path is still returned)."""
+    ok = [t for t in trials if t.status == "ok" and t.peak_memory_bytes is not None]
+    if not ok:
+        return _placeholder(path, "Peak memory vs micro-batch size", trials, "no ok trials with a peak memory")
+    fig, ax = _figure()
+    ok_ids = {id(t) for t in ok}
+    by_series = _by_series(trials)
+    all_micro = sorted({t.micro_batch_size for t in trials})
+    top = max(t.peak_memory_bytes for t in ok)
+    for i, (series, members) in enumerate(by_series.items()):
+        points = sorted((t for t in members if id(t) in ok_ids), key=lambda t: t.micro_batch_size)
+        if not points:
+            continue
+        color = _color(i)
+        x = np.array([t.micro_batch_size for t in points], dtype=float)
+        y = np.array([t.peak_memory_bytes for t in points], dtype=float)
+        label = _series_label(series)
+        if fit is None and len(set(x)) >= 2:
+            slope, intercept = np.polyfit(x, y, 1)
+            # Drawn over the series' whole range, oom sizes included: it shows what they would have needed.
+            span = _dense([t.micro_batch_size for t in members])
+            line = intercept + slope * span
+            ax.plot(span, line / MiB, color=color, linestyle="--", linewidth=1, alpha=0.8)
+            top = max(top, float(line.max()))
+            label += f"\n  fit {_mib(intercept)} + {_kib(slope)}/sample"
+        ax.plot(x, y / MiB, color=color, linestyle="none", marker=_MARKERS[i % len(_MARKERS)], markersize=6,
+                markerfacecolor="none", markeredgewidth=1.5, label=label)
+    if fit is not None:
+        fixed, per_sample = fit
+        span = _dense(all_micro)
+        line = fixed + per_sample * span
+        ax.plot(span, line / MiB, color="0.25", linestyle="--", linewidth=1.2,
+                label=f"fit: {_mib(fixed)} fixed\n  + {_kib(per_sample)}/sample x micro")
+        top = max(top, float(line.max()))
+    if budget_bytes is not None:
+        ax.axhline(budget_bytes / MiB, color=OOM_COLOR, linewidth=1.2, label=f"budget ({budget_bytes / MiB:.0f} MiB)")
+        top = max(top, budget_bytes)
+    ax.set_ylim(0, top / MiB * 1.12)
+
+    oom_micro = sorted({t.micro_batch_size for t in trials if t.status == "oom"})
+    if oom_micro:
+        if budget_bytes is not None:
+            ax.plot(oom_micro, [budget_bytes / MiB] * len(oom_micro), linestyle="none", marker="x",
+                    color=OOM_COLOR, markersize=9, markeredgewidth=2, label="oom", zorder=5)
+        else:
+            ax.plot(oom_micro, [0.96] * len(oom_micro), transform=ax.get_xaxis_transform(), linestyle="none",
+                    marker="x", color=OOM_COLOR, markersize=9, markeredgewidth=2, label="oom", zorder=5)
+    _log2_axis(ax, [t.micro_batch_size for t in trials])
+    ax.set_title("Peak memory vs micro-batch size")
+    ax.set_xlabel("micro-batch size (samples per worker per step, log2)")
+    ax.set_ylabel("peak memory, largest worker (MiB)")
+    _legend(ax)
+    return _save(fig, path)
+
+
+def accuracy_vs_global_batch(trials: Sequence[Trial], path: str | os.PathLike, lr_label: str) -> Optional[str]:
+    """Validation accuracy against the global batch, one marker per (accumulation, workers) layout,
+    nudged sideways per layout so layouts with the same global batch stay visible side by side; a grey
+    line through the mean per global batch. `lr_label` (e.g. "LR scaling: sqrt (base 32)") titles the
+    legend.
+
+    Returns None and writes nothing when no ok trial has a validation accuracy (e.g. synthetic data)."""
+    ok = [t for t in trials if t.status == "ok" and t.val_accuracy is not None]
+    if not ok:
+        return None
+    fig, ax = _figure()
+    by_series = _by_series(ok)
+    n = len(by_series)
+    step = min(0.06, 0.3 / max(n - 1, 1))  # in octaves: visible, yet well inside one factor of 2
+    for i, (series, members) in enumerate(by_series.items()):
+        shift = 2 ** ((i - (n - 1) / 2) * step)
+        ax.plot([t.global_batch_size * shift for t in members], [t.val_accuracy for t in members],
+                linestyle="none", marker=_MARKERS[i % len(_MARKERS)], markersize=7, color=_color(i), alpha=0.9,
+                label=_series_label(series), zorder=3)
+    per_global: Dict[int, List[float]] = defaultdict(list)
+    for t in ok:
+        per_global[t.global_batch_size].append(t.val_accuracy)
+    sizes = sorted(per_global)
+    if len(sizes) >= 2:
+        ax.plot(sizes, [float(np.mean(per_global[g])) for g in sizes], color="0.6", linewidth=1.2, zorder=2,
+                label="mean per global batch")
+    ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0, decimals=1))
+    _log2_axis(ax, [t.global_batch_size for t in ok])
+    ax.set_title("Validation accuracy vs global batch size")
+    ax.set_xlabel("global batch size (micro x accumulation x workers, log2)")
+    ax.set_ylabel("validation accuracy")
+    _legend(ax, title=lr_label)
+    return _save(fig, path)
+
+
+def pareto_throughput_memory(trials: Sequence[Trial], front: Sequence[Trial], path: str | os.PathLike) -> str:
+    """Every ok trial as samples/s against peak memory; the Pareto front (no other trial is both faster
+    and lighter) connected, highlighted and labelled with trial keys (only the front, to stay legible).
+
+    With no ok trial that has both figures, the PNG says so (the path is still returned)."""
+    ok = [t for t in trials if t.status == "ok" and t.samples_per_second is not None
+          and t.peak_memory_bytes is not None]
+    if not ok:
+        return _placeholder(path, "Throughput vs peak memory", trials, "no ok trials with throughput and memory")
+    fig, ax = _figure()
+    ax.scatter([t.peak_memory_bytes / MiB for t in ok], [t.samples_per_second for t in ok], s=28, color="0.6",
+               label="trial", zorder=2)
+    on_front = sorted((t for t in front if t.samples_per_second is not None and t.peak_memory_bytes is not None),
+                      key=lambda t: t.peak_memory_bytes)
+    if on_front:
+        fx = [t.peak_memory_bytes / MiB for t in on_front]
+        fy = [t.samples_per_second for t in on_front]
+        ax.plot(fx, fy, color="#1f77b4", linewidth=1.8, marker="o", markersize=7, label="Pareto front", zorder=3)
+    xs = [t.peak_memory_bytes / MiB for t in ok]
+    ys = [t.samples_per_second for t in ok]
+    _pad_limits(ax, xs, ys)
+    ax.set_title("Throughput vs peak memory (Pareto front)")
+    ax.set_xlabel("peak memory, largest worker (MiB)")
+    ax.set_ylabel("throughput (samples/s)")
+    _legend(ax)
+    _label_points(fig, ax, [(t.peak_memory_bytes / MiB, t.samples_per_second, t.key) for t in on_front])
+    return _save(fig, path)
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+
+def _figure() -> Tuple[Figure, Axes]:
+    fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.grid(True, which="major", color="0.9", linewidth=0.8)
+    ax.set_axisbelow(True)
+    return fig, ax
+
+
+def _save(fig: Figure, path: str | os.PathLike) -> str:
+    path = os.fspath(path)
+    folder = os.path.dirname(path)
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+    # No bbox_inches="tight": it would change the pixel size from picture to picture.
+    fig.savefig(path, dpi=DPI, format="png")
+    return path
+
+
+def _placeholder(path: str | os.PathLike, title: str, trials: Sequence[Trial], message: str) -> str:
+    fig = Figure(figsize=FIGSIZE, dpi=DPI)
+    FigureCanvasAgg(fig)
+    counts: Dict[str, int] = defaultdict(int)
+    for t in trials:
+        counts[t.status] += 1
+    detail = ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "no trials"
+    fig.text(0.5, 0.62, title, ha="center", va="center", fontsize=13)
+    fig.text(0.5, 0.5, message, ha="center", va="center", fontsize=12, color="0.3")
+    fig.text(0.5, 0.41, f"({_plain(detail)})", ha="center", va="center", fontsize=10, color="0.45")
+    return _save(fig, path)
+
+
+def _by_series(trials: Iterable[Trial]) -> Dict[Series, List[Trial]]:
+    groups: Dict[Series, List[Trial]] = defaultdict(list)
+    for t in trials:
+        groups[(t.accumulation_steps, t.num_workers)].append(t)
+    return dict(sorted(groups.items()))
+
+
+def _series_label(series: Series) -> str:
+    return f"accum {series[0]}, workers {series[1]}"
+
+
+def _color(i: int) -> str:
+    return f"C{i % 10}"
+
+
+def _plain(text: str) -> str:
+    # A pair of "$" in a trial key or label would otherwise be typeset as mathtext.
+    return str(text).replace("$", r"\$")
+
+
+def _mib(n: float) -> str:
+    return f"{n / MiB:.0f} MiB" if abs(n) >= 10 * MiB else f"{n / MiB:.1f} MiB"
+
+
+def _kib(n: float) -> str:
+    return f"{n / KiB:.0f} KiB" if abs(n) >= 10 * KiB else f"{n / KiB:.2g} KiB"
+
+
+# Where a point's label may go, in pixels from the point, best first: beside it, then above/below,
+# then further out.
+_LABEL_SPOTS = (
+    (7, 3, "left", "bottom"), (7, -3, "left", "top"), (-7, 3, "right", "bottom"), (-7, -3, "right", "top"),
+    (0, 8, "center", "bottom"), (0, -8, "center", "top"),
+    (12, 13, "left", "bottom"), (12, -13, "left", "top"), (-12, 13, "right", "bottom"), (-12, -13, "right", "top"),
+)
+_LABEL_BOX = {"boxstyle": "round,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.75}
+
+
+def _label_points(fig: Figure, ax: Axes, points: Sequence[Tuple[float, float, str]]) -> None:
+    """Label points, highest first, each at the first spot where its text stays inside the axes and
+    clear of the points and of labels already placed; a point with no such spot stays unlabelled
+    (the report's table names every trial)."""
+    if not points:
+        return
+    fig.draw_without_rendering()  # constrained layout places the axes: pixel positions are final after it
+    renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    pixels = [ax.transData.transform((x, y)) for x, y, _ in points]
+    taken = [Bbox.from_bounds(px - 5, py - 5, 10, 10) for px, py in pixels]
+    for x, y, text in sorted(points, key=lambda p: -p[1]):
+        for dx, dy, ha, va in _LABEL_SPOTS:
+            label = ax.annotate(_plain(text), (x, y), xytext=(dx, dy), textcoords="offset pixels", ha=ha, va=va,
+                                fontsize=7, color="#1f4e79", zorder=4, bbox=_LABEL_BOX)
+            box = label.get_window_extent(renderer)
+            fits = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+            if fits and not any(box.overlaps(other) for other in taken):
+                taken.append(box.padded(1))
+                break
+            label.remove()
+
+
+def _dense(micro_sizes: Iterable[int]) -> np.ndarray:
+    lo, hi = min(micro_sizes), max(micro_sizes)
+    return np.geomspace(lo, hi, 64) if hi > lo else np.array([float(lo)])
+
+
+def _mark_not_ok_on_floor(ax: Axes, trials: Sequence[Trial], by_series: Dict[Series, List[Trial]]) -> bool:
+    """A red x near the bottom at each micro-batch size where some series has no throughput, labelled
+    with what happened, and with which series when others did run at that size."""
+    not_ok: Dict[int, List[Trial]] = defaultdict(list)
+    for t in trials:
+        if t.status != "ok":
+            not_ok[t.micro_batch_size].append(t)
+    if not not_ok:
+        return False
+    floor = ax.get_xaxis_transform()  # x in data units, y as a fraction of the axes' height
+    for micro, failed in sorted(not_ok.items()):
+        ax.plot([micro], [0.035], transform=floor, linestyle="none", marker="x", color=OOM_COLOR, markersize=9,
+                markeredgewidth=2, zorder=5, clip_on=False)
+        text = " / ".join(sorted({t.status for t in failed}))
+        everyone = {s for s, members in by_series.items() if any(t.micro_batch_size == micro for t in members)}
+        who = sorted({(t.accumulation_steps, t.num_workers) for t in failed})
+        if set(who) != everyone:  # only some series failed here: say which, or how many
+            names = [_series_label(s) for s in who] if len(who) <= 2 else [f"{len(who)} of {len(everyone)} series"]
+            text += "\n" + "\n".join(names)
+        ax.text(micro, 0.075, _plain(text), transform=floor, ha="center", va="bottom", fontsize=7,
+                color=OOM_COLOR)
+    return True
+
+
+def _log2_axis(ax: Axes, sizes: Iterable[Optional[int]]) -> None:
+    """Log2 x axis whose ticks are the sizes actually swept, labelled with their values; labels that
+    would touch a neighbour are left off (the tick stays)."""
+    ticks = sorted({int(s) for s in sizes if s is not None and s > 0})
+    if not ticks:
+        return
+    ax.set_xscale("log", base=2)
+    lo, hi = ticks[0] / 2**0.45, ticks[-1] * 2**0.45
+    ax.set_xlim(lo, hi)
+    span = math.log2(hi / lo)
+    labels, last = [], None
+    for s in ticks:
+        where = math.log2(s / lo) / span
+        # About 1.3 % of the axes' width per character at this figure size and font.
+        if last is not None and where - last[0] < 0.013 * (len(str(s)) + len(last[1])) / 2 + 0.015:
+            labels.append("")
+            continue
+        labels.append(str(s))
+        last = (where, str(s))
+    ax.set_xticks(ticks, labels=labels)
+    ax.xaxis.set_minor_locator(NullLocator())
+
+
+def _pad_limits(ax: Axes, xs: Sequence[float], ys: Sequence[float]) -> None:
+    def around(lo: float, hi: float, pad: float) -> Tuple[float, float]:
+        if hi <= lo:  # one point, or all equal: a window around it
+            half = abs(lo) * 0.1 or 1.0
+            return lo - half, hi + half
+        return lo - pad * (hi - lo), hi + pad * (hi - lo)
+
+    ax.set_xlim(*around(min(xs), max(xs), 0.12))
+    ylo, yhi = around(min(ys), max(ys), 0.12)
+    ax.set_ylim(max(0.0, ylo) if min(ys) >= 0 else ylo, yhi)
+
+
+def _legend(ax: Axes, extra: Sequence[Line2D] = (), title: Optional[str] = None) -> None:
+    handles, labels = ax.get_legend_handles_labels()
+    handles += list(extra)
+    labels += [h.get_label() for h in extra]
+    if not handles:
+        return
+    # Beside the axes, never over the data; constrained layout shrinks the axes to make room.
+    ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=8,
+              frameon=False, title=_plain(title) if title else None, title_fontsize=8, alignment="left")

@@ -1,0 +1,194 @@
+"""The sweep's answer: plots, a self-contained HTML page and a recommendation, built from MLflow alone.
+
+Run at the end of every sweep, or on demand: `python -m sweeper.report <sweep run id | experiment>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Sequence
+
+from sweeper import analysis, html_report, plots, tracking
+from sweeper.analysis import Recommendation, Trial
+from sweeper.config import ReportConfig
+
+MiB = 2**20
+
+
+@dataclass(frozen=True)
+class Report:
+    folder: str
+    html_path: str
+    recommendation: Recommendation
+    override_line: Optional[str]
+    yaml_path: str
+
+
+def build(
+    tracker: "tracking.Tracker",
+    parent_run_id: str,
+    cfg: ReportConfig,
+    folder: str,
+    log: bool = True,
+) -> Report:
+    """Read the sweep from MLflow, write the report into `folder` and (with `log`) attach it to
+    the sweep's parent run as artifacts under `report/`."""
+    sweep = tracker.load_sweep(parent_run_id)
+    trials = [_trial(row) for row in sweep.children]
+    os.makedirs(folder, exist_ok=True)
+    budget = cfg.memory_budget_gb * 2**30 if cfg.memory_budget_gb else None
+
+    rec = analysis.recommend(trials, cfg.objective, cfg.min_accuracy, budget)
+    line = analysis.override_line(rec.best) if rec.best else None
+    yaml_path = os.path.join(folder, "recommendation.yaml")
+    with open(yaml_path, "w") as f:
+        f.write(analysis.recommendation_yaml(rec, cfg.objective, cfg.min_accuracy, budget))
+
+    lr_label = f"LR scaling: {sweep.params.get('lr_scaling', '?')} (base {sweep.params.get('base_batch_size', '?')})"
+    images: Dict[str, str] = {}
+    for name, draw in (
+        ("throughput_vs_micro_batch", lambda p: plots.throughput_vs_micro_batch(trials, analysis.knees(
+            trials, cfg.knee_min_gain), p)),
+        ("memory_vs_micro_batch", lambda p: plots.memory_vs_micro_batch(trials, p, budget_bytes=budget)),
+        ("accuracy_vs_global_batch", lambda p: plots.accuracy_vs_global_batch(trials, p, lr_label)),
+        ("pareto_throughput_memory", lambda p: plots.pareto_throughput_memory(trials, analysis.pareto(trials), p)),
+    ):
+        written = draw(os.path.join(folder, f"{name}.png"))
+        if written:
+            images[name] = written
+
+    text = recommendation_text(rec, line)
+    html = html_report.render(
+        f"sweep {sweep.run_name}",
+        [_row(t) for t in sorted(trials, key=_speed, reverse=True)],
+        images,
+        text,
+        {
+            "MLflow run": parent_run_id,
+            "objective": cfg.objective,
+            "min accuracy": str(cfg.min_accuracy),
+            "memory budget": f"{cfg.memory_budget_gb} GB" if cfg.memory_budget_gb else "none",
+            "knee": f"first micro-batch after which doubling gains < {cfg.knee_min_gain:.0%}",
+        },
+    )
+    html_path = os.path.join(folder, "report.html")
+    with open(html_path, "w") as f:
+        f.write(html)
+    if log:
+        tracker.log_report(parent_run_id, folder, text, line)
+    return Report(folder, html_path, rec, line, yaml_path)
+
+
+def default_folder(uri: str, run_name: str) -> str:
+    """Next to the MLflow store: `<store folder>/reports/<sweep run name>` for a SQLite or file
+    store, `./reports/<name>` for a tracking server."""
+    base = "."
+    if uri.startswith("sqlite:///"):
+        base = os.path.dirname(uri[len("sqlite:///") :]) or "."
+    elif uri.startswith("file://"):
+        base = os.path.dirname(uri[len("file://") :].rstrip("/")) or "."
+    return os.path.join(base, "reports", run_name)
+
+
+def _trial(row: Dict[str, Any]) -> Trial:
+    def number(name: str) -> Optional[float]:
+        value = row.get(name)
+        return None if value is None else float(value)
+
+    stable = row.get("sweeper.throughput_stable")
+    return Trial(
+        key=row["key"],
+        micro_batch_size=int(row["micro_batch_size"]),
+        accumulation_steps=int(row["accumulation_steps"]),
+        num_workers=int(row["num_workers"]),
+        global_batch_size=int(row["global_batch_size"]),
+        status=row.get("status") or "failed",
+        lr=number("lr"),
+        samples_per_second=number("samples_per_second"),
+        samples_per_second_cv=number("samples_per_second_cv"),
+        throughput_stable=None if stable is None else stable == "true",
+        peak_memory_bytes=number("peak_memory_bytes"),
+        val_accuracy=number("val_accuracy"),
+        train_seconds=number("train_seconds"),
+        samples_seen=number("samples_seen"),
+    )
+
+
+def _speed(t: Trial) -> float:
+    return t.samples_per_second or -1.0
+
+
+def _row(t: Trial) -> Dict[str, str]:
+    def fmt(value: Optional[float], pattern: str) -> str:
+        return "-" if value is None else pattern.format(value)
+
+    return {
+        "trial": t.key,
+        "micro": str(t.micro_batch_size),
+        "accum": str(t.accumulation_steps),
+        "workers": str(t.num_workers),
+        "global": str(t.global_batch_size),
+        "status": t.status,
+        "samples/s": fmt(t.samples_per_second, "{:.1f}") + ("" if t.throughput_stable is not False else " (unstable)"),
+        "cv": fmt(t.samples_per_second_cv, "{:.1%}"),
+        "peak MiB": fmt(None if t.peak_memory_bytes is None else t.peak_memory_bytes / MiB, "{:.0f}"),
+        "val acc": fmt(t.val_accuracy, "{:.3f}"),
+        "lr": fmt(t.lr, "{:.4g}"),
+    }
+
+
+def recommendation_text(rec: Recommendation, line: Optional[str]) -> str:
+    if rec.best is None:
+        return f"No recommendation: {rec.reason}"
+    text = f"Train with {rec.best.key} (global batch {rec.best.global_batch_size}). {rec.reason}"
+    if line:
+        text += f"\nOverrides: {line}"
+    return text
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m sweeper.report",
+        description="Rebuild a sweep's report (plots, HTML, recommendation) from MLflow alone.",
+    )
+    parser.add_argument("sweep", help="the sweep's parent run id, or an experiment name (its latest sweep)")
+    parser.add_argument("--tracking-uri", default=None, help="default: sqlite:///<cwd>/mlflow.db")
+    parser.add_argument("--objective", default=ReportConfig.objective, choices=analysis.OBJECTIVES)
+    parser.add_argument("--min-accuracy", type=float, default=None)
+    parser.add_argument("--memory-budget-gb", type=float, default=None)
+    parser.add_argument("--knee-min-gain", type=float, default=ReportConfig.knee_min_gain)
+    parser.add_argument("--out", default=None, help="default: <MLflow store folder>/reports/<sweep run name>")
+    parser.add_argument("--no-log", action="store_true", help="write files only; do not attach them to the run")
+    args = parser.parse_args(argv)
+
+    from sweeper.config import TrackingConfig, tracking_uri
+
+    uri = args.tracking_uri or tracking_uri(TrackingConfig())
+    problems = tracking.check(uri)
+    if problems:
+        for problem in problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return 2
+    cfg = ReportConfig(
+        objective=args.objective,
+        min_accuracy=args.min_accuracy,
+        memory_budget_gb=args.memory_budget_gb,
+        knee_min_gain=args.knee_min_gain,
+    )
+    try:
+        tracker, parent = tracking.Tracker.for_sweep(uri, args.sweep)
+        name = tracker.load_sweep(parent).run_name
+        report = build(tracker, parent, cfg, args.out or default_folder(uri, name), log=not args.no_log)
+    except (LookupError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(recommendation_text(report.recommendation, report.override_line))
+    print(f"report: {report.html_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

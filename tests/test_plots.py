@@ -1,0 +1,157 @@
+"""The report's figures and HTML page: every plot writes a PNG of the fixed size, copes with a single
+point, missing figures and no ok trial, and the page embeds its images and escapes what it shows."""
+
+import base64
+import dataclasses
+import os
+import subprocess
+import sys
+
+import pytest
+from matplotlib.image import imread
+
+from sweeper import analysis, html_report, plots
+from sweeper.analysis import Trial
+
+MiB = 2**20
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+PIXELS = (round(plots.FIGSIZE[1] * plots.DPI), round(plots.FIGSIZE[0] * plots.DPI))  # rows, columns
+
+
+def trial(micro, accum=1, workers=1, status="ok", **figures):
+    if status == "ok":
+        figures.setdefault("samples_per_second", 100.0 * workers * min(micro, 32) / (1 + micro / 256))
+        figures.setdefault("samples_per_second_cv", 0.03)
+        figures.setdefault("peak_memory_bytes", 40 * MiB + micro * 600 * 1024)
+        figures.setdefault("val_accuracy", 0.95 - 0.01 * (micro * accum * workers) / 64)
+    return Trial(
+        key=f"mb{micro}-acc{accum}-w{workers}",
+        micro_batch_size=micro,
+        accumulation_steps=accum,
+        num_workers=workers,
+        global_batch_size=micro * accum * workers,
+        status=status,
+        **figures,
+    )
+
+
+@pytest.fixture
+def sweep():
+    """A 4 x 2 x 2 grid where micro 128 runs out of memory, one point failed and one has no cv."""
+    trials = []
+    for accum in (1, 2):
+        for workers in (1, 2):
+            for micro in (8, 16, 32, 64):
+                trials.append(trial(micro, accum, workers))
+            trials.append(trial(128, accum, workers, status="oom"))
+    trials[0] = trial(8, 1, 1, samples_per_second_cv=None)
+    trials[6] = trial(16, 1, 2, status="failed")
+    return trials
+
+
+def assert_png(path):
+    assert path is not None and os.path.isfile(path)
+    with open(path, "rb") as f:
+        assert f.read(8) == PNG_MAGIC
+    assert imread(path).shape[:2] == PIXELS
+
+
+def draw_all(trials, folder, **memory_options):
+    return {
+        "throughput": plots.throughput_vs_micro_batch(trials, analysis.knees(trials), folder / "throughput.png"),
+        "memory": plots.memory_vs_micro_batch(trials, folder / "memory.png", **memory_options),
+        "accuracy": plots.accuracy_vs_global_batch(trials, folder / "accuracy.png", "LR scaling: sqrt (base 32)"),
+        "pareto": plots.pareto_throughput_memory(trials, analysis.pareto(trials), folder / "pareto.png"),
+    }
+
+
+def test_every_plot_writes_a_png_of_the_fixed_size(sweep, tmp_path):
+    written = draw_all(sweep, tmp_path, budget_bytes=160 * MiB)
+    for name, path in written.items():
+        assert path == str(tmp_path / f"{name}.png")
+        assert_png(path)
+
+
+def test_memory_plot_with_a_given_fit_and_no_budget(sweep, tmp_path):
+    assert_png(plots.memory_vs_micro_batch(sweep, tmp_path / "m.png", fit=(40 * MiB, 600 * 1024)))
+
+
+def test_a_single_point_and_missing_figures_still_plot(tmp_path):
+    one = [trial(32, samples_per_second_cv=None)]
+    for path in draw_all(one, tmp_path).values():
+        assert_png(path)
+    # Throughput but no memory, memory but no accuracy: each plot draws what it has.
+    sparse = [trial(16, peak_memory_bytes=None), trial(32, val_accuracy=None), trial(64, status="oom")]
+    written = draw_all(sparse, tmp_path / "sparse")
+    for path in written.values():
+        assert_png(path)
+
+
+def test_no_ok_trial_gives_a_placeholder_and_no_accuracy_plot(tmp_path):
+    failed = [trial(64, status="oom"), trial(128, status="oom"), trial(32, status="failed")]
+    for trials, folder in ((failed, tmp_path / "failed"), ([], tmp_path / "empty")):
+        written = draw_all(trials, folder, budget_bytes=100 * MiB)
+        # A picture that says "no ok trials" keeps the report's layout; accuracy has nothing to say.
+        for name in ("throughput", "memory", "pareto"):
+            assert_png(written[name])
+        assert written["accuracy"] is None
+        assert not (folder / "accuracy.png").exists()
+
+
+def test_synthetic_data_has_no_accuracy_plot(tmp_path):
+    trials = [trial(m, val_accuracy=None) for m in (8, 16)]
+    assert plots.accuracy_vs_global_batch(trials, tmp_path / "a.png", "LR scaling: none") is None
+
+
+def test_a_dollar_sign_in_a_key_is_not_typeset(tmp_path):
+    t = trial(8)
+    odd = dataclasses.replace(t, key="$x$-$y")
+    assert_png(plots.pareto_throughput_memory([odd], [odd], tmp_path / "p.png"))
+
+
+def test_plotting_leaves_pyplot_alone(tmp_path):
+    code = (
+        "import sys\n"
+        "from sweeper import plots\n"
+        "from sweeper.analysis import Trial\n"
+        "t = Trial(key='k', micro_batch_size=8, accumulation_steps=1, num_workers=1, global_batch_size=8,"
+        " status='ok', samples_per_second=10.0, peak_memory_bytes=1e6)\n"
+        f"plots.pareto_throughput_memory([t], [t], {str(tmp_path / 'p.png')!r})\n"
+        "assert 'matplotlib.pyplot' not in sys.modules\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+
+
+def test_html_page_is_self_contained_and_escaped(sweep, tmp_path):
+    images = draw_all(sweep, tmp_path, budget_bytes=160 * MiB)
+    images["accuracy"] = None  # a plot that was not drawn is left out
+    rows = [{"trial": "<script>alert(1)</script>", "samples/s": "123.4", "status": "ok"},
+            {"trial": "mb8-acc1-w1", "samples/s": "-", "status": "oom", "note": "a & b"}]
+    page = html_report.render(
+        "sweep <demo>",
+        rows,
+        images,
+        "Train with mb32-acc1-w2 (global batch 64).\nOverrides: sweep.micro_batch_sizes=[32]",
+        {"objective": "throughput", "MLflow run": "abc123"},
+    )
+    assert page.count("data:image/png;base64,") == 3
+    with open(images["throughput"], "rb") as f:
+        assert base64.b64encode(f.read()).decode() in page
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "sweep &lt;demo&gt;" in page and "a &amp; b" in page
+    assert "http://" not in page and "https://" not in page
+    assert "Train with mb32-acc1-w2 (global batch 64)." in page
+    assert "Overrides: sweep.micro_batch_sizes=[32]" in page
+    # Columns in first-seen key order, a key missing from a row gives an empty cell.
+    assert page.index(">trial</th>") < page.index(">samples/s</th>") < page.index(">note</th>")
+    assert page.count("<tr>") == 3
+    # A column of figures (a dash for a missing one) is right-aligned as a whole; text columns are not.
+    assert '<td class="num">123.4</td>' in page and '<td class="num">-</td>' in page
+    assert "<td>ok</td>" in page
+
+
+def test_html_page_without_trials_or_images():
+    page = html_report.render("empty", [], {}, "No recommendation: no ok trials", {})
+    assert "No trials." in page and "No recommendation: no ok trials" in page
+    assert "<img" not in page
