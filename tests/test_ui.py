@@ -1,0 +1,147 @@
+"""What users meet: a real `mlflow server` holding a sweep (REST and the web UI in headless Chromium),
+and the Ray dashboard answering, with token auth, while a sweep runs."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.e2e
+
+TINY = ["model=mlp", "model.depth=2", "model.width=32", "model.input_shape=[1,8,8]", "train.epochs=1",
+        "sweep.micro_batch_sizes=[16,32]", "sweep.accumulation_steps=[1]", "sweep.num_workers=[1]",
+        "measure.windows=3", "tracking.experiment_name=ui"]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str, headers=None, data=None, timeout=10):
+    request = urllib.request.Request(url, data=data, headers=headers or {})
+    with urllib.request.urlopen(request, timeout=timeout) as reply:
+        return reply.status, reply.read()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """`mlflow server` on loopback with a sweep recorded through it by the CLI."""
+    folder = tmp_path_factory.mktemp("server")
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{folder / 'store.db'}",
+         "--host", "127.0.0.1", "--port", str(port)],
+        cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                if _get(f"{url}/health")[0] == 200:
+                    break
+            except (urllib.error.URLError, OSError):
+                pass
+            assert time.time() < deadline, "mlflow server did not answer /health within 120 s"
+            time.sleep(1)
+        sweep = run_cli(*TINY, f"tracking.uri={url}", cwd=folder, timeout=600)
+        assert sweep.returncode == 0, sweep.stdout[-3000:] + sweep.stderr[-3000:]
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _search(url: str, experiment_id: str, filter_string: str):
+    body = json.dumps({"experiment_ids": [experiment_id], "filter": filter_string, "max_results": 100}).encode()
+    _, raw = _get(f"{url}/api/2.0/mlflow/runs/search", {"Content-Type": "application/json"}, body)
+    return json.loads(raw).get("runs", [])
+
+
+def _experiment_id(url: str) -> str:
+    _, raw = _get(f"{url}/api/2.0/mlflow/experiments/get-by-name?experiment_name=ui")
+    return json.loads(raw)["experiment"]["experiment_id"]
+
+
+def test_the_server_holds_one_parent_with_nested_trials_and_named_metrics(server):
+    experiment = _experiment_id(server)
+    (parent,) = _search(server, experiment, "tags.`sweeper.role` = 'sweep'")
+    children = _search(server, experiment, f"tags.mlflow.parentRunId = '{parent['info']['run_id']}'")
+    assert sorted(c["info"]["run_name"] for c in children) == ["mb16-acc1-w1", "mb32-acc1-w1"]
+    for child in children:
+        metrics = {m["key"] for m in child["data"]["metrics"]}
+        params = {p["key"] for p in child["data"]["params"]}
+        assert {"samples_per_second", "peak_memory_bytes", "val_accuracy", "mfu"} <= metrics
+        assert {"micro_batch_size", "accumulation_steps", "num_workers", "global_batch_size"} <= params
+    _, raw = _get(f"{server}/api/2.0/mlflow/artifacts/list?run_id={parent['info']['run_id']}&path=report")
+    assert "report/report.html" in {f["path"] for f in json.loads(raw)["files"]}
+
+
+def _render(url: str, profile) -> str:
+    """The page's DOM after its scripts ran, from headless Chromium. Flags from this machine's
+    notes: without the background-networking ones Chromium keeps trying the closed network."""
+    dom = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={profile}", "--virtual-time-budget=20000", "--dump-dom", url],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    return dom.stdout
+
+
+@pytest.mark.ui
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (.ci/run installs it)")
+def test_the_mlflow_ui_lists_the_sweep_and_compares_its_trials_in_headless_chromium(server, tmp_path):
+    experiment = _experiment_id(server)
+    (parent,) = _search(server, experiment, "tags.`sweeper.role` = 'sweep'")
+    runs_page = _render(f"{server}/#/experiments/{experiment}/runs", tmp_path / "p1")
+    assert parent["info"]["run_name"] in runs_page  # the sweep, its trials nested under it
+    children = _search(server, experiment, f"tags.mlflow.parentRunId = '{parent['info']['run_id']}'")
+    ids = urllib.parse.quote(json.dumps([c["info"]["run_id"] for c in children]))
+    # What "Compare" on the selected child runs opens: the trials side by side, with the
+    # parallel-coordinates view of params against metrics.
+    compare = _render(f"{server}/#/compare-runs?runs={ids}&experiments=%5B%22{experiment}%22%5D", tmp_path / "p2")
+    assert "mb16-acc1-w1" in compare and "mb32-acc1-w1" in compare
+    assert "micro_batch_size" in compare and "Parallel" in compare
+
+
+def test_the_ray_dashboard_answers_with_the_token_while_a_sweep_runs(tmp_path):
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sweeper", *TINY, "train.epochs=4", f"cluster.dashboard_port={port}"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},  # the dashboard line must arrive while it runs
+    )
+    try:
+        url = None
+        for line in proc.stdout:
+            if "Ray dashboard:" in line:
+                url = line.split("Ray dashboard:", 1)[1].strip()
+                break
+        assert url == f"http://127.0.0.1:{port}"
+        token = (tmp_path / ".sweeper" / "ray" / "auth_token").read_text().strip()
+        status, raw = _get(f"{url}/api/version", {"Authorization": f"Bearer {token}"})
+        assert status == 200 and "ray_version" in json.loads(raw)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            _get(f"{url}/api/version")
+        assert refused.value.code == 401
+        assert proc.poll() is None  # the sweep was still running when the dashboard answered
+        rest = proc.stdout.read()
+        assert proc.wait(timeout=600) == 0, rest[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
