@@ -3,6 +3,8 @@ sweep back from its MLflow store."""
 
 from __future__ import annotations
 
+import argparse
+import shutil
 import statistics
 import subprocess
 import sys
@@ -11,6 +13,23 @@ from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
 from mlflow.tracking import MlflowClient
+
+
+def parser(doc: str, out: str, default: Sequence[str]) -> argparse.ArgumentParser:
+    """The options every sweep benchmark takes: an output folder and Hydra overrides."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--out", default=out)
+    parser.add_argument("overrides", nargs="*", help=f"Hydra overrides (default: {' '.join(default)})")
+    return parser
+
+
+def start(args: argparse.Namespace, default: Sequence[str]) -> Tuple[Path, List[str]]:
+    """A clean output folder and the overrides to run, printed as the first figure line."""
+    overrides = list(args.overrides or default)
+    out = Path(args.out).resolve()
+    shutil.rmtree(out, ignore_errors=True)
+    print(f"config: {' '.join(overrides)}")
+    return out, overrides
 
 
 def run_sweep(folder: Path, overrides: Sequence[str]) -> float:

@@ -7,12 +7,9 @@ lines; the last line is the headline (CV across runs; goal <= 3 %).
 
 from __future__ import annotations
 
-import argparse
-import shutil
 import statistics
-from pathlib import Path
 
-from _sweeps import read_sweep, run_sweep
+from _sweeps import parser, read_sweep, run_sweep, start
 
 DEFAULT = [
     "model=resnet18",
@@ -25,15 +22,10 @@ DEFAULT = [
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--out", default=".sweeper/bench_repeat")
-    parser.add_argument("overrides", nargs="*", help=f"Hydra overrides (default: {' '.join(DEFAULT)})")
-    args = parser.parse_args()
-    overrides = args.overrides or DEFAULT
-    out = Path(args.out).resolve()
-    shutil.rmtree(out, ignore_errors=True)
-    print(f"config: {' '.join(overrides)}")
+    options = parser(__doc__, ".sweeper/bench_repeat", DEFAULT)
+    options.add_argument("--runs", type=int, default=3)
+    args = options.parse_args()
+    out, overrides = start(args, DEFAULT)
 
     rates = []
     for i in range(args.runs):

@@ -8,24 +8,14 @@ the last line is the headline (the grouped sweep's wall time over its trials' ow
 
 from __future__ import annotations
 
-import argparse
-import shutil
-from pathlib import Path
 
-from _sweeps import read_sweep, run_sweep, spread
+from _sweeps import parser, read_sweep, run_sweep, spread, start
 
 DEFAULT = ["+experiment=resnet_batch"]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=".sweeper/bench_startup")
-    parser.add_argument("overrides", nargs="*", help=f"Hydra overrides (default: {' '.join(DEFAULT)})")
-    args = parser.parse_args()
-    overrides = args.overrides or DEFAULT
-    out = Path(args.out).resolve()
-    shutil.rmtree(out, ignore_errors=True)
-    print(f"config: {' '.join(overrides)}")
+    out, overrides = start(parser(__doc__, ".sweeper/bench_startup", DEFAULT).parse_args(), DEFAULT)
 
     figures = {}
     for name, group in (("per_point", "1"), ("grouped", "null")):

@@ -176,16 +176,16 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
                 rows.append((point, result))
                 bar.update(task, advance=1, description=f"{point.key}: {result.get('status')}")
 
-            attempt, remaining = 0, ray_runner.run_sweep(
-                name, groups, specs, resources, cluster, cfg.sweep.max_concurrent_trials, started, done
-            )
-            while remaining:  # each round records at least the point its group died on
-                attempt += 1
-                groups = plan.worker_groups(remaining, cfg.sweep.points_per_worker_group)
+            # Points whose worker group died before reaching them come back and run in a fresh
+            # group; each round records at least the point its group died on, so this ends.
+            attempt, remaining = 0, points
+            while remaining:
+                label = name if attempt == 0 else f"{name}-rerun{attempt}"
+                round_groups = plan.worker_groups(remaining, cfg.sweep.points_per_worker_group)
                 remaining = ray_runner.run_sweep(
-                    f"{name}-rerun{attempt}", groups, specs, resources, cluster,
-                    cfg.sweep.max_concurrent_trials, started, done,
+                    label, round_groups, specs, resources, cluster, cfg.sweep.max_concurrent_trials, started, done
                 )
+                attempt += 1
         wall = time.perf_counter() - sweep_start
         made = make_report(cfg, tracker, parent, uri, name)
         statuses = Counter(result.get("status") for _, result in rows)
@@ -199,8 +199,7 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
         )
         console.print_summary(rows, uri, parent, cfg.tracking.experiment_name, accuracy_note)
         if made is not None:
-            console.print_report(made.html_path, report_mod.recommendation_text(made.recommendation,
-                                                                             made.override_line))
+            console.print_report(made.html_path, made.text)
         return 1 if failed else 0
     finally:
         ray_runner.shutdown()

@@ -15,6 +15,8 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from sweeper.config import first_line
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -74,10 +76,9 @@ def count_flops(
         except _ModelError:
             raise
         except Exception as error:  # fake tensors cannot run every model; see the fallback
-            first_line = (str(error).splitlines() or [""])[0]
             warnings.warn(
                 "count_flops: the model could not be built or run under FakeTensorMode "
-                f"({type(error).__name__}: {first_line}); counting on a real model and "
+                f"({type(error).__name__}: {first_line(error)}); counting on a real model and "
                 f"a real batch of {batch_size} instead",
                 RuntimeWarning,
                 stacklevel=2,

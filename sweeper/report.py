@@ -25,6 +25,7 @@ class Report:
     recommendation: Recommendation
     override_line: Optional[str]
     yaml_path: str
+    text: str  # the recommendation in words, as printed and tagged
 
 
 def build(
@@ -79,7 +80,7 @@ def build(
         f.write(html)
     if log:
         tracker.log_report(parent_run_id, folder, text, line)
-    return Report(folder, html_path, rec, line, yaml_path)
+    return Report(folder, html_path, rec, line, yaml_path, text)
 
 
 def default_folder(uri: str, run_name: str) -> str:
@@ -185,7 +186,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (LookupError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(recommendation_text(report.recommendation, report.override_line))
+    print(report.text)
     print(f"report: {report.html_path}")
     return 0
 

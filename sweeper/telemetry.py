@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 import psutil
 import torch
 
+from sweeper.config import first_line
+
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self from Python 3.11
 
@@ -169,7 +171,7 @@ def _load_nvml() -> tuple[Any, str]:
     try:
         import pynvml
     except ImportError as exc:
-        why = _one_line(exc)
+        why = first_line(exc)
         return None, f"pynvml is not importable (install nvidia-ml-py): {why}"
     try:
         pynvml.nvmlInit()
@@ -177,7 +179,7 @@ def _load_nvml() -> tuple[Any, str]:
         count = pynvml.nvmlDeviceGetCount()
     # Every worker runs this; a broken driver install must cost the GPU numbers, not the run.
     except Exception as exc:  # noqa: BLE001
-        return None, _one_line(exc)
+        return None, first_line(exc)
     if isinstance(driver, bytes):  # older pynvml returned bytes
         driver = driver.decode()
     return pynvml, f"NVML {driver}, {count} devices"
@@ -198,12 +200,7 @@ def _nvml_handle(torch_device: torch.device) -> tuple[Any, str | None]:
     try:
         return nvml.nvmlDeviceGetHandleByUUID(uuid), None
     except Exception as exc:  # noqa: BLE001 - same reason as in _load_nvml
-        return None, f"no NVML device for cuda:{index} ({uuid}): {_one_line(exc)}"
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+        return None, f"no NVML device for cuda:{index} ({uuid}): {first_line(exc)}"
 
 
 @dataclass(frozen=True)
@@ -345,7 +342,7 @@ class UtilizationSampler:
             except Exception as exc:  # noqa: BLE001
                 gpu_percent = gpu_memory = None
                 self._nvml = None
-                self._gpu_unavailable_reason = f"NVML read failed: {_one_line(exc)}"
+                self._gpu_unavailable_reason = f"NVML read failed: {first_line(exc)}"
         return _Sample(
             covered_seconds=covered_seconds,
             process_cpu_percent=process.cpu_percent(None),

@@ -434,12 +434,12 @@ def _flops_metrics(spec: TrialSpec, result: Dict[str, Any], facts: GroupFacts) -
         "achieved_flops_per_second": achieved,
     }
     if facts.peak is not None:
-        # Every worker has the same device: the trial's peak is one device's times the workers.
-        peak = facts.peak.flops_per_second * spec.point.num_workers
+        # Every worker has the same device: the trial's peak is one device's times the workers,
+        # and its utilization is each device's share of the work against one device's peak.
         out.update(
-            peak_flops_per_second=peak,
+            peak_flops_per_second=facts.peak.flops_per_second * spec.point.num_workers,
             peak_flops_source=facts.peak.source,
-            mfu=flops_mod.mfu(achieved, flops_mod.PeakFlops(peak, facts.peak.source)),
+            mfu=flops_mod.mfu(achieved / spec.point.num_workers, facts.peak),
         )
     return out
 

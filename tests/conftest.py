@@ -1,6 +1,7 @@
 """Shared fixtures: a shrunk config compose, a working directory per test, the CLI runner."""
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -34,3 +35,10 @@ def run_cli(*args: str, cwd: Path, timeout: float = 600, env=None) -> subprocess
         timeout=timeout,
         env=merged,
     )
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (for a gloo rendezvous, a server, a dashboard)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

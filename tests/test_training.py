@@ -2,7 +2,6 @@
 
 import datetime
 import os
-import socket
 import time
 
 import pytest
@@ -13,6 +12,7 @@ import torch.multiprocessing as mp
 from sweeper.config import DataConfig, MeasureConfig, ModelConfig, TrainConfig
 from sweeper.plan import GridPoint
 from sweeper.training import TrialSpec, WorkerContext, run_points, run_trial
+from tests.conftest import free_port
 
 MLP = ModelConfig(name="mlp", input_shape=[1, 8, 8], depth=3, width=32)
 DIGITS = DataConfig(name="digits")
@@ -55,12 +55,6 @@ def test_synthetic_data_reports_no_accuracy():
     assert "val_accuracy" not in r
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _gloo_worker(rank, world_size, port, points, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -79,7 +73,7 @@ def test_a_two_rank_worker_group_matches_one_process_and_runs_smaller_points_on_
     points = [GridPoint(8, 4, 1), GridPoint(8, 2, 2)]  # global batch 32 both: one curve
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(_gloo_worker, args=(2, _free_port(), points, out), nprocs=2)
+        mp.spawn(_gloo_worker, args=(2, free_port(), points, out), nprocs=2)
         rank0, rank1 = out[0], out[1]
     assert [r["trial_key"] for r in rank0] == ["mb8-acc4-w1", "mb8-acc2-w2"]
     assert all(r["status"] == "ok" for r in rank0)
@@ -117,7 +111,7 @@ def _lonely_failure_worker(rank, port):
 def test_a_failure_on_one_rank_ends_the_group_instead_of_hanging_it():
     start = time.perf_counter()
     with pytest.raises(mp.ProcessRaisedException, match="rank 1 broke|Connection closed|timed out"):
-        mp.spawn(_lonely_failure_worker, args=(_free_port(),), nprocs=2)
+        mp.spawn(_lonely_failure_worker, args=(free_port(),), nprocs=2)
     assert time.perf_counter() - start < 90
 
 

@@ -4,7 +4,6 @@ and the Ray dashboard answering, with token auth, while a sweep runs."""
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -14,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import free_port, run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -22,12 +21,6 @@ TINY = ["model=mlp", "model.depth=2", "model.width=32", "model.input_shape=[1,8,
         "sweep.micro_batch_sizes=[16,32]", "sweep.accumulation_steps=[1]", "sweep.num_workers=[1]",
         "measure.windows=3", "tracking.experiment_name=ui"]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url: str, headers=None, data=None, timeout=10):
@@ -40,7 +33,7 @@ def _get(url: str, headers=None, data=None, timeout=10):
 def server(tmp_path_factory):
     """`mlflow server` on loopback with a sweep recorded through it by the CLI."""
     folder = tmp_path_factory.mktemp("server")
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{folder / 'store.db'}",
@@ -120,7 +113,7 @@ def test_the_mlflow_ui_lists_the_sweep_and_compares_its_trials_in_headless_chrom
 
 
 def test_the_ray_dashboard_answers_with_the_token_while_a_sweep_runs(tmp_path):
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "sweeper", *TINY, "train.epochs=4", f"cluster.dashboard_port={port}"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
