@@ -8,48 +8,86 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Dict, List, Optional, Tuple
 
-from sweeper import console, plan, ray_runner, tracking
+from sweeper import console, estimate, frontier, plan, ray_runner, tracking
 from sweeper import report as report_mod
 from sweeper import data as data_mod
 from sweeper import flops, models
-from sweeper.config import ConfigError, SweeperConfig, first_line, tracking_uri, validate
+from sweeper.config import (
+    ConfigError,
+    SweeperConfig,
+    budget_bytes,
+    first_line,
+    is_auto,
+    tracking_uri,
+    validate,
+)
 from sweeper.plan import GridPoint
-from sweeper.training import TrialSpec
+from sweeper.training import FrontierSpec, TrialSpec
 
+NEEDS_BUDGET = (
+    "sweep.micro_batch_sizes=auto on CPU needs device.memory_budget_gb: the memory to plan for, "
+    "e.g. device.memory_budget_gb=16 for a 16 GB card"
+)
 SYNTHETIC_NOTE = "not measured: synthetic data has random labels, so accuracy would mean nothing"
 
 
-def preflight(cfg: SweeperConfig) -> Tuple[List[GridPoint], Dict[GridPoint, TrialSpec]]:
+@dataclass
+class Prepared:
+    """What the checks before any trial found out: the grid (empty until the frontier search when
+    sweep.micro_batch_sizes=auto) and the facts of the data and model it is built from."""
+
+    points: List[GridPoint]
+    num_train: int
+    num_classes: int
+    flop_count: Optional[flops.FlopCount]
+
+
+def preflight(cfg: SweeperConfig) -> Tuple[Prepared, Dict[GridPoint, TrialSpec]]:
     """Every check that needs no cluster, all problems collected into one ConfigError."""
     problems = validate(cfg) + models.check(cfg.model) + data_mod.check(cfg.data)
     problems += tracking.check(tracking_uri(cfg.tracking))
-    points = plan.expand_grid(
-        cfg.sweep.micro_batch_sizes,
-        cfg.sweep.accumulation_steps,
-        cfg.sweep.num_workers,
-        cfg.sweep.global_batch_sizes,
-    )
-    if not points and not problems:
-        unfiltered = plan.expand_grid(
-            cfg.sweep.micro_batch_sizes, cfg.sweep.accumulation_steps, cfg.sweep.num_workers
+    auto = is_auto(cfg.sweep.micro_batch_sizes)
+    if auto and cfg.device.memory_budget_gb is None and cfg.cluster.use_gpu == "auto" and cfg.cluster.address is None:
+        import torch
+
+        if not torch.cuda.is_available():  # a local Ray on a machine without a GPU: CPU workers
+            problems.append(NEEDS_BUDGET)
+    points: List[GridPoint] = []
+    if not auto and not problems:
+        points = plan.expand_grid(
+            cfg.sweep.micro_batch_sizes,
+            cfg.sweep.accumulation_steps,
+            cfg.sweep.num_workers,
+            cfg.sweep.global_batch_sizes,
         )
-        available = sorted({p.global_batch_size for p in unfiltered})
-        problems.append(
-            f"sweep.global_batch_sizes={list(cfg.sweep.global_batch_sizes or [])} keeps no grid point "
-            f"(micro x accumulation x workers gives {available}): choose from those or set it to null"
-        )
+        if not points:
+            unfiltered = plan.expand_grid(
+                cfg.sweep.micro_batch_sizes, cfg.sweep.accumulation_steps, cfg.sweep.num_workers
+            )
+            available = sorted({p.global_batch_size for p in unfiltered})
+            problems.append(
+                f"sweep.global_batch_sizes={list(cfg.sweep.global_batch_sizes or [])} keeps no grid point "
+                f"(micro x accumulation x workers gives {available}): choose from those or set it to null"
+            )
     if problems:
         raise ConfigError(problems)
 
     splits = data_mod.load(cfg.data, cfg.model.input_shape)
-    num_train = len(splits.train)
     flop_count = count_flops(cfg, splits.num_classes) if cfg.measure.flops else None
+    prepared = Prepared(points, len(splits.train), splits.num_classes, flop_count)
+    return prepared, (build_specs(cfg, prepared, points) if points else {})
+
+
+def build_specs(cfg: SweeperConfig, prepared: Prepared, points: List[GridPoint]) -> Dict[GridPoint, TrialSpec]:
+    """A TrialSpec per point, or a ConfigError naming every point too large for the data to time."""
+    problems: List[str] = []
+    estimates = estimate_memory(cfg, points, prepared.num_classes)
     specs: Dict[GridPoint, TrialSpec] = {}
     for point in points:
-        steps = plan.optimizer_steps(num_train, cfg.train.epochs, point.global_batch_size)
+        steps = plan.optimizer_steps(prepared.num_train, cfg.train.epochs, point.global_batch_size)
         spec = TrialSpec(
             model=cfg.model,
             data=cfg.data,
@@ -59,7 +97,9 @@ def preflight(cfg: SweeperConfig) -> Tuple[List[GridPoint], Dict[GridPoint, Tria
             lr=plan.scaled_lr(cfg.train.lr, point.global_batch_size, cfg.train.base_batch_size, cfg.train.lr_scaling),
             steps=steps,
             profile=cfg.profile,
-            flop_count=flop_count,
+            flop_count=prepared.flop_count,
+            memory_budget_bytes=budget_bytes(cfg.device),
+            memory_estimate_bytes=estimates.get(point),
         )
         # Enough timed windows for the stability rule to be met at all.
         need = spec.first_timed_step + cfg.measure.stable_windows
@@ -67,13 +107,26 @@ def preflight(cfg: SweeperConfig) -> Tuple[List[GridPoint], Dict[GridPoint, Tria
             untimed = "measure.warmup_steps" + (" + measure.profile_steps + 1" if cfg.profile else "")
             problems.append(
                 f"train.epochs={cfg.train.epochs}: {point.key} (global batch {point.global_batch_size}) "
-                f"gets {steps} optimizer steps from {num_train} training samples, fewer than "
+                f"gets {steps} optimizer steps from {prepared.num_train} training samples, fewer than "
                 f"{untimed} + measure.stable_windows = {need}; raise train.epochs or lower those"
             )
         specs[point] = spec
     if problems:
         raise ConfigError(problems)
-    return points, specs
+    return specs
+
+
+def estimate_memory(cfg: SweeperConfig, points: List[GridPoint], num_classes: int) -> Dict[GridPoint, int]:
+    """Each point's fake-tensor estimate of its tracked peak, checked against the measured one in its
+    trial (memory_estimate_error); nothing when the trials do not track memory or the model cannot
+    be traced on fake tensors."""
+    if not cfg.measure.memory_breakdown:
+        return {}
+    try:
+        return estimate.point_estimates(cfg, points, num_classes)
+    except Exception as exc:  # noqa: BLE001 - an estimate is extra; the trials measure regardless
+        console.warn(f"memory not estimated for model {cfg.model.name!r}: {first_line(exc)}")
+        return {}
 
 
 def count_flops(cfg: SweeperConfig, num_classes: int) -> Optional[flops.FlopCount]:
@@ -123,42 +176,130 @@ def make_report(cfg: SweeperConfig, tracker, parent: str, uri: str, name: str):
         return None
 
 
+def search_frontiers(
+    cfg: SweeperConfig,
+    prepared: Prepared,
+    resources: ray_runner.Resources,
+    cluster: ray_runner.Cluster,
+    tracker: tracking.Tracker,
+    name: str,
+) -> Dict[int, Tuple[int, Optional[int]]]:
+    """sweep.micro_batch_sizes=auto: each worker count's largest micro-batch under the budget, without
+    and (when the grid accumulates) with gradient accumulation; every probe recorded under the
+    sweep's run, each frontier on it beside the fake-tensor prediction."""
+    budget = budget_bytes(cfg.device)  # None on GPU: the device's whole memory, read by the worker
+    workers = sorted(set(cfg.sweep.num_workers))
+    measure = cfg.measure
+    fspecs = []
+    for w in workers:
+        template = TrialSpec(
+            model=cfg.model, data=cfg.data, train=cfg.train, measure=measure, point=GridPoint(1, 1, w),
+            lr=cfg.train.lr, steps=measure.warmup_steps,
+        )
+        # A frontier the trials could not time is no use: cap it where a point still gets its
+        # warm-up and stability windows from the data (one micro-batch per worker per step).
+        upper = prepared.num_train * cfg.train.epochs // (w * (measure.warmup_steps + measure.stable_windows))
+        fspecs.append(FrontierSpec(
+            template, budget, asdict(cfg.frontier), max(1, upper),
+            accumulation_steps=list(cfg.sweep.accumulation_steps),
+            global_batch_sizes=list(cfg.sweep.global_batch_sizes) if cfg.sweep.global_batch_sizes else None,
+        ))
+    probes: Dict[int, List[Dict[str, Any]]] = {w: [] for w in workers}
+    found: Dict[int, Dict[str, Any]] = {}
+
+    def on_probe(w: int, result: Dict[str, Any]) -> None:
+        params = {
+            "model": cfg.model.name,
+            "dataset": cfg.data.name,
+            "micro_batch_size": result["micro_batch_size"],
+            "accumulation_steps": result["accumulation_steps"],
+            "num_workers": w,
+            "probe_role": result.get("probe_role"),
+        }
+        tracker.log_probe(params, result)
+        probes[w].append(result)
+        console.print_probe(w, result)
+
+    def on_frontier(w: int, result: Dict[str, Any]) -> None:
+        found[w] = result
+
+    console.print_frontier_start(workers, cfg.device.memory_budget_gb)
+    ray_runner.run_frontiers(f"{name}-frontier", fspecs, resources, cluster, on_probe, on_frontier)
+    out: Dict[int, Tuple[int, Optional[int]]] = {}
+    for w in workers:
+        result = found.get(w, {"status": "failed", "error": "the frontier search reported nothing"})
+        if result.get("status") == "ok":
+            try:  # what a laptop would have predicted, to set beside what the device measured
+                budget_w = int(result["memory_budget_bytes"])
+                for prefix, accumulation in (("frontier_", 1), ("frontier_accumulating_", 2)):
+                    if f"{prefix}micro_batch_size" in result:
+                        predicted = estimate.predicted_frontier(cfg, prepared.num_classes, w, budget_w, accumulation)
+                        result[f"{prefix}estimated_micro_batch_size"] = predicted.micro_batch_size
+            except Exception as exc:  # noqa: BLE001 - the estimate is extra
+                console.warn(f"frontier not estimated on fake tensors: {first_line(exc)}")
+        folder = report_mod.frontier_files(report_mod.default_folder(tracker.uri, name), w, probes[w], result)
+        tracker.log_frontier(w, result, folder)
+        console.print_frontier(w, result)
+        if result.get("status") == "ok":  # a failed search leaves its worker count unmeasured
+            accumulating = result.get("frontier_accumulating_micro_batch_size")
+            out[w] = (int(result["frontier_micro_batch_size"]), None if accumulating is None else int(accumulating))
+    return out
+
+
 def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
     """Run the sweep; the exit status is 0 when every trial ended ok or oom, 1 if any failed."""
     sweep_start = time.perf_counter()
-    points, specs = preflight(cfg)
+    prepared, specs = preflight(cfg)
+    auto = not prepared.points
     uri = tracking_uri(cfg.tracking)
     cluster = ray_runner.connect(cfg.cluster)
     try:
         tracker = tracking.Tracker(uri, cfg.tracking.experiment_name)
-        resources = ray_runner.plan_resources(cfg.cluster, cluster, points)
-        groups = plan.worker_groups(points, cfg.sweep.points_per_worker_group)
+        sizing = prepared.points or [GridPoint(1, 1, w) for w in cfg.sweep.num_workers]
+        resources = ray_runner.plan_resources(cfg.cluster, cluster, sizing)
+        if auto and cfg.device.memory_budget_gb is None and not resources.use_gpu:
+            raise ConfigError([NEEDS_BUDGET])  # a cluster without GPUs
         name = f"sweep-{cfg.model.name}-{cfg.data.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        if cfg.profile:
-            traces = os.path.join(cluster.results_dir, name, "profile")
-            specs = {p: replace(s, profile_dir=traces) for p, s in specs.items()}
-        console.print_start(
-            len(points), len(groups), uri, cluster.dashboard_url, cluster.token_path, cluster.results_dir
-        )
         parent = tracker.start_sweep(
             name,
             {
                 "model": cfg.model.name,
                 "dataset": cfg.data.name,
-                "micro_batch_sizes": list(cfg.sweep.micro_batch_sizes),
+                "micro_batch_sizes": cfg.sweep.micro_batch_sizes if auto else list(cfg.sweep.micro_batch_sizes),
                 "accumulation_steps": list(cfg.sweep.accumulation_steps),
                 "num_workers": list(cfg.sweep.num_workers),
                 "global_batch_sizes": cfg.sweep.global_batch_sizes,
-                "num_trials": len(points),
-                "num_worker_groups": len(groups),
                 "points_per_worker_group": cfg.sweep.points_per_worker_group,
                 "profile": cfg.profile,
                 "lr_scaling": cfg.train.lr_scaling,
                 "base_batch_size": cfg.train.base_batch_size,
                 "use_gpu": resources.use_gpu,
                 "cpus_per_worker": resources.cpus_per_worker,
+                "device_memory_budget_gb": cfg.device.memory_budget_gb,
             },
             resolved_yaml,
+        )
+        points, frontier_failed = prepared.points, False
+        if auto:
+            frontiers = search_frontiers(cfg, prepared, resources, cluster, tracker, name)
+            frontier_failed = len(frontiers) < len(set(cfg.sweep.num_workers))
+            points, skipped = frontier.grid_from_frontiers(
+                frontiers, cfg.sweep.accumulation_steps, cfg.sweep.global_batch_sizes
+            )
+            for line in skipped:
+                console.warn(f"not measured: {line}")
+            if not points:
+                console.warn("the frontier search left no grid point to measure")
+                tracker.end_sweep({"sweep_wall_seconds": time.perf_counter() - sweep_start}, failed=True)
+                return 1
+            specs = build_specs(cfg, prepared, points)
+        groups = plan.worker_groups(points, cfg.sweep.points_per_worker_group)
+        tracker.log_sweep_params({"num_trials": len(points), "num_worker_groups": len(groups)})
+        if cfg.profile:
+            traces = os.path.join(cluster.results_dir, name, "profile")
+            specs = {p: replace(s, profile_dir=traces) for p, s in specs.items()}
+        console.print_start(
+            len(points), len(groups), uri, cluster.dashboard_url, cluster.token_path, cluster.results_dir
         )
         accuracy_note = SYNTHETIC_NOTE if cfg.data.name == "synthetic" and not cfg.data._target_ else None
         rows: List[Tuple[GridPoint, Dict[str, Any]]] = []
@@ -195,11 +336,11 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
                 **{f"num_trials_{status}": statuses[status] for status in ("ok", "oom", "failed")},
                 **overhead(rows, wall),
             },
-            failed=failed > 0,
+            failed=failed > 0 or frontier_failed,
         )
         console.print_summary(rows, uri, parent, cfg.tracking.experiment_name, accuracy_note)
         if made is not None:
             console.print_report(made.html_path, made.text)
-        return 1 if failed else 0
+        return 1 if failed or frontier_failed else 0
     finally:
         ray_runner.shutdown()

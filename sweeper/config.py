@@ -64,7 +64,10 @@ class DataConfig:
 
 @dataclass
 class SweepConfig:
-    micro_batch_sizes: List[int] = field(default_factory=lambda: [32, 64])
+    # A list of sizes, or "auto": the memory frontier search (see `frontier`) finds the largest
+    # micro-batch that fits device.memory_budget_gb for each worker count, and the grid is built
+    # from it (with global_batch_sizes: each global batch with the fewest accumulation steps).
+    micro_batch_sizes: Any = field(default_factory=lambda: [32, 64])
     accumulation_steps: List[int] = field(default_factory=lambda: [1, 2])
     num_workers: List[int] = field(default_factory=lambda: [1])
     # Keep only grid points whose micro x accumulation x workers is one of these.
@@ -75,6 +78,28 @@ class SweepConfig:
     # init) is paid once per group instead of once per point. null: one group for the whole grid;
     # N: groups of at most N points; 1: a fresh worker group for every point (slowest, most isolated).
     points_per_worker_group: Optional[int] = None
+
+
+@dataclass
+class DeviceConfig:
+    # GiB each worker's training step may hold. GPU: enforced for real with
+    # torch.cuda.set_per_process_memory_fraction. CPU: simulated against the step's tracked peak
+    # tensor memory (the memory-tracked last warm-up step), so a sweep here plans for a 16 or 24 GB
+    # card; the op that would cross it raises an out-of-memory error, as an allocator does.
+    # null: no budget (a GPU's whole memory).
+    memory_budget_gb: Optional[float] = None
+
+
+@dataclass
+class FrontierConfig:
+    # sweep.micro_batch_sizes=auto: fit probes at first_probe and first_probe x growth (a third near
+    # the frontier if the line would extrapolate far), then verify the predicted frontier.
+    first_probe: int = 8
+    growth: int = 4
+    max_fit_probes: int = 3
+    max_verifications: int = 3
+    # Round the frontier down to a multiple (8 suits tensor cores).
+    multiple_of: int = 1
 
 
 @dataclass
@@ -152,6 +177,8 @@ class SweeperConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    frontier: FrontierConfig = field(default_factory=FrontierConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     measure: MeasureConfig = field(default_factory=MeasureConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
@@ -194,7 +221,23 @@ def validate(cfg: SweeperConfig) -> List[str]:
     problems: List[str] = []
     sweep, train = cfg.sweep, cfg.train
 
-    for key in ("micro_batch_sizes", "accumulation_steps", "num_workers"):
+    keys = ["accumulation_steps", "num_workers"]
+    if is_auto(sweep.micro_batch_sizes):
+        if cfg.device.memory_budget_gb is None and cfg.cluster.use_gpu == "false":
+            problems.append(
+                "sweep.micro_batch_sizes=auto on CPU needs device.memory_budget_gb: the memory to plan "
+                "for, e.g. device.memory_budget_gb=16 for a 16 GB card"
+            )
+    elif isinstance(sweep.micro_batch_sizes, str) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in sweep.micro_batch_sizes
+    ):
+        problems.append(
+            f"sweep.micro_batch_sizes={sweep.micro_batch_sizes!r} is invalid: give a list of positive "
+            "integers, e.g. [32,64], or auto"
+        )
+    else:
+        keys.insert(0, "micro_batch_sizes")
+    for key in keys:
         values = getattr(sweep, key)
         if not values:
             problems.append(f"sweep.{key}=[] is empty: give at least one value, e.g. sweep.{key}=[1]")
@@ -213,6 +256,15 @@ def validate(cfg: SweeperConfig) -> List[str]:
                 problems.append(
                     f"sweep.global_batch_sizes contains {v}: global batch sizes must be positive"
                 )
+    if cfg.device.memory_budget_gb is not None and cfg.device.memory_budget_gb <= 0:
+        problems.append(
+            f"device.memory_budget_gb={cfg.device.memory_budget_gb}: must be positive (GiB), or null for no budget"
+        )
+    for key in ("first_probe", "growth", "max_verifications", "multiple_of"):
+        if getattr(cfg.frontier, key) < 1:
+            problems.append(f"frontier.{key}={getattr(cfg.frontier, key)}: must be >= 1")
+    if cfg.frontier.max_fit_probes < 2:
+        problems.append(f"frontier.max_fit_probes={cfg.frontier.max_fit_probes}: a line needs two probes, use >= 2")
     if sweep.max_concurrent_trials <= 0:
         problems.append(
             f"sweep.max_concurrent_trials={sweep.max_concurrent_trials}: must be >= 1"
@@ -313,6 +365,15 @@ def validate(cfg: SweeperConfig) -> List[str]:
             if getattr(cfg.model, key) <= 0:
                 problems.append(f"model.{key}={getattr(cfg.model, key)}: must be positive")
     return problems
+
+
+def is_auto(value: Any) -> bool:
+    return isinstance(value, str) and value.strip().lower() == "auto"
+
+
+def budget_bytes(cfg: DeviceConfig) -> Optional[int]:
+    """device.memory_budget_gb in bytes (GiB: a "16 GB" card reports 16384 MiB)."""
+    return None if cfg.memory_budget_gb is None else int(cfg.memory_budget_gb * 2**30)
 
 
 def first_line(exc: BaseException) -> str:

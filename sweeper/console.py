@@ -38,6 +38,49 @@ def print_start(
             )
 
 
+def print_frontier_start(workers: List[int], budget_gb: Optional[float]) -> None:
+    budget = f"{budget_gb:g} GiB" if budget_gb is not None else "the whole device"
+    console.print(
+        f"[bold]sweeper[/]: finding the largest micro-batch that fits {budget} for "
+        f"{', '.join(map(str, workers))} worker(s)",
+        soft_wrap=True,
+    )
+
+
+def print_probe(num_workers: int, result: Dict[str, Any]) -> None:
+    peak = result.get("peak_memory_bytes")
+    status = result.get("status")
+    measured = f"peak {peak / 2**20:,.1f} MiB" if status == "ok" and peak is not None else status
+    accumulation = " with accumulation" if result.get("accumulation_steps", 1) > 1 else ""
+    console.print(
+        f"  probe ({result.get('probe_role')}) micro-batch {result.get('micro_batch_size')}{accumulation} on "
+        f"{num_workers} worker(s): {measured}",
+        soft_wrap=True,
+    )
+
+
+def print_frontier(num_workers: int, result: Dict[str, Any]) -> None:
+    if result.get("status") != "ok":
+        warn(f"{num_workers} worker(s): the frontier search failed: {result.get('error')}")
+        return
+    for prefix, label in (("frontier_", ""), ("frontier_accumulating_", " with accumulation")):
+        if f"{prefix}micro_batch_size" not in result:
+            continue
+        text = (
+            f"  frontier, {num_workers} worker(s){label}: micro-batch {result[prefix + 'micro_batch_size']} "
+            f"({result.get(prefix + 'reason')}; {result.get(prefix + 'fit_probes')} fit probe(s) + "
+            f"{result.get(prefix + 'verifications')} verification(s))"
+        )
+        if result.get(prefix + "per_sample_bytes") is not None:
+            text += (
+                f"; line {result[prefix + 'fixed_bytes'] / 2**20:,.1f} MiB + "
+                f"{result[prefix + 'per_sample_bytes'] / 1024:,.1f} KiB/sample"
+            )
+        if result.get(prefix + "estimated_micro_batch_size") is not None:
+            text += f"; fake-tensor estimate {result[prefix + 'estimated_micro_batch_size']}"
+        console.print(text, soft_wrap=True)
+
+
 def warn(text: str) -> None:
     console.print(f"[yellow]warning[/]: {text}", soft_wrap=True)
 

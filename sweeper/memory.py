@@ -1,16 +1,19 @@
-"""Tensor memory of one real optimizer step, split by category at the step's peak.
+"""Tensor memory of one optimizer step, split by category at the step's peak: measured on a real
+step, simulated against a budget on CPU, or estimated on fake tensors without running anything.
 
-Built on torch's own MemTracker (a dispatch mode); knows torch only.
+Built on torch's own MemTracker (a dispatch mode) and FakeTensorMode; knows torch only.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
-from typing import Callable, Dict, List, Optional, Tuple
+from dataclasses import dataclass, fields, replace
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.mem_tracker import (
     _TOTAL_KEY,
     MemTracker,
@@ -90,6 +93,13 @@ class MemoryBreakdown:
         return {f"{prefix}{names.get(f.name, f.name)}": getattr(self, f.name) for f in fields(self)}
 
 
+class SimulatedOutOfMemoryError(torch.OutOfMemoryError):
+    """A CPU step went over `device.memory_budget_gb`: raised by the op whose output crossed the
+    budget, as the allocator raises a real out-of-memory error. A torch.OutOfMemoryError (the type a
+    CUDA OOM has) whose text is the CPU allocator's, so code that recognizes either (Lightning's
+    `is_oom_error`, sweeper's own) treats it as the real thing; the type name says it is simulated."""
+
+
 class _HindsightMemTracker(MemTracker):
     """MemTracker whose peak snapshot is relabelled with what the rest of the step reveals.
 
@@ -102,8 +112,10 @@ class _HindsightMemTracker(MemTracker):
     touched it. Totals are untouched.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, budget_bytes: Optional[int] = None) -> None:
         super().__init__()
+        # Simulated device memory: an op whose outputs take the tracked total over this raises.
+        self.budget_bytes = budget_bytes
         self._event = 0  # counts snapshot updates: the clock for "alive at the peak"
         self._enter_event = 0
         self._peak_event: Dict[torch.device, int] = {}
@@ -157,6 +169,7 @@ class _HindsightMemTracker(MemTracker):
         if u_type in (_UpdateType.ADD, _UpdateType.SIZE):
             # A storage resized after the peak had another size at the peak: never patch it.
             self._born[id(winfo)] = self._event
+            self._enforce_budget(winfo)
             return
         born = self._born.get(id(winfo), math.inf)
         if u_type is _UpdateType.DEL:
@@ -168,6 +181,17 @@ class _HindsightMemTracker(MemTracker):
         elif self._depth > 0 and winfo.reftype is _MemRefType.OPT and born > self._enter_event:
             # Created in this step and freed in it: scratch space, not optimizer state.
             self._move_at_peak(winfo, _MemRefType.OPT, _MemRefType.TEMP)
+
+    def _enforce_budget(self, winfo: _WeakRefInfo) -> None:
+        if self.budget_bytes is None or self._depth == 0:
+            return
+        total = self._curr_mem_snap[winfo.device][_TOTAL_KEY]
+        if total > self.budget_bytes:
+            raise SimulatedOutOfMemoryError(
+                f"DefaultCPUAllocator: can't allocate memory: you tried to allocate {winfo.mem_consumed} "
+                f"bytes (simulated: tensor memory would reach {total} bytes, over the budget of "
+                f"{self.budget_bytes} bytes, device.memory_budget_gb)"
+            )
 
     def _relabel_survivors(self) -> None:
         # Activations and temporaries die within the step; one that is still alive is
@@ -209,14 +233,17 @@ def track_step(
     optimizer: torch.optim.Optimizer,
     step: Callable[[], None],
     device: torch.device,
+    budget_bytes: Optional[int] = None,
 ) -> MemoryBreakdown:
     """Run `step()` (one whole optimizer step) once under MemTracker; return `device`'s bytes.
 
     `model` may be a DistributedDataParallel wrapper or its module (the same parameters).
+    With `budget_bytes`, the op that takes the tracked total over it raises
+    SimulatedOutOfMemoryError (CPU: a budget no allocator enforces).
     Nothing stays installed afterwards: no hooks, no dispatch mode.
     """
     device = _resolve(device)
-    tracker = _HindsightMemTracker()
+    tracker = _HindsightMemTracker(budget_bytes)
     # A dispatch mode only sees tensors created under it: parameters, buffers, gradients
     # kept by zero_grad(set_to_none=False) and optimizer state from earlier steps must be
     # registered, or they would be missing (and the state not counted as optimizer state).
@@ -256,3 +283,46 @@ def track_step(
         peak_bytes=peak.get(_TOTAL_KEY, 0),
         forward_activations_bytes=tracker.forward_activations(device),
     )
+
+
+def estimate_step(
+    build_model: Callable[[], nn.Module],
+    input_shape: Sequence[int],
+    num_classes: int,
+    micro_batch_size: int,
+    accumulation_steps: int = 1,
+    num_workers: int = 1,
+    momentum: float = 0.9,
+    weight_decay: float = 0.0,
+) -> MemoryBreakdown:
+    """The breakdown of one steady-state training step (SGD, as the trials train) predicted without
+    computing or allocating anything: the model is built and the step run on fake tensors, so a
+    laptop answers for a model and a batch no device here could hold.
+
+    Two steps run: the first builds the optimizer state, the second is tracked. With more than one
+    worker, DDP's gradient buckets (one flat copy of the trainable gradients, alive through the
+    step) are added to `other_bytes`; they are not traced, since fake tensors have no process group.
+    What no tensor trace sees is not included: the CUDA context, cuDNN/cuBLAS workspaces and the
+    caching allocator's rounding and fragmentation.
+    """
+    # The builder's weight init draws from the global generator; an estimate must not shift the
+    # random stream of the training run that asked for it.
+    with torch.random.fork_rng(devices=[]), torch.enable_grad(), FakeTensorMode():
+        model = build_model()
+        model.train()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum, weight_decay=weight_decay)
+
+        def step() -> None:
+            for _ in range(accumulation_steps):
+                inputs = torch.randn(micro_batch_size, *input_shape)
+                targets = torch.randint(0, num_classes, (micro_batch_size,))
+                (F.cross_entropy(model(inputs), targets) / accumulation_steps).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        step()
+        breakdown = track_step(model, optimizer, step, torch.device("cpu"))
+        buckets = 0
+        if num_workers > 1:
+            buckets = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return replace(breakdown, other_bytes=breakdown.other_bytes + buckets, peak_bytes=breakdown.peak_bytes + buckets)

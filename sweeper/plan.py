@@ -105,7 +105,9 @@ def worker_groups(points: Sequence[GridPoint], points_per_group: Optional[int] =
     """The points cut into groups of at most `points_per_group` (None: one group), each measured in
     one Ray Train worker group sized to its largest point; a point with fewer workers runs on the
     group's first ranks while the others wait. Points are ordered by worker count (stable), so
-    groups are as uniform as they can be. Worker start-up is then paid once per group."""
-    ordered = sorted(points, key=lambda p: p.num_workers)
+    groups are as uniform as they can be. Worker start-up is then paid once per group. Within a
+    worker count, smaller micro-batches (then fewer accumulation steps) come first, so a point
+    that runs out of memory marks the larger ones after it as out of memory without running them."""
+    ordered = sorted(points, key=lambda p: (p.num_workers, p.micro_batch_size, p.accumulation_steps))
     size = points_per_group or max(len(ordered), 1)
     return [ordered[i : i + size] for i in range(0, len(ordered), size)]

@@ -21,7 +21,7 @@ from sweeper.config import ClusterConfig, ConfigError, first_line
 from sweeper.plan import GridPoint
 
 if TYPE_CHECKING:  # torch is imported by the workers, not by the driver's Ray layer
-    from sweeper.training import TrialSpec
+    from sweeper.training import FrontierSpec, TrialSpec
 
 TrialCallback = Callable[[GridPoint, Dict[str, Any]], None]
 
@@ -224,8 +224,11 @@ def _relay(on_group_start: Callable[[List[GridPoint]], None], on_trial_done: Tri
             unreported = self._unreported(trial)
             if unreported and self.reported.get(trial.trial_id):
                 # Points are measured in order: the first unreported one was running when the group
-                # died. The group had worked, so the rest were never tried: hand them back.
-                self.done(unreported[0], {"status": "failed", "error": text})
+                # died. The group had worked, so the rest were never tried: hand them back. A rank
+                # that ran out of memory alone ends its group (the others wait inside the step's
+                # all-reduce, so the ranks cannot agree): still an oom, not a failure.
+                oom = "OutOfMemoryError" in text or "out of memory" in text or "can't allocate memory" in text
+                self.done(unreported[0], {"status": "oom" if oom else "failed", "error": text})
                 self.not_attempted += unreported[1:]
             else:  # the group never measured anything: whatever broke it would break them all
                 for point in unreported:
@@ -254,37 +257,130 @@ def _group_trial(config: Dict[str, Any], specs, resources: Resources, storage_pa
     """The Tune function trainable: one TorchTrainer whose workers measure the group's points in turn
     (Train V2 cannot be passed to a Tuner directly). Each point's result reaches Tune through
     `TuneReportCallback`, so the driver records it as soon as it is measured."""
+    start = time.time()
+    points = [GridPoint(**p) for p in config["points"]]
+    group_specs = [replace(specs[p], use_gpu=resources.use_gpu) for p in points]
+    _fit(
+        _worker,
+        {"specs": group_specs, "threads": resources.threads_per_worker, "group_start_time": start},
+        # Sized to the group's largest point; smaller points use its first ranks.
+        max(p.num_workers for p in points),
+        resources,
+        f"{experiment}-{points[0].key}-x{len(points)}",
+        storage_path,
+    )
+
+
+def _fit(worker, loop_config: Dict[str, Any], num_workers: int, resources: Resources, name: str, storage_path: str):
+    """One Ray Train worker group running `worker`, its reports relayed to the Tune trial it runs in."""
     from ray import train
     from ray.train.torch import TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    start = time.time()
-    points = [GridPoint(**p) for p in config["points"]]
-    group_specs = [replace(specs[p], use_gpu=resources.use_gpu) for p in points]
     per_worker = {"CPU": resources.cpus_per_worker}
     if resources.use_gpu:
         per_worker["GPU"] = 1
     trainer = TorchTrainer(
-        _worker,
-        train_loop_config={
-            "specs": group_specs,
-            "threads": resources.threads_per_worker,
-            "group_start_time": start,
-        },
+        worker,
+        train_loop_config=loop_config,
         scaling_config=train.ScalingConfig(
-            # Sized to the group's largest point; smaller points use its first ranks.
-            num_workers=max(p.num_workers for p in points),
-            use_gpu=resources.use_gpu,
-            resources_per_worker=per_worker,
+            num_workers=num_workers, use_gpu=resources.use_gpu, resources_per_worker=per_worker
         ),
         run_config=train.RunConfig(
-            name=f"{experiment}-{points[0].key}-x{len(points)}",
+            name=name,
             storage_path=storage_path,
             failure_config=train.FailureConfig(max_failures=0),
             callbacks=[TuneReportCallback()],
         ),
     )
     trainer.fit()
+
+
+def run_frontiers(
+    experiment: str,
+    fspecs: List["FrontierSpec"],
+    resources: Resources,
+    cluster: Cluster,
+    on_probe: Callable[[int, Dict[str, Any]], None],
+    on_frontier: Callable[[int, Dict[str, Any]], None],
+) -> None:
+    """One Ray Tune trial per worker count, each a worker group searching its memory frontier; every
+    probe and then the frontier reach the caller in this process (`on_probe(num_workers, result)`,
+    `on_frontier(num_workers, result)`, its `status` ok or failed). Searches run one after another:
+    a probe's peak must not share the device with another's."""
+    from ray import tune
+
+    class Relay(tune.Callback):
+        # As _relay's: the sinks are attributes left out of the pickled state, never closed over.
+        def __init__(self, probe, found):
+            self.probe, self.found = probe, found
+            self.ended: set = set()
+
+        def __getstate__(self):
+            return {}
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            workers, key = trial.config["num_workers"], str(result.get("trial_key", ""))
+            clean = {k: v for k, v in result.items() if k not in TUNE_FIELDS}
+            if key.startswith("frontier-"):
+                self.ended.add(workers)
+                self.found(workers, clean)
+            elif key.startswith("probe"):
+                self.probe(workers, clean)
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            workers = trial.config["num_workers"]
+            if workers not in self.ended:
+                error = _last_line(str(trial.get_error()))
+                self.found(workers, {"status": "failed", "error": f"the frontier search failed: {error}"})
+
+    by_workers = {f.num_workers: replace(f, template=replace(f.template, use_gpu=resources.use_gpu)) for f in fspecs}
+    trainable = tune.with_resources(
+        tune.with_parameters(
+            _frontier_trial,
+            fspecs=by_workers,
+            resources=resources,
+            storage_path=cluster.results_dir,
+            experiment=experiment,
+        ),
+        {"CPU": resources.cpus_per_trial},
+    )
+    tune.Tuner(
+        trainable,
+        param_space={"num_workers": tune.grid_search(sorted(by_workers))},
+        tune_config=tune.TuneConfig(max_concurrent_trials=1, reuse_actors=True),
+        run_config=tune.RunConfig(
+            name=experiment, storage_path=cluster.results_dir, callbacks=[Relay(on_probe, on_frontier)], verbose=0
+        ),
+    ).fit()
+
+
+def _frontier_trial(config: Dict[str, Any], fspecs, resources: Resources, storage_path: str, experiment: str) -> None:
+    workers = config["num_workers"]
+    _fit(
+        _frontier_worker,
+        {"fspec": fspecs[workers], "threads": resources.threads_per_worker},
+        workers,
+        resources,
+        f"{experiment}-w{workers}",
+        storage_path,
+    )
+
+
+def _frontier_worker(config: Dict[str, Any]) -> None:
+    import torch
+    from ray import train
+
+    from sweeper.training import WorkerContext, run_frontier
+
+    torch.set_num_threads(config["threads"])
+    ctx = train.get_context()
+    run_frontier(
+        config["fspec"],
+        WorkerContext(rank=ctx.get_world_rank(), world_size=ctx.get_world_size(), local_rank=ctx.get_local_rank()),
+        report=train.report,
+        threads=config["threads"],
+    )
 
 
 def _worker(config: Dict[str, Any]) -> None:

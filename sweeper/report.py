@@ -6,10 +6,11 @@ Run at the end of every sweep, or on demand: `python -m sweeper.report <sweep ru
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from sweeper import analysis, html_report, plots, tracking
 from sweeper.analysis import Recommendation, Trial
@@ -40,7 +41,9 @@ def build(
     sweep = tracker.load_sweep(parent_run_id)
     trials = [_trial(row) for row in sweep.children]
     os.makedirs(folder, exist_ok=True)
-    budget = cfg.memory_budget_gb * 2**30 if cfg.memory_budget_gb else None
+    # The report's own budget, else the one the sweep ran under (device.memory_budget_gb).
+    budget_gb = cfg.memory_budget_gb or _number(sweep.params.get("device_memory_budget_gb"))
+    budget = budget_gb * 2**30 if budget_gb else None
 
     rec = analysis.recommend(trials, cfg.objective, cfg.min_accuracy, budget)
     line = analysis.override_line(rec.best) if rec.best else None
@@ -71,7 +74,7 @@ def build(
             "MLflow run": parent_run_id,
             "objective": cfg.objective,
             "min accuracy": str(cfg.min_accuracy),
-            "memory budget": f"{cfg.memory_budget_gb} GB" if cfg.memory_budget_gb else "none",
+            "memory budget": f"{budget_gb:g} GiB" if budget_gb else "none",
             "knee": f"first micro-batch after which doubling gains < {cfg.knee_min_gain:.0%}",
         },
     )
@@ -83,6 +86,36 @@ def build(
     return Report(folder, html_path, rec, line, yaml_path, text)
 
 
+def frontier_files(sweep_folder: str, num_workers: int, probes: List[Dict[str, Any]], result: Dict[str, Any]) -> str:
+    """A worker count's frontier search as files in `<sweep folder>/frontier`: its probes and fitted
+    line against the budget (PNG) and every probe's numbers (JSON). Returns the folder."""
+    folder = os.path.join(sweep_folder, "frontier")
+    os.makedirs(folder, exist_ok=True)
+    trials = [
+        Trial(
+            key=p["trial_key"],
+            micro_batch_size=int(p["micro_batch_size"]),
+            accumulation_steps=int(p.get("accumulation_steps", 1)),
+            num_workers=num_workers,
+            global_batch_size=int(p["micro_batch_size"]) * int(p.get("accumulation_steps", 1)) * num_workers,
+            status=p.get("status") or "failed",
+            peak_memory_bytes=p.get("peak_memory_bytes"),
+        )
+        for p in probes
+    ]
+    # One line per (accumulation) series, fitted by the plot itself over that series' probes.
+    plots.memory_vs_micro_batch(
+        trials, os.path.join(folder, f"memory_frontier_w{num_workers}.png"),
+        budget_bytes=result.get("memory_budget_bytes"),
+    )
+    keep = ("trial_key", "probe_role", "micro_batch_size", "accumulation_steps", "status", "error", "peak_memory_bytes",
+            "memory_tracked_peak_bytes", "memory_activations_bytes", "memory_forward_activations_bytes")
+    record = {"frontier": result, "probes": [{k: p[k] for k in keep if k in p} for p in probes]}
+    with open(os.path.join(folder, f"frontier_w{num_workers}.json"), "w") as f:
+        json.dump(record, f, indent=2, default=str)
+    return folder
+
+
 def default_folder(uri: str, run_name: str) -> str:
     """Next to the MLflow store: `<store folder>/reports/<sweep run name>` for a SQLite or file
     store, `./reports/<name>` for a tracking server."""
@@ -92,6 +125,13 @@ def default_folder(uri: str, run_name: str) -> str:
     elif uri.startswith("file://"):
         base = os.path.dirname(uri[len("file://") :].rstrip("/")) or "."
     return os.path.join(base, "reports", run_name)
+
+
+def _number(text: Optional[str]) -> Optional[float]:
+    try:
+        return float(text) if text not in (None, "None") else None
+    except ValueError:
+        return None
 
 
 def _trial(row: Dict[str, Any]) -> Trial:

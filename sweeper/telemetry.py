@@ -12,7 +12,7 @@ import resource
 import threading
 import time
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 import psutil
 import torch
@@ -76,6 +76,27 @@ class Device:
             _trim_malloc()
             self._rss_reset = reset_peak_rss()
             self._baseline_rss_bytes = psutil.Process().memory_info().rss
+
+    def total_memory_bytes(self) -> int:
+        """The device's memory (GPU only: a CPU has no device memory to plan for)."""
+        if not self.is_cuda:
+            raise ValueError("a CPU worker has no device memory: set device.memory_budget_gb")
+        return int(torch.cuda.get_device_properties(self.torch_device).total_memory)
+
+    def limit_memory(self, budget_bytes: Optional[int]) -> str:
+        """Enforce a memory budget where the device can: on CUDA the caching allocator refuses to
+        reserve beyond it (torch.cuda.set_per_process_memory_fraction) and raises a real
+        torch.OutOfMemoryError. Returns "enforced", or "simulated" on CPU, where the training step
+        checks its tracked tensor memory against the budget instead (memory.track_step), or "none"."""
+        if budget_bytes is None:
+            if self.is_cuda:
+                torch.cuda.set_per_process_memory_fraction(1.0, self.torch_device)
+            return "none"
+        if not self.is_cuda:
+            return "simulated"
+        total = torch.cuda.get_device_properties(self.torch_device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, budget_bytes / total), self.torch_device)
+        return "enforced"
 
     def release_cached_memory(self) -> None:
         """Hand the caching allocator's free blocks back to the driver between measured points,

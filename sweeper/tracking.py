@@ -36,6 +36,10 @@ SCALAR_METRICS = (
     "memory_other_bytes",
     "memory_tracked_peak_bytes",
     "memory_forward_activations_bytes",
+    # the budget the step ran under, and the fake-tensor estimate of the tracked peak against it
+    "memory_budget_bytes",
+    "memory_estimated_peak_bytes",
+    "memory_estimate_error",
     "cuda_max_memory_allocated_bytes",
     "cuda_max_memory_reserved_bytes",
     "gpu_device_memory_used_bytes_max",
@@ -80,7 +84,33 @@ RESULT_TAGS = {
     "peak_flops_source": "sweeper.peak_flops_source",
     "gpu_telemetry_note": "sweeper.gpu_telemetry",
     "accuracy_note": "sweeper.accuracy",
+    "memory_budget_mode": "sweeper.memory_budget",
+    "oom_implied_by": "sweeper.oom_implied_by",
+    "probe_role": "sweeper.probe_role",
 }
+# The memory frontier of each worker count, on the parent run with a `_w<workers>` suffix.
+FRONTIER_METRICS = (
+    "frontier_micro_batch_size",
+    "frontier_predicted_micro_batch_size",
+    "frontier_estimated_micro_batch_size",
+    "frontier_fit_probes",
+    "frontier_verifications",
+    "frontier_fixed_bytes",
+    "frontier_per_sample_bytes",
+    "frontier_fit_r_squared",
+    "frontier_fit_max_relative_residual",
+    "frontier_fit_points",
+    "memory_budget_bytes",
+    # the same search with gradient accumulation (only when the grid accumulates)
+    "frontier_accumulating_micro_batch_size",
+    "frontier_accumulating_predicted_micro_batch_size",
+    "frontier_accumulating_estimated_micro_batch_size",
+    "frontier_accumulating_fit_probes",
+    "frontier_accumulating_verifications",
+    "frontier_accumulating_fixed_bytes",
+    "frontier_accumulating_per_sample_bytes",
+    "frontier_accumulating_fit_r_squared",
+)
 MAX_BATCH = 1000  # MLflow's limit of metrics per log_batch call
 
 
@@ -178,22 +208,54 @@ class Tracker:
     def log_trial(self, point: GridPoint, params: Dict[str, Any], result: Dict[str, Any]) -> Optional[str]:
         """One child run for the trial; returns its id, or None if this sweep already holds it
         (a re-delivered result is never recorded twice)."""
+        return self._log_child(point.key, "trial", params, result)
+
+    def log_probe(self, params: Dict[str, Any], result: Dict[str, Any]) -> Optional[str]:
+        """One child run (sweeper.role=probe) per frontier probe: its size, measured peak and
+        breakdown, or its out-of-memory. The report and the trials table leave probes out."""
+        return self._log_child(result["trial_key"], "probe", params, result)
+
+    def log_frontier(self, num_workers: int, result: Dict[str, Any], folder: Optional[str] = None) -> None:
+        """A worker count's frontier on the parent run: `<metric>_w<workers>`, the reason as a tag,
+        and the files in `folder` (its plot and probes) as artifacts under `frontier/`."""
         assert self.parent_run_id is not None, "start_sweep() first"
-        if self._existing_child(point.key):
+        suffixed = {f"{k}_w{num_workers}": result[k] for k in FRONTIER_METRICS if result.get(k) is not None}
+        self._log_metrics(self.parent_run_id, suffixed, names=set(suffixed))
+        for prefix, name in (("frontier_", "frontier"), ("frontier_accumulating_", "frontier_accumulating")):
+            text = result.get(f"{prefix}reason") or (result.get("error") if prefix == "frontier_" else None)
+            if text:
+                self.client.set_tag(self.parent_run_id, f"sweeper.{name}_w{num_workers}", str(text)[:5000])
+        if folder and os.path.isdir(folder):
+            self.client.log_artifacts(self.parent_run_id, folder, "frontier")
+
+    def log_sweep_params(self, params: Dict[str, Any]) -> None:
+        """Parameters known only once the sweep has started (the grid an auto search derived)."""
+        assert self.parent_run_id is not None, "start_sweep() first"
+        self._log_params(self.parent_run_id, params)
+
+    def _log_child(self, key: str, role: str, params: Dict[str, Any], result: Dict[str, Any]) -> Optional[str]:
+        assert self.parent_run_id is not None, "start_sweep() first"
+        if self._existing_child(key):
             return None
         status = result.get("status", "failed")
         tags = {
             "mlflow.parentRunId": self.parent_run_id,
-            "sweeper.role": "trial",
+            "sweeper.role": role,
             "sweeper.status": status,
-            "sweeper.trial_key": point.key,
+            "sweeper.trial_key": key,
         }
+        if status == "oom":
+            # Where the out-of-memory came from: never run (implied by a smaller point's), a budget
+            # simulated on CPU, or the device's own allocator.
+            tags["sweeper.oom"] = (
+                "implied" if result.get("oom_implied_by") else "simulated" if result.get("oom_simulated") else "device"
+            )
         for name, tag in RESULT_TAGS.items():
             if result.get(name):
                 tags[tag] = str(result[name])[:5000]
         if "throughput_stable" in result:
             tags["sweeper.throughput_stable"] = str(bool(result["throughput_stable"])).lower()
-        run = self.client.create_run(self.experiment_id, run_name=point.key, tags=tags)
+        run = self.client.create_run(self.experiment_id, run_name=key, tags=tags)
         run_id = run.info.run_id
         self._log_params(run_id, params)
         self._log_metrics(run_id, result)
@@ -260,14 +322,15 @@ class Tracker:
 
         self.client.log_batch(run_id, params=[Param(k, str(v)) for k, v in params.items()])
 
-    def _log_metrics(self, run_id: str, values: Dict[str, Any]) -> None:
+    def _log_metrics(self, run_id: str, values: Dict[str, Any], names: Optional[set] = None) -> None:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
+        known = names if names is not None else set(SCALAR_METRICS) | set(SWEEP_METRICS)
         metrics = [
             Metric(name, float(values[name]), now, 0)
             for name in values
-            if (name in SCALAR_METRICS or name in SWEEP_METRICS) and values[name] is not None
+            if name in known and values[name] is not None
         ]
         metrics += [
             Metric("train_loss", float(loss), now, step)

@@ -12,7 +12,7 @@ import datetime
 import gc
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -53,6 +53,12 @@ class TrialSpec:
     # `profile_dir` (the driver sets it once it knows where Ray keeps results).
     profile: bool = False
     profile_dir: Optional[str] = None
+    # device.memory_budget_gb in bytes: enforced on GPU, simulated against the tracked step on CPU.
+    memory_budget_bytes: Optional[int] = None
+    # The fake-tensor estimate of this point's tracked peak (memory.estimate_step), to report its error.
+    memory_estimate_bytes: Optional[int] = None
+    # False for frontier probes: memory only, no validation pass.
+    evaluate: bool = True
 
     @property
     def first_timed_step(self) -> int:
@@ -113,13 +119,26 @@ def run_points(
     splits = data_mod.load(first.data, first.model.input_shape)
     facts = group_facts(first, device, ctx, threads)
     subgroups = _subgroups(sorted({s.point.num_workers for s in specs}), ctx, status_timeout)
+    _freeze_long_lived_objects()
     ready = time.time()
+    out_of_memory: List[GridPoint] = []
     for i, spec in enumerate(specs):
         members = spec.point.num_workers
-        if ctx.rank < members:
+        cause = implied_oom(spec.point, out_of_memory)
+        if cause is not None:
+            # Every member saw the same agreed oom, so every member skips the same points.
+            result = {
+                "trial_key": spec.point.key,
+                "status": "oom",
+                "oom_implied_by": cause.key,
+                "error": f"oom (implied): {cause.key} ran out of memory and this point needs at least as much",
+            }
+        elif ctx.rank < members:
             group, status_group = subgroups.get(members, (ctx.group, None))
             member = WorkerContext(ctx.rank, members, ctx.local_rank, group, status_group)
             result = run_point(spec, member, device, splits, facts)
+            if result["status"] == "oom":
+                out_of_memory.append(spec.point)
         else:
             result = {"trial_key": spec.point.key, "status": "idle"}  # rank 0's result is the one used
         result["worker_group_points"] = len(specs)
@@ -128,6 +147,131 @@ def run_points(
             # group's first point only, so summing it over trials does not count it twice.
             result["worker_group_startup_seconds"] = ready - group_start_time
         report(result)
+
+
+@dataclass
+class FrontierSpec:
+    """A frontier search on one worker count: probes are `template` at another micro-batch, run for
+    its warm-up steps only (the last one memory-tracked, under the budget)."""
+
+    template: TrialSpec
+    budget_bytes: Optional[int]  # None: the device's whole memory (GPU only)
+    search: Dict[str, int]  # FrontierSearch's knobs (frontier.* in the config)
+    upper: int  # the largest micro-batch the data allows: one worker's share of the training set
+    # The grid the frontier is for: whether it will accumulate decides if that frontier is searched too.
+    accumulation_steps: List[int] = field(default_factory=lambda: [1])
+    global_batch_sizes: Optional[List[int]] = None
+
+    @property
+    def num_workers(self) -> int:
+        return self.template.point.num_workers
+
+
+def run_frontier(
+    fspec: FrontierSpec,
+    ctx: WorkerContext,
+    report: Callable[[Dict[str, Any]], None],
+    threads: int = 1,
+) -> None:
+    """Find the largest micro-batch that fits the budget on this worker group: each probe is reported
+    as it ends (`probe_role` fit | verify), then the frontier itself (`frontier_micro_batch_size`).
+    When the grid will accumulate gradients, a second search finds the frontier with accumulation
+    (`frontier_accumulating_*`): the accumulated gradients live beside the activations, so it is
+    lower. Every rank runs the same probes: their results agree, so their searches do too."""
+    from sweeper import frontier as frontier_mod
+
+    template = fspec.template
+    device = telemetry.select(template.use_gpu, ctx.local_rank)
+    splits = data_mod.load(template.data, template.model.input_shape)
+    status_group = None
+    if ctx.world_size > 1:
+        status_group = dist.new_group(ranks=list(range(ctx.world_size)), backend="gloo", timeout=STATUS_TIMEOUT)
+    member = WorkerContext(ctx.rank, ctx.world_size, ctx.local_rank, ctx.group, status_group)
+    _freeze_long_lived_objects()
+    # No budget given: a GPU's whole memory (a CPU sweep is refused one before it starts).
+    budget = fspec.budget_bytes if fspec.budget_bytes is not None else device.total_memory_bytes()
+    w = fspec.num_workers
+    summary: Dict[str, Any] = {"trial_key": f"frontier-w{w}", "status": "ok", "memory_budget_bytes": budget}
+    probe_count = [0]
+
+    def search(accumulation_steps: int, upper: int, prefix: str) -> Optional[int]:
+        finder = frontier_mod.FrontierSearch(budget_bytes=budget, upper=upper, **fspec.search)
+        while (size := finder.next_size()) is not None:
+            point = GridPoint(size, accumulation_steps, w)
+            spec = replace(
+                template,
+                point=point,
+                steps=template.measure.warmup_steps,  # no timed windows: memory is all a probe measures
+                memory_budget_bytes=budget,
+                measure=replace(template.measure, memory_breakdown=True),
+                evaluate=False,
+                flop_count=None,
+                profile=False,
+            )
+            role = finder.pending_role
+            result = run_point(spec, member, device, splits)
+            probe_count[0] += 1
+            result.update(
+                probe_role=role,
+                trial_key=f"probe{probe_count[0]}-{point.key}",
+                micro_batch_size=size,
+                accumulation_steps=accumulation_steps,
+            )
+            if result["status"] == "failed":
+                # Not a memory answer: the model or data is broken at this size; say so and stop.
+                report(result)
+                summary.update(status="failed", error=result.get("error"))
+                return None
+            finder.record(size, result.get("peak_memory_bytes") if result["status"] == "ok" else None)
+            report(result)
+        found = finder.result()
+        summary.update({
+            f"{prefix}micro_batch_size": found.micro_batch_size,
+            f"{prefix}predicted_micro_batch_size": found.predicted_micro_batch_size,
+            f"{prefix}fit_probes": found.num_fit_probes,
+            f"{prefix}verifications": found.num_verifications,
+            f"{prefix}reason": found.reason,
+        })
+        if found.model is not None:
+            summary.update({
+                f"{prefix}fixed_bytes": found.model.fixed_bytes,
+                f"{prefix}per_sample_bytes": found.model.per_sample_bytes,
+                f"{prefix}fit_r_squared": found.model.r_squared,
+                f"{prefix}fit_max_relative_residual": found.model.max_relative_residual,
+                f"{prefix}fit_points": found.model.num_points,
+            })
+        return found.micro_batch_size
+
+    largest = search(1, fspec.upper, "frontier_")
+    if largest is not None and largest >= 1 and frontier_mod.needs_accumulating(
+        largest, w, fspec.accumulation_steps, fspec.global_batch_sizes
+    ):
+        search(2, largest, "frontier_accumulating_")
+    report(summary)
+
+
+def _freeze_long_lived_objects() -> None:
+    # The collection after each point (its model and optimizer must go) would otherwise walk every
+    # object torch, Ray and the data left behind: ~0.2 s a point here. They live as long as the
+    # process, so move them out of the collector's sight.
+    gc.collect()
+    gc.freeze()
+
+
+def implied_oom(point: GridPoint, out_of_memory: Sequence[GridPoint]) -> Optional[GridPoint]:
+    """The point already out of memory that implies `point` is too: same workers, a micro-batch at
+    least as large, and accumulation if it accumulated (from the second micro-step on, the
+    accumulated gradients are alive beside the next micro-batch's activations)."""
+    for seen in out_of_memory:
+        if seen.num_workers != point.num_workers or seen == point:
+            continue
+        # Accumulating (any number of steps > 1) holds gradients beside the activations: more memory
+        # than one micro-batch per step, the same whatever the number of steps.
+        if point.micro_batch_size >= seen.micro_batch_size and (
+            (point.accumulation_steps > 1) >= (seen.accumulation_steps > 1)
+        ):
+            return seen
+    return None
 
 
 def _subgroups(sizes: Sequence[int], ctx: WorkerContext, timeout: datetime.timedelta) -> Dict[int, Tuple[Any, Any]]:
@@ -187,6 +331,9 @@ def run_point(
         status = "oom" if _is_oom(exc) else "failed"
         error = f"{type(exc).__name__}: {first_line(exc)}"
         raised = exc
+        if status == "oom":
+            # Read by the driver: what was tried, and whether the budget was a real allocator's.
+            result = {"oom_simulated": type(exc).__name__ == "SimulatedOutOfMemoryError"}
     finally:
         gc.collect()  # the point's model and optimizer go before the next point is measured
         if device is not None:
@@ -199,10 +346,15 @@ def run_point(
         raise
     worst = max(outcomes, key=lambda o: STATUS_ORDER.index(o[0]))
     if worst[0] != "ok":
-        result = {"status": worst[0], "error": worst[1] or "failed on another rank"}
+        simulated = {"oom_simulated": result["oom_simulated"]} if "oom_simulated" in result else {}
+        result = {"status": worst[0], "error": worst[1] or "failed on another rank", **simulated}
     else:
         result["status"] = "ok"
         result.update(_flops_metrics(spec, result, facts))
+        tracked = result.get("memory_tracked_peak_bytes")
+        if spec.memory_estimate_bytes is not None and tracked:
+            result["memory_estimated_peak_bytes"] = spec.memory_estimate_bytes
+            result["memory_estimate_error"] = spec.memory_estimate_bytes / tracked - 1.0
     result["trial_key"] = spec.point.key
     result["trial_seconds"] = time.time() - start
     return result
@@ -222,6 +374,7 @@ def run_trial(
     device = device or telemetry.select(spec.use_gpu, ctx.local_rank)
     splits = splits or data_mod.load(spec.data, spec.model.input_shape)
 
+    budget_mode = device.limit_memory(spec.memory_budget_bytes)
     device.start_memory_window()
     torch.manual_seed(spec.train.seed)  # same initial weights on every layout (DDP also broadcasts rank 0's)
     model: nn.Module = models.build(spec.model, splits.num_classes).to(device.torch_device)
@@ -244,13 +397,16 @@ def run_trial(
     batches = iter(loader)
     step_losses = torch.zeros(spec.steps, dtype=torch.float64, device=device.torch_device)
 
-    def train_step(step: int, marks: Optional[List[Any]] = None) -> None:
+    def train_step(step: int, marks: Optional[List[Any]] = None, loaded: Optional[List[Any]] = None) -> None:
         # Whole optimizer steps, data loading included: internal per-phase timers alone would
         # overestimate throughput. Marks do not synchronize the device (events on GPU).
         for micro_step in range(point.accumulation_steps):
-            inputs, targets = next(batches)
-            inputs = inputs.to(device.torch_device, non_blocking=True)
-            targets = targets.to(device.torch_device, non_blocking=True)
+            inputs, targets = next(batches) if loaded is None else loaded[micro_step]
+            # Batches loaded beforehand are copied, as a GPU copies them in from the host: the
+            # tracked step then counts the batch on the device and not the host-side dataset.
+            copy = loaded is not None
+            inputs = inputs.to(device.torch_device, non_blocking=True, copy=copy)
+            targets = targets.to(device.torch_device, non_blocking=True, copy=copy)
             if marks is not None:
                 marks.append(device.mark())
             with accumulation_context(model, micro_step, point.accumulation_steps):
@@ -289,13 +445,21 @@ def run_trial(
                 clock = time.perf_counter()
             if profiler is not None and step == cfg.warmup_steps:
                 profiler.start()
-            if step == cfg.warmup_steps - 1 and cfg.memory_breakdown:
+            if step == cfg.warmup_steps - 1 and (cfg.memory_breakdown or budget_mode == "simulated"):
                 # A warm-up step, so the tracker's cost is never timed; after step 0, so the
-                # optimizer state exists as it does for every later step.
+                # optimizer state exists as it does for every later step. Every step has the same
+                # shapes, so this step's peak is every step's: a CPU budget is enforced on it.
                 from sweeper import memory  # loads DTensor (~1.5 s): only when the breakdown is on
 
+                # Loaded outside the tracker: indexing an in-memory dataset yields views of its
+                # whole storage, which the tracker would count as device memory.
+                loaded = [next(batches) for _ in range(point.accumulation_steps)]
                 breakdown = memory.track_step(
-                    model, optimizer, lambda step=step: train_step(step), device.torch_device
+                    model,
+                    optimizer,
+                    lambda step=step, loaded=loaded: train_step(step, loaded=loaded),
+                    device.torch_device,
+                    budget_bytes=spec.memory_budget_bytes if budget_mode == "simulated" else None,
                 )
             elif step >= spec.first_timed_step:
                 marks = [device.mark()]
@@ -391,7 +555,10 @@ def run_trial(
             result["gpu_telemetry_note"] = f"no GPU utilization: {utilization.gpu_unavailable_reason}"
     if spec.profile and ctx.rank == 0:
         result["profile_trace_dir"] = _trace_dir(spec)
-    if splits.val is not None and splits.has_real_labels:
+    if budget_mode != "none":
+        result["memory_budget_bytes"] = spec.memory_budget_bytes
+        result["memory_budget_mode"] = budget_mode
+    if spec.evaluate and splits.val is not None and splits.has_real_labels:
         result["val_accuracy"] = evaluate(model, splits.val, device, ctx)
     return result
 

@@ -38,6 +38,10 @@ def test_issue_overrides_compose(cfg_of):
         ("measure.windows=2", "measure.windows"),
         ("measure.stability_tolerance=0", "measure.stability_tolerance"),
         ("sweep.points_per_worker_group=0", "sweep.points_per_worker_group"),
+        ("sweep.micro_batch_sizes=fast", "sweep.micro_batch_sizes"),
+        ("device.memory_budget_gb=-1", "device.memory_budget_gb"),
+        ("frontier.growth=0", "frontier.growth"),
+        ("frontier.max_fit_probes=1", "frontier.max_fit_probes"),
     ],
 )
 def test_bad_values_name_their_key(cfg_of, override, key):
@@ -51,6 +55,14 @@ def test_all_problems_are_collected(cfg_of):
     with pytest.raises(ConfigError) as err:
         cfg_of("sweep.micro_batch_sizes=[-1]", "sweep.accumulation_steps=[0]", "train.lr=-1")
     assert len(err.value.problems) == 3
+
+
+def test_auto_micro_batch_sizes_and_a_budget_compose(cfg_of):
+    cfg = cfg_of("+experiment=resnet_frontier")
+    assert cfg.sweep.micro_batch_sizes == "auto" and cfg.device.memory_budget_gb == 0.2
+    assert cfg_of("sweep.micro_batch_sizes=[8,16]").sweep.micro_batch_sizes == [8, 16]
+    with pytest.raises(ConfigError, match="device.memory_budget_gb"):
+        cfg_of("sweep.micro_batch_sizes=auto", "cluster.use_gpu=false")
 
 
 def test_use_gpu_accepts_yaml_booleans(cfg_of):
@@ -72,6 +84,8 @@ BAD_INPUTS = [
     (["tracking.uri=http://127.0.0.1:9"], "tracking.uri"),
     (["cluster.address=127.0.0.1:9"], "cluster.address"),
     (["train.epochs=1", "sweep.micro_batch_sizes=[1024]", "sweep.accumulation_steps=[1]"], "train.epochs"),
+    # No budget to search under on a CPU machine (a GPU's own memory would be the default).
+    (["sweep.micro_batch_sizes=auto"], "sweep.micro_batch_sizes"),
 ]
 
 
