@@ -3,6 +3,7 @@
 import datetime
 import os
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -143,3 +144,32 @@ def test_throughput_and_phases_match_a_step_of_known_duration():
     assert r["data_seconds_per_step"] < 0.01 and r["optimizer_seconds_per_step"] < 0.01
     phases = r["data_seconds_per_step"] + r["forward_backward_seconds_per_step"] + r["optimizer_seconds_per_step"]
     assert phases == pytest.approx(r["step_time_seconds"], rel=0.1)  # the phases make up the step
+
+
+def _oom_worker(rank, port, budget, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    reports = []
+    try:
+        specs = [replace(spec(GridPoint(m, 1, 2)), memory_budget_bytes=budget, steps=6) for m in (8, 64, 128)]
+        run_points(specs, WorkerContext(rank=rank, world_size=2), reports.append)
+        out[rank] = reports
+    finally:
+        dist.destroy_process_group()
+
+
+def test_simulated_oom_on_both_ranks_is_agreed_and_the_group_goes_on():
+    one = {m: run_trial(replace(spec(GridPoint(m, 1, 1)), steps=4), WorkerContext())["memory_tracked_peak_bytes"]
+           for m in (8, 64)}
+    budget = one[64]  # DDP's buckets put 64 samples on 2 workers over it; 8 samples stay under
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(_oom_worker, args=(free_port(), budget, out), nprocs=2)
+        ranks = [out[0], out[1]]
+    for reports in ranks:
+        assert [(r["trial_key"], r["status"]) for r in reports] == [
+            ("mb8-acc1-w2", "ok"), ("mb64-acc1-w2", "oom"), ("mb128-acc1-w2", "oom")
+        ]
+        assert reports[1]["oom_simulated"] is True and reports[2]["oom_implied_by"] == "mb64-acc1-w2"
+        assert reports[0]["memory_tracked_peak_bytes"] <= budget
