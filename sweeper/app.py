@@ -246,6 +246,60 @@ def search_frontiers(
     return out
 
 
+def sweep_params(cfg: SweeperConfig, auto: bool, resources: ray_runner.Resources) -> Dict[str, Any]:
+    """The parent run's params: what was asked for and how it was run."""
+    return {
+        "model": cfg.model.name,
+        "dataset": cfg.data.name,
+        "micro_batch_sizes": cfg.sweep.micro_batch_sizes if auto else list(cfg.sweep.micro_batch_sizes),
+        "accumulation_steps": list(cfg.sweep.accumulation_steps),
+        "num_workers": list(cfg.sweep.num_workers),
+        "global_batch_sizes": cfg.sweep.global_batch_sizes,
+        "points_per_worker_group": cfg.sweep.points_per_worker_group,
+        "profile": cfg.profile,
+        "lr_scaling": cfg.train.lr_scaling,
+        "base_batch_size": cfg.train.base_batch_size,
+        "use_gpu": resources.use_gpu,
+        "cpus_per_worker": resources.cpus_per_worker,
+        "device_memory_budget_gb": cfg.device.memory_budget_gb,
+    }
+
+
+# A resumed sweep must be the same sweep: these parent params must match the config.
+RESUME_KEYS = ("model", "dataset", "micro_batch_sizes", "accumulation_steps", "num_workers", "global_batch_sizes")
+
+
+def find_interrupted(cfg: SweeperConfig, cluster: ray_runner.Cluster, tracker: tracking.Tracker) -> Tuple[str, str]:
+    """The latest sweep of this model and dataset with a Ray Tune experiment to restore and a parent
+    run in MLflow, checked to be the same grid; (experiment name, parent run id)."""
+    prefix = f"sweep-{cfg.model.name}-{cfg.data.name}-"
+    folder = cluster.results_dir
+    names = sorted(
+        (n for n in os.listdir(folder) if n.startswith(prefix) and n[len(prefix):].replace("-", "").isdigit()),
+        reverse=True,
+    )
+    for name in names:
+        if not ray_runner.can_resume(cluster, name):
+            continue
+        parent = tracker.find_sweep(name)
+        if parent is None:
+            continue
+        params = tracker.resume_sweep(parent)
+        wanted = sweep_params(cfg, False, ray_runner.Resources(False, 0, 0, 1))
+        changed = [k for k in RESUME_KEYS if params.get(k) != str(wanted[k])]
+        if changed:
+            raise ConfigError([
+                f"sweep.resume=true: the latest sweep {name} had other {', '.join(changed)} "
+                f"({', '.join(f'{k}={params.get(k)}' for k in changed)}): resume it with the same config, "
+                "or drop sweep.resume to start a new sweep"
+            ])
+        return name, parent
+    raise ConfigError([
+        f"sweep.resume=true: no interrupted sweep of {cfg.model.name} on {cfg.data.name} under {folder} "
+        f"with its run in {tracker.uri}; drop sweep.resume to start one"
+    ])
+
+
 def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
     """Run the sweep; the exit status is 0 when every trial ended ok or oom, 1 if any failed."""
     sweep_start = time.perf_counter()
@@ -259,26 +313,14 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
         resources = ray_runner.plan_resources(cfg.cluster, cluster, sizing)
         if auto and cfg.device.memory_budget_gb is None and not resources.use_gpu:
             raise ConfigError([NEEDS_BUDGET])  # a cluster without GPUs
-        name = f"sweep-{cfg.model.name}-{cfg.data.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        parent = tracker.start_sweep(
-            name,
-            {
-                "model": cfg.model.name,
-                "dataset": cfg.data.name,
-                "micro_batch_sizes": cfg.sweep.micro_batch_sizes if auto else list(cfg.sweep.micro_batch_sizes),
-                "accumulation_steps": list(cfg.sweep.accumulation_steps),
-                "num_workers": list(cfg.sweep.num_workers),
-                "global_batch_sizes": cfg.sweep.global_batch_sizes,
-                "points_per_worker_group": cfg.sweep.points_per_worker_group,
-                "profile": cfg.profile,
-                "lr_scaling": cfg.train.lr_scaling,
-                "base_batch_size": cfg.train.base_batch_size,
-                "use_gpu": resources.use_gpu,
-                "cpus_per_worker": resources.cpus_per_worker,
-                "device_memory_budget_gb": cfg.device.memory_budget_gb,
-            },
-            resolved_yaml,
-        )
+        done_keys: frozenset = frozenset()
+        if cfg.sweep.resume:
+            name, parent = find_interrupted(cfg, cluster, tracker)
+            done_keys = frozenset(tracker.recorded_keys())
+            console.print_resume(name, len(done_keys))
+        else:
+            name = f"sweep-{cfg.model.name}-{cfg.data.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+            parent = tracker.start_sweep(name, sweep_params(cfg, auto, resources), resolved_yaml)
         points, frontier_failed = prepared.points, False
         if auto:
             frontiers = search_frontiers(cfg, prepared, resources, cluster, tracker, name)
@@ -294,7 +336,8 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
                 return 1
             specs = build_specs(cfg, prepared, points)
         groups = plan.worker_groups(points, cfg.sweep.points_per_worker_group)
-        tracker.log_sweep_params({"num_trials": len(points), "num_worker_groups": len(groups)})
+        if not cfg.sweep.resume:
+            tracker.log_sweep_params({"num_trials": len(points), "num_worker_groups": len(groups)})
         if cfg.profile:
             traces = os.path.join(cluster.results_dir, name, "profile")
             specs = {p: replace(s, profile_dir=traces) for p, s in specs.items()}
@@ -304,7 +347,7 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
         accuracy_note = SYNTHETIC_NOTE if cfg.data.name == "synthetic" and not cfg.data._target_ else None
         rows: List[Tuple[GridPoint, Dict[str, Any]]] = []
         with console.progress() as bar:
-            task = bar.add_task("", total=len(points))
+            task = bar.add_task("", total=len(points), completed=len(done_keys))
 
             def started(group: List[GridPoint]) -> None:
                 keys = ", ".join(p.key for p in group)
@@ -319,17 +362,24 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
 
             # Points whose worker group died before reaching them come back and run in a fresh
             # group; each round records at least the point its group died on, so this ends.
-            attempt, remaining = 0, points
+            attempt, remaining, stamp = 0, points, time.strftime("%H%M%S")
             while remaining:
                 label = name if attempt == 0 else f"{name}-rerun{attempt}"
+                if cfg.sweep.resume and attempt > 0:
+                    label += f"-{stamp}"  # not the interrupted run's own reruns
                 round_groups = plan.worker_groups(remaining, cfg.sweep.points_per_worker_group)
+                concurrency = cfg.sweep.max_concurrent_trials or ray_runner.concurrent_trials(
+                    cluster, resources, max(p.num_workers for p in remaining)
+                )
                 remaining = ray_runner.run_sweep(
-                    label, round_groups, specs, resources, cluster, cfg.sweep.max_concurrent_trials, started, done
+                    label, round_groups, specs, resources, cluster, concurrency, started, done,
+                    done_keys=done_keys, resume=cfg.sweep.resume and attempt == 0,
                 )
                 attempt += 1
         wall = time.perf_counter() - sweep_start
         made = make_report(cfg, tracker, parent, uri, name)
-        statuses = Counter(result.get("status") for _, result in rows)
+        # Counted from MLflow: a resumed sweep's totals include what was recorded before it stopped.
+        statuses = Counter(child["status"] for child in tracker.load_sweep(parent).children)
         failed = statuses["failed"]
         tracker.end_sweep(
             {

@@ -15,6 +15,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 LR_SCALING_RULES = ("none", "linear", "sqrt")
 USE_GPU_CHOICES = ("auto", "true", "false")
 REPORT_OBJECTIVES = ("throughput", "accuracy", "time_to_accuracy")
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 
 class ConfigError(ValueError):
@@ -72,12 +73,17 @@ class SweepConfig:
     num_workers: List[int] = field(default_factory=lambda: [1])
     # Keep only grid points whose micro x accumulation x workers is one of these.
     global_batch_sizes: Optional[List[int]] = None
-    max_concurrent_trials: int = 1
+    # Trials (worker groups) running at once. null: one per node that holds a whole trial (each sized
+    # to fill its node), so co-located trials never distort each other's throughput.
+    max_concurrent_trials: Optional[int] = None
     # Grid points are measured one after another in one Ray Train worker group (one Ray Tune trial)
     # sized to the largest point, so worker start-up (process spawn, torch import, process group
     # init) is paid once per group instead of once per point. null: one group for the whole grid;
     # N: groups of at most N points; 1: a fresh worker group for every point (slowest, most isolated).
     points_per_worker_group: Optional[int] = None
+    # Finish the latest interrupted sweep (same config): Ray Tune restores its experiment, points
+    # already recorded in MLflow are not measured again, and results go to the same parent run.
+    resume: bool = False
 
 
 @dataclass
@@ -170,6 +176,12 @@ class ClusterConfig:
     ray_dir: str = ".sweeper/ray"
     include_dashboard: bool = True
     dashboard_port: int = 8265
+    # Where a trial's workers go (Ray placement groups): PACK (fewest nodes, the default), SPREAD
+    # (across nodes), STRICT_PACK (all on one node, or wait), STRICT_SPREAD (one node each, or wait).
+    placement_strategy: str = "PACK"
+    # A worker group whose process dies (a node lost, a worker killed) is restarted this many times;
+    # points it had measured are not measured again.
+    max_failures: int = 3
 
 
 @dataclass
@@ -265,7 +277,7 @@ def validate(cfg: SweeperConfig) -> List[str]:
             problems.append(f"frontier.{key}={getattr(cfg.frontier, key)}: must be >= 1")
     if cfg.frontier.max_fit_probes < 2:
         problems.append(f"frontier.max_fit_probes={cfg.frontier.max_fit_probes}: a line needs two probes, use >= 2")
-    if sweep.max_concurrent_trials <= 0:
+    if sweep.max_concurrent_trials is not None and sweep.max_concurrent_trials <= 0:
         problems.append(
             f"sweep.max_concurrent_trials={sweep.max_concurrent_trials}: must be >= 1"
         )
@@ -342,6 +354,18 @@ def validate(cfg: SweeperConfig) -> List[str]:
         problems.append(
             f"cluster.cpus_per_trial={cfg.cluster.cpus_per_trial}: must be positive "
             "(Ray rejects an empty resource request), e.g. 0.01"
+        )
+    if cfg.cluster.placement_strategy not in PLACEMENT_STRATEGIES:
+        problems.append(
+            f"cluster.placement_strategy={cfg.cluster.placement_strategy!r} is invalid: use one of "
+            f"{', '.join(PLACEMENT_STRATEGIES)}"
+        )
+    if cfg.cluster.max_failures < 0:
+        problems.append(f"cluster.max_failures={cfg.cluster.max_failures}: must be >= 0 (0: no restarts)")
+    if cfg.sweep.resume and is_auto(cfg.sweep.micro_batch_sizes):
+        problems.append(
+            "sweep.resume=true with sweep.micro_batch_sizes=auto: resume needs the grid; give the sizes the "
+            "frontier search chose (the parent run's frontier_* metrics) as a list"
         )
     if cfg.cluster.num_cpus is not None and cfg.cluster.num_cpus <= 0:
         problems.append(f"cluster.num_cpus={cfg.cluster.num_cpus}: must be positive, or null")

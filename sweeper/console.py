@@ -81,6 +81,13 @@ def print_frontier(num_workers: int, result: Dict[str, Any]) -> None:
         console.print(text, soft_wrap=True)
 
 
+def print_resume(experiment: str, recorded: int) -> None:
+    console.print(
+        f"[bold]sweeper[/]: resuming {experiment}: {recorded} trial(s) already recorded are not run again",
+        soft_wrap=True,
+    )
+
+
 def warn(text: str) -> None:
     console.print(f"[yellow]warning[/]: {text}", soft_wrap=True)
 

@@ -63,6 +63,9 @@ SCALAR_METRICS = (
     "startup_seconds",
     "worker_group_startup_seconds",
     "worker_group_points",
+    # faults and placement: restarts of the worker group before this point, nodes its workers spanned
+    "worker_group_restarts",
+    "num_nodes",
     "trial_seconds",
     "train_seconds",
     "optimizer_steps",
@@ -198,7 +201,8 @@ class Tracker:
         run = self.client.create_run(
             self.experiment_id,
             run_name=run_name,
-            tags={"sweeper.role": "sweep"},
+            # The Ray Tune experiment of the same name holds the sweep's trials: how a resume finds it.
+            tags={"sweeper.role": "sweep", "sweeper.ray_experiment": run_name},
         )
         self.parent_run_id = run.info.run_id
         self._log_params(self.parent_run_id, params)
@@ -265,6 +269,26 @@ class Tracker:
             self.client.log_artifacts(run_id, trace, "profile")
         self.client.set_terminated(run_id, "FAILED" if status == "failed" else "FINISHED")
         return run_id
+
+    def find_sweep(self, ray_experiment: str) -> Optional[str]:
+        """The parent run of the sweep whose Ray Tune experiment is `ray_experiment`, if recorded."""
+        runs = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=f"tags.`sweeper.ray_experiment` = '{ray_experiment}'",
+            max_results=1,
+        )
+        return runs[0].info.run_id if runs else None
+
+    def resume_sweep(self, run_id: str) -> Dict[str, str]:
+        """Record into an interrupted sweep's parent run again; returns its params."""
+        self.parent_run_id = run_id
+        self.client.update_run(run_id, status="RUNNING")
+        return dict(self.client.get_run(run_id).data.params)
+
+    def recorded_keys(self) -> List[str]:
+        """Trial keys this sweep already holds (ok, oom or failed alike: each is recorded once)."""
+        trials = [r for r in self.children() if r.data.tags.get("sweeper.role") == "trial"]
+        return [r.data.tags.get("sweeper.trial_key") for r in trials]
 
     def end_sweep(self, metrics: Dict[str, float], failed: bool) -> None:
         if self.parent_run_id is None:

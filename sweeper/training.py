@@ -78,6 +78,8 @@ class WorkerContext:
     group: Any = None  # a torch.distributed ProcessGroup; None: the default (whole) group
     # A gloo group of the same ranks with a short timeout, for agreeing on a point's status.
     status_group: Any = None
+    # The node this worker runs on (Ray's node id), to record how many nodes a point spanned.
+    node: str = ""
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,7 @@ def run_points(
     splits = data_mod.load(first.data, first.model.input_shape)
     facts = group_facts(first, device, ctx, threads)
     subgroups = _subgroups(sorted({s.point.num_workers for s in specs}), ctx, status_timeout)
+    nodes = _gather_objects(ctx.node, ctx) if ctx.node else []
     _freeze_long_lived_objects()
     ready = time.time()
     out_of_memory: List[GridPoint] = []
@@ -142,6 +145,8 @@ def run_points(
         else:
             result = {"trial_key": spec.point.key, "status": "idle"}  # rank 0's result is the one used
         result["worker_group_points"] = len(specs)
+        if nodes:
+            result["num_nodes"] = len(set(nodes[:members]))
         if i == 0 and group_start_time is not None:
             # Paid once by the group (Ray trial start to a worker ready to train): logged on the
             # group's first point only, so summing it over trials does not count it twice.

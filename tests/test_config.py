@@ -42,6 +42,8 @@ def test_issue_overrides_compose(cfg_of):
         ("device.memory_budget_gb=-1", "device.memory_budget_gb"),
         ("frontier.growth=0", "frontier.growth"),
         ("frontier.max_fit_probes=1", "frontier.max_fit_probes"),
+        ("cluster.placement_strategy=ANYWHERE", "cluster.placement_strategy"),
+        ("cluster.max_failures=-1", "cluster.max_failures"),
     ],
 )
 def test_bad_values_name_their_key(cfg_of, override, key):

@@ -4,7 +4,7 @@ import pytest
 
 from sweeper.config import ClusterConfig, ConfigError
 from sweeper.plan import GridPoint
-from sweeper.ray_runner import Cluster, plan_resources
+from sweeper.ray_runner import Cluster, concurrent_trials, plan_resources
 
 
 def cluster(cpus, gpus=0.0):
@@ -32,3 +32,31 @@ def test_gpu_requested_without_gpus_is_refused_and_auto_falls_back_to_cpu():
         plan_resources(ClusterConfig(use_gpu="true"), cluster(8), POINTS)
     assert plan_resources(ClusterConfig(use_gpu="auto"), cluster(8, gpus=2), POINTS).use_gpu
     assert not plan_resources(ClusterConfig(use_gpu="auto"), cluster(8), POINTS).use_gpu
+
+
+def nodes(*cpus):
+    return Cluster("x:1", float(sum(cpus)), 0.0, None, None, "/tmp", nodes=[(float(c), 0.0) for c in cpus])
+
+
+def test_a_trial_that_fits_one_node_gets_a_whole_node_one_trial_per_node():
+    r = plan_resources(ClusterConfig(), nodes(8, 8), [GridPoint(16, 1, 2)])
+    assert r.cpus_per_worker == pytest.approx(3.99) and r.threads_per_worker == 3
+    assert concurrent_trials(nodes(8, 8), r, 2) == 2
+
+
+def test_a_trial_larger_than_any_node_is_spread_with_a_share_each_node_can_hold():
+    # 2 workers on two 1-CPU nodes: the cluster-wide share (0.99) fits one worker per node.
+    r = plan_resources(ClusterConfig(), nodes(1, 1), [GridPoint(16, 1, 2)])
+    assert r.cpus_per_worker == pytest.approx(0.99)
+    # 3 workers on nodes of 4 and 1 CPUs: the cluster-wide share (1.66) would leave one unplaceable.
+    r = plan_resources(ClusterConfig(), nodes(4, 1), [GridPoint(16, 1, 3)])
+    assert 3 <= sum(int(c // r.cpus_per_worker) for c in (4 - 0.01, 1)) and r.cpus_per_worker <= 1.33
+
+
+def test_placement_that_can_never_happen_is_refused_before_any_trial():
+    with pytest.raises(ConfigError, match="cannot be placed STRICT_PACK"):
+        plan_resources(ClusterConfig(cpus_per_worker=2, placement_strategy="STRICT_PACK"), nodes(4, 4),
+                       [GridPoint(16, 1, 3)])
+    with pytest.raises(ConfigError, match="cannot be placed STRICT_SPREAD"):
+        plan_resources(ClusterConfig(cpus_per_worker=1, placement_strategy="STRICT_SPREAD"), nodes(8),
+                       [GridPoint(16, 1, 2)])
