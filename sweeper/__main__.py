@@ -21,9 +21,13 @@ def _hydra_main(cfg: DictConfig) -> None:
     _composed = True
     try:
         typed = config.to_typed(cfg)
-        from sweeper import app  # validates everything (values, model, data, store) before Ray starts
+        # Each validates everything (values, model, data, store) before Ray starts.
+        if typed.task == "inference":
+            from sweeper import inference_app as task
+        else:
+            from sweeper import app as task
 
-        status = app.run(typed, OmegaConf.to_yaml(cfg, resolve=True))
+        status = task.run(typed, OmegaConf.to_yaml(cfg, resolve=True))
     except config.ConfigError as exc:
         for problem in exc.problems:
             print(f"error: {problem}", file=sys.stderr)

@@ -16,6 +16,7 @@ LR_SCALING_RULES = ("none", "linear", "sqrt")
 USE_GPU_CHOICES = ("auto", "true", "false")
 REPORT_OBJECTIVES = ("throughput", "accuracy", "time_to_accuracy")
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+TASKS = ("train", "inference")
 
 
 class ConfigError(ValueError):
@@ -84,6 +85,18 @@ class SweepConfig:
     # Finish the latest interrupted sweep (same config): Ray Tune restores its experiment, points
     # already recorded in MLflow are not measured again, and results go to the same parent run.
     resume: bool = False
+
+
+@dataclass
+class InferenceConfig:
+    # task=inference: batch sizes timed under torch.inference_mode(), smallest first.
+    batch_sizes: List[int] = field(default_factory=lambda: [2**i for i in range(10)])
+    # Untimed runs first; then timing goes on until both timed_runs and min_timed_seconds are reached.
+    warmup_runs: int = 10
+    timed_runs: int = 100
+    min_timed_seconds: float = 0.5
+    # model=mlp only: also sweep the width (seed 003's experiment: 256..4096); null: model.width.
+    mlp_widths: Optional[List[int]] = None
 
 
 @dataclass
@@ -162,7 +175,8 @@ class TrackingConfig:
 
 @dataclass
 class ClusterConfig:
-    # null: start a local Ray; "auto" or "host:port" or "ray://host:port": join an existing cluster.
+    # null: start a local Ray; "auto" or "host:port": join an existing cluster (the driver runs on one
+    # of its nodes; Ray Client's ray:// is refused, see validate).
     address: Optional[str] = None
     # auto | true | false
     use_gpu: Any = "auto"
@@ -196,6 +210,10 @@ class SweeperConfig:
     report: ReportConfig = field(default_factory=ReportConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
+    # train: the micro-batch x accumulation x workers sweep; inference: latency and throughput per
+    # inference batch size, with the roofline's predicted knee.
+    task: str = "train"
     # A torch.profiler trace of a few steps of every trial, logged to MLflow (TensorBoard/Perfetto).
     profile: bool = False
 
@@ -231,6 +249,26 @@ def validate(cfg: SweeperConfig) -> List[str]:
     """Every problem with the plain values of the config; model/data/cluster reachability are checked
     by their own modules."""
     problems: List[str] = []
+    if cfg.task not in TASKS:
+        problems.append(f"task={cfg.task!r} is invalid: use one of {', '.join(TASKS)}")
+    inference = cfg.inference
+    if not inference.batch_sizes or any(b <= 0 for b in inference.batch_sizes):
+        problems.append(
+            f"inference.batch_sizes={list(inference.batch_sizes)}: give positive batch sizes, e.g. [1,2,4,8]"
+        )
+    for key in ("timed_runs",):
+        if getattr(inference, key) < 1:
+            problems.append(f"inference.{key}={getattr(inference, key)}: must be >= 1")
+    if inference.warmup_runs < 0 or inference.min_timed_seconds < 0:
+        problems.append("inference.warmup_runs and inference.min_timed_seconds must be >= 0")
+    if inference.mlp_widths is not None:
+        if cfg.model.name != "mlp" or cfg.model._target_:
+            problems.append(
+                f"inference.mlp_widths={list(inference.mlp_widths)} needs model=mlp (model is "
+                f"{cfg.model.name!r}); set it to null for other models"
+            )
+        if not inference.mlp_widths or any(w <= 0 for w in inference.mlp_widths):
+            problems.append(f"inference.mlp_widths={list(inference.mlp_widths)}: give positive widths, or null")
     sweep, train = cfg.sweep, cfg.train
 
     keys = ["accumulation_steps", "num_workers"]
@@ -354,6 +392,14 @@ def validate(cfg: SweeperConfig) -> List[str]:
         problems.append(
             f"cluster.cpus_per_trial={cfg.cluster.cpus_per_trial}: must be positive "
             "(Ray rejects an empty resource request), e.g. 0.01"
+        )
+    if cfg.cluster.address and cfg.cluster.address.startswith("ray://"):
+        # Under Ray Client, Tune runs the experiment in an actor on the head node: results would not
+        # reach this process, which alone writes to MLflow.
+        problems.append(
+            f"cluster.address={cfg.cluster.address!r}: Ray Client (ray://) is not supported, because Tune "
+            "would run on the head node where sweeper cannot record its results; run the sweep on a "
+            "node of the cluster with cluster.address=auto (or submit it: ray job submit -- python -m sweeper ...)"
         )
     if cfg.cluster.placement_strategy not in PLACEMENT_STRATEGIES:
         problems.append(

@@ -22,10 +22,9 @@ def print_start(
     dashboard_url: Optional[str],
     token_path: Optional[str],
     results_dir: str,
+    groups: str = "Ray Train worker group(s)",
 ) -> None:
-    console.print(
-        f"[bold]sweeper[/]: {num_trials} trials in {num_groups} Ray Train worker group(s)", soft_wrap=True
-    )
+    console.print(f"[bold]sweeper[/]: {num_trials} trials in {num_groups} {groups}", soft_wrap=True)
     console.print(f"  MLflow store:   {tracking_uri}", soft_wrap=True)
     console.print(f"  Ray results:    {results_dir}", soft_wrap=True)
     if dashboard_url:
@@ -86,6 +85,47 @@ def print_resume(experiment: str, recorded: int) -> None:
         f"[bold]sweeper[/]: resuming {experiment}: {recorded} trial(s) already recorded are not run again",
         soft_wrap=True,
     )
+
+
+def print_inference_point(model: str, batch_size: int, result: Dict[str, Any]) -> None:
+    if result.get("status") != "ok":
+        console.print(f"  {model} batch {batch_size}: {result.get('status')} ({result.get('error')})", soft_wrap=True)
+        return
+    console.print(
+        f"  {model} batch {batch_size}: p50 {result['latency_p50_seconds'] * 1e3:,.3f} ms, "
+        f"p99 {result['latency_p99_seconds'] * 1e3:,.3f} ms, {result['samples_per_second']:,.0f} samples/s",
+        soft_wrap=True,
+    )
+
+
+def print_inference_summary(
+    rows: List[Tuple[str, Dict[str, Any]]],
+    knees: Dict[str, Tuple[Optional[int], Optional[int]]],
+    facts: Dict[str, Any],
+    tracking_uri: str,
+    parent_run_id: str,
+    experiment: str,
+    plot: str,
+) -> None:
+    table = Table(title="inference: the knee of each model", title_style="bold")
+    for column in ("model", "measured knee", "roofline knee", "best samples/s", "at batch"):
+        table.add_column(column, justify="right")
+    for model, (measured, predicted) in knees.items():
+        ok = [r for m, r in rows if m == model and r.get("status") == "ok"]
+        best = max(ok, key=lambda r: r["samples_per_second"]) if ok else None
+        table.add_row(
+            model,
+            "-" if measured is None else str(measured),
+            "-" if predicted is None else str(predicted),
+            "-" if best is None else f"{best['samples_per_second']:,.0f}",
+            "-" if best is None else str(best["batch_size"]),
+        )
+    console.print(table)
+    if facts.get("bandwidth_source"):
+        rate = facts["bandwidth_bytes_per_second"] / 1e9
+        console.print(f"  bandwidth: {rate:,.1f} GB/s ({facts['bandwidth_source']})", soft_wrap=True)
+    console.print(f"MLflow: experiment {experiment!r}, sweep run {parent_run_id}", soft_wrap=True)
+    console.print(f"  plot: {plot} (also the run's artifact report/inference_curves.png)", soft_wrap=True)
 
 
 def warn(text: str) -> None:
@@ -150,7 +190,10 @@ def print_summary(
     if accuracy_note:
         console.print(f"  val acc: {accuracy_note}", soft_wrap=True)
     console.print(f"MLflow: experiment {experiment_name!r}, sweep run {parent_run_id}", soft_wrap=True)
-    console.print(f"  open it with: mlflow ui --backend-store-uri {tracking_uri}", soft_wrap=True)
+    if tracking_uri.startswith(("http://", "https://")):
+        console.print(f"  open it at: {tracking_uri}", soft_wrap=True)
+    else:
+        console.print(f"  open it with: mlflow ui --backend-store-uri {tracking_uri}", soft_wrap=True)
 
 
 def print_report(html_path: str, recommendation: str) -> None:

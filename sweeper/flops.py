@@ -368,3 +368,17 @@ def mfu(achieved_flops_per_second: float, peak: Optional[PeakFlops]) -> Optional
     if peak is None:
         return None
     return achieved_flops_per_second / peak.flops_per_second
+
+
+def device_peak(device_name: str, is_cuda: bool, count: FlopCount, threads: int = 1) -> Optional[PeakFlops]:
+    """The peak a model's achieved FLOP/s is compared with. GPU: the table's dense peak of the math the
+    model's dominant op runs in: fp32 convolutions run as TF32 when cuDNN allows it (torch's default),
+    fp32 matmuls only when torch.backends.cuda.matmul.allow_tf32 is set; fp32 on GPUs without TF32
+    (V100, T4). CPU: a matmul measured on `threads` threads (a worker's share)."""
+    if not is_cuda:
+        return measure_cpu_peak_flops(threads)
+    if count.convolution_share >= 0.5:
+        tf32 = torch.backends.cudnn.allow_tf32
+    else:
+        tf32 = torch.backends.cuda.matmul.allow_tf32
+    return (gpu_peak_flops(device_name, "tf32") if tf32 else None) or gpu_peak_flops(device_name, "fp32")

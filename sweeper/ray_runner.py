@@ -21,6 +21,7 @@ from sweeper.config import ClusterConfig, ConfigError, first_line
 from sweeper.plan import GridPoint
 
 if TYPE_CHECKING:  # torch is imported by the workers, not by the driver's Ray layer
+    from sweeper.inference import InferenceSpec
     from sweeper.training import FrontierSpec, TrialSpec
 
 TrialCallback = Callable[[GridPoint, Dict[str, Any]], None]
@@ -487,6 +488,76 @@ def run_frontiers(
             name=experiment, storage_path=cluster.results_dir, callbacks=[Relay(on_probe, on_frontier)], verbose=0
         ),
     ).fit()
+
+
+def run_inference(
+    experiment: str,
+    groups: List[List["InferenceSpec"]],
+    resources: Resources,
+    cluster: Cluster,
+    on_result: Callable[[Dict[str, Any]], None],
+) -> None:
+    """One Ray Tune trial per model (no worker group: inference runs in the trial's own process, with
+    one worker's resources), timing its batch sizes smallest first; each result reaches
+    `on_result` in this process as it is measured, then the device's facts (`trial_key` device-...).
+    Trials run one after another: two would share the device and distort each other's latency."""
+    from ray import tune
+
+    class Relay(tune.Callback):
+        # As _relay's: the sink is an attribute left out of the pickled state.
+        def __init__(self, sink):
+            self.sink = sink
+            self.reported: Dict[str, int] = {}
+
+        def __getstate__(self):
+            return {}
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            if result.get("trial_key"):
+                self.reported[trial.trial_id] = self.reported.get(trial.trial_id, 0) + 1
+                self.sink({k: v for k, v in result.items() if k not in TUNE_FIELDS})
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            error = _last_line(str(trial.get_error()))
+            for spec in groups[trial.config["group"]][self.reported.get(trial.trial_id, 0):]:
+                self.sink({"trial_key": spec.key, "status": "failed", "batch_size": spec.batch_size,
+                           "error": f"the inference trial failed: {error}"})
+
+    per_trial = {"CPU": resources.cpus_per_worker + resources.cpus_per_trial}
+    if resources.use_gpu:
+        per_trial["GPU"] = 1
+    trainable = tune.with_resources(
+        tune.with_parameters(
+            _inference_trial,
+            groups=[[replace(s, use_gpu=resources.use_gpu) for s in group] for group in groups],
+            threads=resources.threads_per_worker,
+        ),
+        per_trial,
+    )
+    tune.Tuner(
+        trainable,
+        param_space={"group": tune.grid_search(list(range(len(groups))))},
+        tune_config=tune.TuneConfig(max_concurrent_trials=1, reuse_actors=True),
+        run_config=tune.RunConfig(
+            name=experiment, storage_path=cluster.results_dir, callbacks=[Relay(on_result)], verbose=0
+        ),
+    ).fit()
+
+
+def _inference_trial(config: Dict[str, Any], groups, threads: int) -> None:
+    from ray import tune
+
+    from sweeper import bandwidth, telemetry
+    from sweeper.inference import run_inference_points
+
+    specs = groups[config["group"]]
+    run_inference_points(specs, report=tune.report, threads=threads)
+    # The device's memory bandwidth, for the roofline (a table on GPU, a large copy timed on CPU).
+    measured = bandwidth.device_bandwidth(telemetry.select(specs[0].use_gpu), threads)
+    facts: Dict[str, Any] = {"trial_key": f"device-{config['group']}", "role": "device"}
+    if measured is not None:
+        facts.update(bandwidth_bytes_per_second=measured.bytes_per_second, bandwidth_source=measured.source)
+    tune.report(facts)
 
 
 def _frontier_trial(config: Dict[str, Any], fspecs, resources: Resources, storage_path: str, experiment: str) -> None:

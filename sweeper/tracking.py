@@ -71,6 +71,17 @@ SCALAR_METRICS = (
     "optimizer_steps",
     "samples_seen",
 )
+# An inference point's figures (task=inference), logged like a trial's.
+SCALAR_METRICS += (
+    "batch_size",
+    "latency_p50_seconds",
+    "latency_p95_seconds",
+    "latency_p99_seconds",
+    "latency_mean_seconds",
+    "latency_cv",
+    "timed_runs",
+    "forward_flops_per_sample",
+)
 # Logged on the sweep's parent run.
 SWEEP_METRICS = (
     "num_trials_ok",
@@ -197,12 +208,12 @@ class Tracker:
         )
         self.parent_run_id: Optional[str] = None
 
-    def start_sweep(self, run_name: str, params: Dict[str, Any], config_yaml: str) -> str:
+    def start_sweep(self, run_name: str, params: Dict[str, Any], config_yaml: str, task: str = "train") -> str:
         run = self.client.create_run(
             self.experiment_id,
             run_name=run_name,
             # The Ray Tune experiment of the same name holds the sweep's trials: how a resume finds it.
-            tags={"sweeper.role": "sweep", "sweeper.ray_experiment": run_name},
+            tags={"sweeper.role": "sweep", "sweeper.ray_experiment": run_name, "sweeper.task": task},
         )
         self.parent_run_id = run.info.run_id
         self._log_params(self.parent_run_id, params)
@@ -218,6 +229,19 @@ class Tracker:
         """One child run (sweeper.role=probe) per frontier probe: its size, measured peak and
         breakdown, or its out-of-memory. The report and the trials table leave probes out."""
         return self._log_child(result["trial_key"], "probe", params, result)
+
+    def log_inference(self, params: Dict[str, Any], result: Dict[str, Any]) -> Optional[str]:
+        """One child run (sweeper.role=inference) per inference batch size of a model."""
+        return self._log_child(result["trial_key"], "inference", params, result)
+
+    def log_parent_metrics(self, metrics: Dict[str, float]) -> None:
+        """Figures of the whole sweep that have no fixed name (e.g. a knee per model)."""
+        assert self.parent_run_id is not None, "start_sweep() first"
+        self._log_metrics(self.parent_run_id, metrics, names=set(metrics))
+
+    def log_artifacts(self, folder: str, path: str) -> None:
+        assert self.parent_run_id is not None, "start_sweep() first"
+        self.client.log_artifacts(self.parent_run_id, folder, path)
 
     def log_frontier(self, num_workers: int, result: Dict[str, Any], folder: Optional[str] = None) -> None:
         """A worker count's frontier on the parent run: `<metric>_w<workers>`, the reason as a tag,

@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Subset
 from sweeper import data as data_mod
 from sweeper import flops as flops_mod
 from sweeper import measure, models, telemetry
-from sweeper.config import DataConfig, MeasureConfig, ModelConfig, TrainConfig, first_line
+from sweeper.config import DataConfig, MeasureConfig, ModelConfig, TrainConfig
 from sweeper.plan import GridPoint
 
 EVAL_BATCH_SIZE = 256
@@ -297,19 +297,10 @@ def group_facts(spec: TrialSpec, device: telemetry.Device, ctx: WorkerContext, t
     if spec.flop_count is None:
         return GroupFacts()
     if device.is_cuda:
-        # fp32 convolutions run as TF32 when cuDNN allows it (torch's default), fp32 matmuls only
-        # when torch.backends.cuda.matmul.allow_tf32 is set: compare with the peak of the math the
-        # model's dominant op runs in, fp32 on GPUs without TF32 (V100, T4).
-        if spec.flop_count.convolution_share >= 0.5:
-            tf32 = torch.backends.cudnn.allow_tf32
-        else:
-            tf32 = torch.backends.cuda.matmul.allow_tf32
-        peak = (flops_mod.gpu_peak_flops(device.name, "tf32") if tf32 else None) or flops_mod.gpu_peak_flops(
-            device.name, "fp32"
-        )
+        peak = flops_mod.device_peak(device.name, True, spec.flop_count, threads)
     else:
         # Every worker gets the same CPU share; one measurement on rank 0 stands for all of them.
-        peak = flops_mod.measure_cpu_peak_flops(threads) if ctx.rank == 0 else None
+        peak = flops_mod.device_peak(device.name, False, spec.flop_count, threads) if ctx.rank == 0 else None
         peak = _broadcast_object(peak, ctx)
     return GroupFacts(peak=peak)
 
@@ -333,12 +324,8 @@ def run_point(
     try:
         result = run_trial(spec, ctx, device, splits)
     except Exception as exc:  # recorded as the point's result, never silently dropped
-        status = "oom" if _is_oom(exc) else "failed"
-        error = f"{type(exc).__name__}: {first_line(exc)}"
+        status, error, result = telemetry.failure(exc)
         raised = exc
-        if status == "oom":
-            # Read by the driver: what was tried, and whether the budget was a real allocator's.
-            result = {"oom_simulated": type(exc).__name__ == "SimulatedOutOfMemoryError"}
     finally:
         gc.collect()  # the point's model and optimizer go before the next point is measured
         if device is not None:
@@ -638,13 +625,6 @@ def _profiler(spec: TrialSpec, ctx: WorkerContext, device: telemetry.Device):
 
 def _trace_dir(spec: TrialSpec) -> str:
     return os.path.join(spec.profile_dir or "profile", spec.point.key)
-
-
-def _is_oom(exc: BaseException) -> bool:
-    if isinstance(exc, torch.OutOfMemoryError):
-        return True
-    text = str(exc)
-    return "out of memory" in text or "can't allocate memory" in text
 
 
 def _reduce(

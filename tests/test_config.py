@@ -44,6 +44,9 @@ def test_issue_overrides_compose(cfg_of):
         ("frontier.max_fit_probes=1", "frontier.max_fit_probes"),
         ("cluster.placement_strategy=ANYWHERE", "cluster.placement_strategy"),
         ("cluster.max_failures=-1", "cluster.max_failures"),
+        ("cluster.address=ray://head:10001", "cluster.address"),
+        ("task=serve", "task"),
+        ("inference.batch_sizes=[0]", "inference.batch_sizes"),
     ],
 )
 def test_bad_values_name_their_key(cfg_of, override, key):

@@ -1,0 +1,184 @@
+"""The inference sweep (task=inference), start to finish: check, connect, time every batch size of every
+model as Ray Tune trials, set the measured knee beside the roofline's prediction, record, plot.
+
+Takes typed config only; Hydra stays in `__main__`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from dataclasses import replace
+from typing import Any, Dict, List, Optional, Tuple
+
+from sweeper import console, flops, models, plots, ray_runner, roofline, tracking
+from sweeper import report as report_mod
+from sweeper.config import ConfigError, ModelConfig, SweeperConfig, budget_bytes, first_line, tracking_uri, validate
+from sweeper.inference import InferenceSpec, model_key
+from sweeper.plan import GridPoint
+
+
+def model_configs(cfg: SweeperConfig) -> List[ModelConfig]:
+    """The models to time: the configured one, or one MLP per `inference.mlp_widths` entry."""
+    if cfg.inference.mlp_widths:
+        return [replace(cfg.model, width=int(w)) for w in cfg.inference.mlp_widths]
+    return [cfg.model]
+
+
+def label(model: ModelConfig) -> str:
+    return model_key(model) or model.name
+
+
+def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
+    """Run the inference sweep; the exit status is 0 when every point ended ok or oom, 1 if any failed."""
+    uri = tracking_uri(cfg.tracking)
+    problems = validate(cfg) + models.check(cfg.model) + tracking.check(uri)
+    if problems:
+        raise ConfigError(problems)
+    num_classes = cfg.data.num_classes  # random inputs: no dataset is read
+    chosen = model_configs(cfg)
+    counts = {label(m): _count_flops(m, num_classes) for m in chosen}
+    groups = [
+        [
+            InferenceSpec(
+                model=m,
+                num_classes=num_classes,
+                batch_size=int(b),
+                warmup_runs=cfg.inference.warmup_runs,
+                timed_runs=cfg.inference.timed_runs,
+                min_timed_seconds=cfg.inference.min_timed_seconds,
+                flop_count=counts[label(m)],
+                memory_budget_bytes=budget_bytes(cfg.device),
+                seed=cfg.train.seed,
+            )
+            for b in sorted(set(cfg.inference.batch_sizes))
+        ]
+        for m in chosen
+    ]
+    by_key = {s.key: (label(s.model), s) for group in groups for s in group}
+    cluster = ray_runner.connect(cfg.cluster)
+    try:
+        tracker = tracking.Tracker(uri, cfg.tracking.experiment_name)
+        resources = ray_runner.plan_resources(cfg.cluster, cluster, [GridPoint(1, 1, 1)])
+        name = f"inference-{cfg.model.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        parent = tracker.start_sweep(
+            name,
+            {
+                "task": "inference",
+                "model": cfg.model.name,
+                "models": [label(m) for m in chosen],
+                "batch_sizes": sorted(set(cfg.inference.batch_sizes)),
+                "timed_runs": cfg.inference.timed_runs,
+                "min_timed_seconds": cfg.inference.min_timed_seconds,
+                "use_gpu": resources.use_gpu,
+                "cpus_per_worker": resources.cpus_per_worker,
+                "threads": resources.threads_per_worker,
+                "device_memory_budget_gb": cfg.device.memory_budget_gb,
+            },
+            resolved_yaml,
+            task="inference",
+        )
+        console.print_start(
+            sum(len(g) for g in groups), len(groups), uri, cluster.dashboard_url, cluster.token_path,
+            cluster.results_dir, groups="Ray Tune trial(s), one per model",
+        )
+        rows: List[Tuple[str, Dict[str, Any]]] = []
+        facts: Dict[str, Any] = {}
+
+        def on_result(result: Dict[str, Any]) -> None:
+            if result.get("role") == "device":
+                facts.update(result)
+                return
+            model_label, spec = by_key[result["trial_key"]]
+            params = {
+                "task": "inference",
+                "model": spec.model.name,
+                "model_label": model_label,
+                "width": spec.model.width if spec.model.name == "mlp" else None,
+                "batch_size": spec.batch_size,
+                "input_shape": list(spec.model.input_shape),
+            }
+            tracker.log_inference(params, result)
+            rows.append((model_label, result))
+            console.print_inference_point(model_label, spec.batch_size, result)
+
+        ray_runner.run_inference(name, groups, resources, cluster, on_result)
+        knees = record_knees(cfg, tracker, chosen, num_classes, rows, facts)
+        folder = report_mod.default_folder(uri, name)
+        os.makedirs(folder, exist_ok=True)
+        series = {
+            model_label: [
+                (int(r["batch_size"]), r["samples_per_second"], r["latency_p50_seconds"], r["latency_p99_seconds"])
+                for lbl, r in rows
+                if lbl == model_label and r.get("status") == "ok"
+            ]
+            for model_label in (label(m) for m in chosen)
+        }
+        png = plots.inference_curves(series, knees, os.path.join(folder, "inference_curves.png"))
+        tracker.log_artifacts(folder, "report")
+        statuses = Counter(r.get("status") for _, r in rows)
+        tracker.end_sweep(
+            {f"num_trials_{s}": statuses[s] for s in ("ok", "oom", "failed")}, failed=statuses["failed"] > 0
+        )
+        console.print_inference_summary(rows, knees, facts, uri, parent, cfg.tracking.experiment_name, png)
+        return 1 if statuses["failed"] else 0
+    finally:
+        ray_runner.shutdown()
+
+
+def record_knees(
+    cfg: SweeperConfig,
+    tracker: tracking.Tracker,
+    chosen: List[ModelConfig],
+    num_classes: int,
+    rows: List[Tuple[str, Dict[str, Any]]],
+    facts: Dict[str, Any],
+) -> Dict[str, Tuple[Optional[int], Optional[int]]]:
+    """Per model, the measured knee (first batch after which doubling gains < report.knee_min_gain)
+    and the roofline's predicted knee on the same grid, logged side by side on the parent run."""
+    from sweeper import bandwidth
+
+    knees: Dict[str, Tuple[Optional[int], Optional[int]]] = {}
+    metrics: Dict[str, float] = {}
+    bandwidth_bps = facts.get("bandwidth_bytes_per_second")
+    if bandwidth_bps:
+        metrics["bandwidth_bytes_per_second"] = bandwidth_bps
+        tracker.client.set_tag(tracker.parent_run_id, "sweeper.bandwidth_source", str(facts.get("bandwidth_source")))
+    for model in chosen:
+        name = label(model)
+        ok = sorted((int(r["batch_size"]), r["samples_per_second"]) for lbl, r in rows
+                    if lbl == name and r.get("status") == "ok")
+        measured = roofline.measured_knee([b for b, _ in ok], [t for _, t in ok], cfg.report.knee_min_gain)
+        peaks = [r["peak_flops_per_second"] for lbl, r in rows if lbl == name and r.get("peak_flops_per_second")]
+        peak = peaks[0] if peaks else None
+        predicted = None
+        if peak and bandwidth_bps:
+            try:
+                device_peak = flops.PeakFlops(peak, "as measured by the trial")
+                device_bandwidth = roofline.Bandwidth(bandwidth_bps, str(facts.get("bandwidth_source")))
+                prediction, traffic = bandwidth.predict_model_knee(model, num_classes, device_peak, device_bandwidth)
+                grid = sorted(set(cfg.inference.batch_sizes))
+                predicted = prediction.knee_on_grid(grid, cfg.report.knee_min_gain)
+                metrics.update({
+                    f"knee_predicted_batch_size_{name}": predicted if predicted is not None else -1,
+                    f"knee_predicted_exact_batch_size_{name}": prediction.knee_batch_size or -1,
+                    f"ridge_flops_per_byte_{name}": prediction.ridge_flops_per_byte,
+                    f"weight_bytes_{name}": traffic.weight_bytes,
+                    f"activation_bytes_per_sample_{name}": traffic.activation_bytes_per_sample,
+                    f"peak_flops_per_second_{name}": peak,
+                })
+            except Exception as exc:  # noqa: BLE001 - the prediction is extra; the measurement stands
+                console.warn(f"no roofline prediction for {name}: {first_line(exc)}")
+        metrics[f"knee_measured_batch_size_{name}"] = measured if measured is not None else -1
+        knees[name] = (measured, predicted)
+    tracker.log_parent_metrics(metrics)
+    return knees
+
+
+def _count_flops(model: ModelConfig, num_classes: int) -> Optional[flops.FlopCount]:
+    try:
+        return flops.count_flops(lambda: models.build(model, num_classes), model.input_shape, num_classes)
+    except Exception as exc:  # noqa: BLE001 - timed without FLOPs and MFU
+        console.warn(f"FLOPs not counted for model {model.name!r}: {first_line(exc)}")
+        return None
