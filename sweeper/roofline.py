@@ -266,19 +266,33 @@ def predict_knee(
 def measured_knee(
     batch_sizes: Sequence[int], samples_per_second: Sequence[float], min_gain: float = 0.10
 ) -> Optional[int]:
-    """The first batch size after which doubling the batch gains less than `min_gain` in throughput.
+    """The first batch size from which no doubling of the batch gains `min_gain` in throughput any more.
 
-    The training sweep's knee rule (sweeper.analysis.knee), so an inference knee and a training knee
-    mean the same thing: gains are scored per doubling, `(t2 / t1) ** (1 / log2(b2 / b1)) - 1`, so a
-    sparse grid is judged like a doubling one. None when every step gains at least `min_gain` (still
-    climbing: measure larger batches) or with fewer than two points.
+    Gains are scored per doubling as the training sweep's knee rule does (sweeper.analysis.knee),
+    `(t2 / t1) ** (1 / log2(b2 / b1)) - 1`, so a sparse grid is judged like a doubling one. Unlike the
+    training rule, which stops at the first step that gains too little, an early dip does not end the
+    climb: on a CPU batch 2 can be slower per sample than batch 1 (a different matmul kernel) while
+    throughput still grows tenfold after it. The knee is the batch after the last step that gains
+    `min_gain`. None when the last step still does (still climbing: measure larger batches) or with
+    fewer than two points.
     """
     if len(batch_sizes) != len(samples_per_second):
         raise ValueError(
             f"batch_sizes has {len(batch_sizes)} entries but samples_per_second has {len(samples_per_second)}: "
             "give one throughput per batch size (leave out sizes without an ok measurement)"
         )
-    return _analysis_knee(list(zip(batch_sizes, samples_per_second)), min_gain)
+    ordered = sorted((int(b), float(t)) for b, t in zip(batch_sizes, samples_per_second))
+    if len(ordered) < 2:
+        return None
+    _analysis_knee(ordered, min_gain)  # the same checks on the input (positive, no duplicates)
+    climbing = [
+        i for i, ((b1, t1), (b2, t2)) in enumerate(zip(ordered, ordered[1:]))
+        if (t2 / t1) ** (1.0 / math.log2(b2 / b1)) - 1.0 >= min_gain
+    ]
+    if not climbing:
+        return ordered[0][0]
+    last = climbing[-1] + 1  # the batch the last paying step reached
+    return None if last == len(ordered) - 1 else ordered[last][0]
 
 
 __all__ = [

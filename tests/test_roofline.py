@@ -232,3 +232,10 @@ def test_roofline_stays_pure():
     code = "import sys, sweeper.roofline; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_an_early_dip_does_not_end_the_climb():
+    # Measured here on the seed-003 MLP (1 thread): batch 2 is slower per sample than batch 1.
+    sizes = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+    rates = [510, 552, 1240, 2051, 2964, 3858, 4385, 4918, 4902, 5184]
+    assert measured_knee(sizes, rates) == 128
