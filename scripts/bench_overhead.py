@@ -1,7 +1,7 @@
 """Plain hand-written PyTorch loop vs. sweeper's training step, same model/data/batch, one process,
 alternating rounds. Prints `name: value` lines; the last line is the headline ratio.
 
-    python scripts/bench_overhead.py [--model resnet18] [--micro 32] [--accum 1] [--steps 30] [--rounds 6]
+    python scripts/bench_overhead.py [--model resnet18] [--micro 32] [--accum 1] [--steps 80] [--rounds 10]
 """
 
 from __future__ import annotations
@@ -56,9 +56,9 @@ def main() -> None:
     parser.add_argument("--model", default="resnet18")
     parser.add_argument("--micro", type=int, default=32)
     parser.add_argument("--accum", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

@@ -31,11 +31,21 @@ def main() -> None:
         print(f"{name}_trials_ok: {len(ok)} of {len(children)}")
         print(f"{name}_worker_groups: {len(group_startup)}")
         print(f"{name}_worker_group_startup_seconds: {spread(group_startup)}")
+        # Where a group's start-up goes: Ray Train's actors up to the worker process, the process's
+        # imports and process group, the group's own setup (data, peak FLOP/s).
+        for part in ("launch", "init", "setup"):
+            values = [c[f"worker_group_{part}_seconds"] for c in ok if f"worker_group_{part}_seconds" in c]
+            print(f"{name}_worker_group_{part}_seconds: {spread(values)}")
+        gaps = [c["between_points_seconds"] for c in ok if "between_points_seconds" in c]
+        print(f"{name}_between_points_seconds: {spread(gaps)}")
         print(f"{name}_point_startup_seconds: {spread(point_startup)}")
         print(f"{name}_startup_seconds_per_point_amortized: {amortized:.2f}")
         print(f"{name}_sum_trial_seconds: {parent['sum_trial_seconds']:.1f}")
         print(f"{name}_sweep_wall_seconds: {parent['sweep_wall_seconds']:.1f} (command {command_wall:.1f})")
+        phases = ("setup", "ray_start", "tracking", "grid", "report")
+        print(f"{name}_sweep_phases_seconds: " + ", ".join(f"{p} {parent[f'sweep_{p}_seconds']:.1f}" for p in phases))
         print(f"{name}_sweep_wall_over_trial_seconds: {parent['sweep_wall_over_trial_seconds']:.2f}")
+        print(f"{name}_sweep_wall_over_train_seconds: {parent['sweep_wall_over_train_seconds']:.2f}")
     speedup = figures["per_point"]["sweep_wall_seconds"] / figures["grouped"]["sweep_wall_seconds"]
     print(f"sweep_wall_speedup_grouped_over_per_point: {speedup:.2f}")
     print(f"grouped_sweep_wall_over_trial_seconds: {figures['grouped']['sweep_wall_over_trial_seconds']:.2f}")

@@ -155,13 +155,17 @@ def trial_params(cfg: SweeperConfig, spec: TrialSpec) -> Dict[str, Any]:
     }
 
 
-def overhead(rows: List[Tuple[GridPoint, Dict[str, Any]]], wall_seconds: float) -> Dict[str, float]:
-    """The harness's cost on the parent run: the sweep's wall time against its trials' own time
-    (each point's model build, training and evaluation, measured in its worker)."""
-    trial_seconds = sum(r.get("trial_seconds", 0.0) for _, r in rows)
-    out = {"sweep_wall_seconds": wall_seconds, "sum_trial_seconds": trial_seconds}
-    if trial_seconds > 0:
-        out["sweep_wall_over_trial_seconds"] = wall_seconds / trial_seconds
+def overhead(rows: List[Tuple[GridPoint, Dict[str, Any]]], phases: Dict[str, float]) -> Dict[str, float]:
+    """The harness's cost on the parent run: where the sweep's wall time went (`phases`: setup,
+    ray_start, tracking, frontier, grid, report seconds) against its trials' own time, each point's model build,
+    training and evaluation (`trial_seconds`), and its optimizer steps alone (`train_seconds`)."""
+    wall = sum(phases.values())
+    out = {"sweep_wall_seconds": wall, **{f"sweep_{name}_seconds": s for name, s in phases.items()}}
+    for name in ("trial", "train"):
+        total = sum(r.get(f"{name}_seconds", 0.0) for _, r in rows)
+        out[f"sum_{name}_seconds"] = total
+        if total > 0:
+            out[f"sweep_wall_over_{name}_seconds"] = wall / total
     return out
 
 
@@ -302,11 +306,22 @@ def find_interrupted(cfg: SweeperConfig, cluster: ray_runner.Cluster, tracker: t
 
 def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
     """Run the sweep; the exit status is 0 when every trial ended ok or oom, 1 if any failed."""
-    sweep_start = time.perf_counter()
+    clock = time.perf_counter()
+    phases: Dict[str, float] = {}
+
+    def phase(name: str) -> None:
+        # Seconds since the last phase ended: the phases add up to the sweep's wall time.
+        nonlocal clock
+        now = time.perf_counter()
+        phases[name] = phases.get(name, 0.0) + now - clock
+        clock = now
+
     prepared, specs = preflight(cfg)
     auto = not prepared.points
     uri = tracking_uri(cfg.tracking)
+    phase("setup")
     cluster = ray_runner.connect(cfg.cluster)
+    phase("ray_start")
     try:
         tracker = tracking.Tracker(uri, cfg.tracking.experiment_name)
         sizing = prepared.points or [GridPoint(1, 1, w) for w in cfg.sweep.num_workers]
@@ -321,9 +336,11 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
         else:
             name = f"sweep-{cfg.model.name}-{cfg.data.name}-{time.strftime('%Y%m%d-%H%M%S')}"
             parent = tracker.start_sweep(name, sweep_params(cfg, auto, resources), resolved_yaml)
+        phase("tracking")
         points, frontier_failed = prepared.points, False
         if auto:
             frontiers = search_frontiers(cfg, prepared, resources, cluster, tracker, name)
+            phase("frontier")
             frontier_failed = len(frontiers) < len(set(cfg.sweep.num_workers))
             points, skipped = frontier.grid_from_frontiers(
                 frontiers, cfg.sweep.accumulation_steps, cfg.sweep.global_batch_sizes
@@ -332,7 +349,8 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
                 console.warn(f"not measured: {line}")
             if not points:
                 console.warn("the frontier search left no grid point to measure")
-                tracker.end_sweep({"sweep_wall_seconds": time.perf_counter() - sweep_start}, failed=True)
+                phase("grid")
+                tracker.end_sweep(overhead([], phases), failed=True)
                 return 1
             specs = build_specs(cfg, prepared, points)
         groups = plan.worker_groups(points, cfg.sweep.points_per_worker_group)
@@ -376,15 +394,16 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
                     done_keys=done_keys, resume=cfg.sweep.resume and attempt == 0,
                 )
                 attempt += 1
-        wall = time.perf_counter() - sweep_start
+        phase("grid")
         made = make_report(cfg, tracker, parent, uri, name)
+        phase("report")
         # Counted from MLflow: a resumed sweep's totals include what was recorded before it stopped.
         statuses = Counter(child["status"] for child in tracker.load_sweep(parent).children)
         failed = statuses["failed"]
         tracker.end_sweep(
             {
                 **{f"num_trials_{status}": statuses[status] for status in ("ok", "oom", "failed")},
-                **overhead(rows, wall),
+                **overhead(rows, phases),
             },
             failed=failed > 0 or frontier_failed,
         )

@@ -102,7 +102,7 @@ def summarize_latency(samples_seconds: Sequence[float], batch_size: int) -> Dict
         "latency_mean_seconds": mean,
         "latency_min_seconds": float(values.min()),
         "latency_max_seconds": float(values.max()),
-        # Population stdev / mean, the convention of measure.summarize's samples_per_second_cv.
+        # Population stdev / mean over many timed runs.
         "latency_cv": statistics.pstdev(values.tolist()) / mean if len(values) > 1 else 0.0,
         "timed_runs": len(values),
         "samples_per_second": batch_size / p50,

@@ -10,8 +10,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 @dataclass(frozen=True)
 class Throughput:
-    samples_per_second: float  # mean of the stable run, or the median of all windows if unstable
-    samples_per_second_cv: float  # population stdev / mean over all windows (0 with one window)
+    samples_per_second: float  # median window rate of the stable run, or of all windows if unstable
+    # Sample stdev / mean of the rates the figure comes from (the stable run, or all windows): the
+    # spread of the number reported. A slow start the rule left out shows in the window rates.
+    samples_per_second_cv: float
     step_time_seconds: float  # seconds per optimizer step at `samples_per_second`
     window_samples_per_second: List[float]
     stable: bool  # perf_analyzer's rule met: trust the figure; else report it marked unstable
@@ -58,17 +60,14 @@ def summarize(
     stable_windows: int = 3,
     tolerance: float = 0.05,
 ) -> Throughput:
+    """The throughput of timed windows: the median rate of the last `stable_windows` windows when
+    they agree within `tolerance` (perf_analyzer's rule), else the median of all windows, marked
+    unstable. The median, so one disturbed window cannot move the figure."""
     rates = [steps * global_batch_size / s for steps, s in zip(window_steps, window_seconds)]
-    mean = statistics.fmean(rates)
-    cv = statistics.pstdev(rates) / mean if len(rates) > 1 else 0.0
     found = stable_run(rates, stable_windows, tolerance)
-    if found is not None:
-        start, stop = found
-        # Samples over seconds across the run, not a mean of rates: windows may differ by a step.
-        samples = sum(window_steps[start:stop]) * global_batch_size
-        rate = samples / sum(window_seconds[start:stop])
-    else:
-        rate = statistics.median(rates)
+    used = rates[found[0] : found[1]] if found is not None else rates
+    rate = statistics.median(used)
+    cv = statistics.stdev(used) / statistics.fmean(used) if len(used) > 1 else 0.0
     return Throughput(
         samples_per_second=rate,
         samples_per_second_cv=cv,

@@ -169,6 +169,11 @@ def peak_rss_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
+def process_start_time() -> float:
+    """When this process was created (seconds since the epoch, the clock of time.time())."""
+    return psutil.Process().create_time()
+
+
 def select(use_gpu: bool, local_rank: int = 0) -> Device:
     if use_gpu:
         if not torch.cuda.is_available():
@@ -228,9 +233,10 @@ def _nvml_handle(torch_device: torch.device) -> tuple[Any, str | None]:
 class Utilization:
     """How busy the process, the machine and the GPU were during one measured window.
 
-    CPU percents are of ONE core (psutil's convention): two busy threads read ~200. The process
-    figures cover this process's threads only, not DataLoader worker processes; the system
-    figures cover the whole machine, those workers and other tenants included. Means are
+    psutil's conventions: process CPU percents are of ONE core (two busy threads read ~200);
+    system CPU percents are of the WHOLE machine (100 = every core busy). The process figures
+    cover this process's threads only, not DataLoader worker processes; the system figures
+    cover the whole machine, those workers and other tenants included. Means are
     weighted by the time each sample covers, so the CPU means are exact for the window.
     GPU fields are None on CPU, or when NVML is unusable (`gpu_unavailable_reason` says why).
     `gpu_device_memory_used_bytes_max` is the device-level number nvidia-smi shows: every

@@ -62,6 +62,10 @@ SCALAR_METRICS = (
     "val_accuracy",
     "startup_seconds",
     "worker_group_startup_seconds",
+    "worker_group_launch_seconds",
+    "worker_group_init_seconds",
+    "worker_group_setup_seconds",
+    "between_points_seconds",
     "worker_group_points",
     # faults and placement: restarts of the worker group before this point, nodes its workers spanned
     "worker_group_restarts",
@@ -87,9 +91,18 @@ SWEEP_METRICS = (
     "num_trials_ok",
     "num_trials_oom",
     "num_trials_failed",
+    # where the sweep's wall time went: checks and preparation, Ray's start, the grid, the report
     "sweep_wall_seconds",
+    "sweep_setup_seconds",
+    "sweep_ray_start_seconds",
+    "sweep_tracking_seconds",
+    "sweep_frontier_seconds",
+    "sweep_grid_seconds",
+    "sweep_report_seconds",
     "sum_trial_seconds",
     "sweep_wall_over_trial_seconds",
+    "sum_train_seconds",
+    "sweep_wall_over_train_seconds",
 )
 # Result entries recorded as tags (text, not numbers).
 RESULT_TAGS = {
@@ -283,7 +296,12 @@ class Tracker:
                 tags[tag] = str(result[name])[:5000]
         if "throughput_stable" in result:
             tags["sweeper.throughput_stable"] = str(bool(result["throughput_stable"])).lower()
-        run = self.client.create_run(self.experiment_id, run_name=key, tags=tags)
+        # The point's own start and end in its worker, not the moment the driver logs it: the
+        # runs table's Duration column then shows how long the trial ran (it read ~20 ms).
+        started = result.get("started_at")
+        start_ms = int(started * 1000) if started is not None else None
+        end_ms = int((started + result["trial_seconds"]) * 1000) if started and "trial_seconds" in result else None
+        run = self.client.create_run(self.experiment_id, run_name=key, tags=tags, start_time=start_ms)
         run_id = run.info.run_id
         self._log_params(run_id, params)
         self._log_metrics(run_id, result)
@@ -291,7 +309,7 @@ class Tracker:
         if trace and os.path.isdir(trace):
             # A torch.profiler Chrome trace: open in Perfetto or TensorBoard's profiler plugin.
             self.client.log_artifacts(run_id, trace, "profile")
-        self.client.set_terminated(run_id, "FAILED" if status == "failed" else "FINISHED")
+        self.client.set_terminated(run_id, "FAILED" if status == "failed" else "FINISHED", end_time=end_ms)
         return run_id
 
     def find_sweep(self, ray_experiment: str) -> Optional[str]:

@@ -85,7 +85,7 @@ class WorkerContext:
 @dataclass(frozen=True)
 class GroupFacts:
     """Measured once per worker group and shared by its points: the device's peak FLOP/s (a table
-    entry on GPU, a matmul measured on this worker's CPU share)."""
+    entry on GPU, the faster of a matmul and a convolution measured on this worker's CPU share)."""
 
     peak: Optional[flops_mod.PeakFlops] = None
 
@@ -115,7 +115,12 @@ def run_points(
 
     A point with fewer workers than the group trains on ranks 0..n-1 (a sub-group) while the other
     ranks wait in `report`, Ray Train's own barrier: they hold no model and use no CPU meanwhile.
+
+    Where a group's start-up goes (from `group_start_time`, the Tune trial's start) is logged on
+    its first point; on every later point, the harness's gap since the previous one
+    (`between_points_seconds`: reporting it, the checkpoint, Ray Train's report barrier).
     """
+    entered = time.time()
     first = specs[0]
     device = telemetry.select(first.use_gpu, ctx.local_rank)
     splits = data_mod.load(first.data, first.model.input_shape)
@@ -125,7 +130,9 @@ def run_points(
     _freeze_long_lived_objects()
     ready = time.time()
     out_of_memory: List[GridPoint] = []
+    previous_end: Optional[float] = None
     for i, spec in enumerate(specs):
+        point_start = time.time()
         members = spec.point.num_workers
         cause = implied_oom(spec.point, out_of_memory)
         if cause is not None:
@@ -150,8 +157,30 @@ def run_points(
         if i == 0 and group_start_time is not None:
             # Paid once by the group (Ray trial start to a worker ready to train): logged on the
             # group's first point only, so summing it over trials does not count it twice.
-            result["worker_group_startup_seconds"] = ready - group_start_time
+            result.update(startup_split(group_start_time, telemetry.process_start_time(), entered, ready))
+        if previous_end is not None:
+            result["between_points_seconds"] = point_start - previous_end
+        # Stamped before reporting: the report's round trip is the harness's cost between points.
+        previous_end = time.time()
         report(result)
+
+
+def startup_split(group_start: float, process_start: Optional[float], entered: float, ready: float) -> Dict[str, float]:
+    """A worker group's start-up, from the Tune trial's start to a worker ready to train, in its
+    parts (wall-clock seconds; the clocks are one machine's when the trial and rank 0 share a node):
+    launch, the Ray Train controller and worker actors up to the worker's process (0 when Ray reused
+    a process it had started before the trial); init, that process's imports (torch, Ray Train)
+    and Ray Train's process-group setup, up to the training function; setup, the group's own
+    work: the dataset, the peak FLOP/s measurement, the sub-groups."""
+    launched = min(max(process_start, group_start), entered) if process_start is not None else group_start
+    split = {
+        "worker_group_startup_seconds": ready - group_start,
+        "worker_group_init_seconds": entered - launched,
+        "worker_group_setup_seconds": ready - entered,
+    }
+    if process_start is not None:
+        split["worker_group_launch_seconds"] = launched - group_start
+    return split
 
 
 @dataclass
@@ -348,6 +377,7 @@ def run_point(
             result["memory_estimated_peak_bytes"] = spec.memory_estimate_bytes
             result["memory_estimate_error"] = spec.memory_estimate_bytes / tracked - 1.0
     result["trial_key"] = spec.point.key
+    result["started_at"] = start  # epoch seconds: the MLflow run's start, so its duration is the point's
     result["trial_seconds"] = time.time() - start
     return result
 

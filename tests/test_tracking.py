@@ -11,7 +11,8 @@ def test_trial_is_a_nested_child_and_is_never_recorded_twice(tmp_path):
     tracker = Tracker(uri, "exp")
     parent = tracker.start_sweep("sweep-x", {"model": "mlp"}, "model:\n  name: mlp\n")
     point = GridPoint(8, 2, 1)
-    result = {"status": "ok", "samples_per_second": 10.0, "train_loss": [2.0, 1.5, 1.0], "val_accuracy": 0.5}
+    result = {"status": "ok", "samples_per_second": 10.0, "train_loss": [2.0, 1.5, 1.0], "val_accuracy": 0.5,
+              "started_at": 1_795_000_000.25, "trial_seconds": 12.5}
     first = tracker.log_trial(point, {"micro_batch_size": 8}, result)
     again = tracker.log_trial(point, {"micro_batch_size": 8}, result)  # e.g. a re-delivered result
     assert first is not None and again is None
@@ -23,6 +24,8 @@ def test_trial_is_a_nested_child_and_is_never_recorded_twice(tmp_path):
     child = children[0]
     assert child.data.tags["mlflow.parentRunId"] == parent
     assert child.data.tags["sweeper.role"] == "trial" and child.data.tags["sweeper.status"] == "ok"
+    # The run spans the point's own time in its worker, so the UI's Duration column is the trial's.
+    assert (child.info.start_time, child.info.end_time) == (1_795_000_000_250, 1_795_000_012_750)
     history = client.get_metric_history(first, "train_loss")
     assert sorted((h.step, h.value) for h in history) == [(0, 2.0), (1, 1.5), (2, 1.0)]
     parent_run = client.get_run(parent)

@@ -1,0 +1,52 @@
+"""The harness's own cost: a worker group's start-up in its parts and the sweep's wall time in its
+phases, against cases with known answers."""
+
+import pytest
+
+from sweeper.app import overhead
+from sweeper.plan import GridPoint
+from sweeper.training import startup_split
+
+
+def test_startup_split_parts_add_up_to_the_group_start_up():
+    # Trial starts at 100, the worker process is created at 103, enters the training function at
+    # 110 (imports, process group) and is ready to train at 112 (data, peak FLOP/s).
+    split = startup_split(group_start=100.0, process_start=103.0, entered=110.0, ready=112.0)
+    assert split == pytest.approx({
+        "worker_group_startup_seconds": 12.0,
+        "worker_group_launch_seconds": 3.0,
+        "worker_group_init_seconds": 7.0,
+        "worker_group_setup_seconds": 2.0,
+    })
+
+
+def test_startup_split_of_a_process_ray_started_before_the_trial():
+    # A pooled worker process older than the trial costs no launch; init runs from the trial's start.
+    split = startup_split(group_start=100.0, process_start=50.0, entered=104.0, ready=105.0)
+    assert split["worker_group_launch_seconds"] == 0.0
+    assert split["worker_group_init_seconds"] == pytest.approx(4.0)
+    # Unknown process start: no launch figure, rather than a made-up 0.
+    assert "worker_group_launch_seconds" not in startup_split(100.0, None, 104.0, 105.0)
+
+
+def test_overhead_adds_the_phases_and_divides_by_both_trial_and_training_time():
+    rows = [
+        (GridPoint(16, 1, 1), {"trial_seconds": 10.0, "train_seconds": 8.0}),
+        (GridPoint(32, 1, 1), {"trial_seconds": 6.0, "train_seconds": 4.0}),
+        (GridPoint(64, 1, 1), {"status": "failed"}),  # a failed point has no time of its own
+    ]
+    out = overhead(rows, {"setup": 2.0, "ray_start": 5.0, "tracking": 1.0, "grid": 22.0, "report": 2.0})
+    assert out == pytest.approx({
+        "sweep_wall_seconds": 32.0,
+        "sweep_setup_seconds": 2.0,
+        "sweep_ray_start_seconds": 5.0,
+        "sweep_tracking_seconds": 1.0,
+        "sweep_grid_seconds": 22.0,
+        "sweep_report_seconds": 2.0,
+        "sum_trial_seconds": 16.0,
+        "sweep_wall_over_trial_seconds": 2.0,
+        "sum_train_seconds": 12.0,
+        "sweep_wall_over_train_seconds": 32.0 / 12.0,
+    })
+    # Nothing measured: the ratios are left out instead of dividing by zero.
+    assert "sweep_wall_over_trial_seconds" not in overhead([], {"setup": 1.0})
