@@ -165,7 +165,12 @@ def _under_accuracy(trial: Trial, min_accuracy: Optional[float]) -> Optional[str
     return None
 
 
-def _check_inputs(objective: str, min_accuracy: Optional[float], memory_budget_bytes: Optional[float]) -> None:
+def _check_inputs(
+    objective: str,
+    min_accuracy: Optional[float],
+    memory_budget_bytes: Optional[float],
+    max_accuracy_drop: Optional[float] = None,
+) -> None:
     if objective not in OBJECTIVES:
         raise ValueError(f"objective {objective!r} is invalid. Should be one of {OBJECTIVES}.")
     if objective == "time_to_accuracy" and min_accuracy is None:
@@ -181,6 +186,11 @@ def _check_inputs(objective: str, min_accuracy: Optional[float], memory_budget_b
         )
     if memory_budget_bytes is not None and memory_budget_bytes <= 0:
         raise ValueError(f"memory budget {memory_budget_bytes} bytes: must be positive (report.memory_budget_gb)")
+    if max_accuracy_drop is not None and not 0.0 <= max_accuracy_drop <= 1.0:
+        raise ValueError(
+            f"report.max_accuracy_drop={max_accuracy_drop} must be a fraction in [0, 1] (e.g. 0.02 for 2 points "
+            "of accuracy), or null to recommend on the objective alone"
+        )
 
 
 def recommend(
@@ -188,13 +198,17 @@ def recommend(
     objective: str = "throughput",
     min_accuracy: Optional[float] = None,
     memory_budget_bytes: Optional[float] = None,
+    max_accuracy_drop: Optional[float] = None,
 ) -> Recommendation:
     """The best trial for `objective` among the eligible ones, up to three runners-up, and why.
 
     Eligible: status "ok", the objective's metric measured, `peak_memory_bytes` within
     `memory_budget_bytes` and `val_accuracy` at least `min_accuracy` (each when given; a trial
     without the figure cannot satisfy the constraint). An unstable throughput stays eligible and is
-    noted in the reason. Objectives:
+    noted in the reason. With `max_accuracy_drop` (throughput and time_to_accuracy), a trial whose
+    val_accuracy is more than that below the best eligible one's is left out too: a layout that
+    trains fast but learns less from the same samples is not a better way to train. It applies
+    only when the eligible trials measured accuracy (synthetic data has none). Objectives:
 
     - "throughput": highest samples_per_second.
     - "accuracy": highest val_accuracy; accuracies within 0.005 of each other are a tie that
@@ -203,7 +217,7 @@ def recommend(
       train the sample budget (samples_seen / samples_per_second, else train_seconds) among trials
       reaching `min_accuracy`, which is required.
     """
-    _check_inputs(objective, min_accuracy, memory_budget_bytes)
+    _check_inputs(objective, min_accuracy, memory_budget_bytes, max_accuracy_drop)
     trials = list(trials)
 
     excluded: Dict[str, str] = {}
@@ -225,10 +239,59 @@ def recommend(
         return Recommendation(None, [], _nobody_reason(trials, objective, min_accuracy, memory_budget_bytes),
                               excluded, objective)
 
+    dropped: List[Trial] = []
+    top: Optional[Trial] = None
+    if max_accuracy_drop is not None and objective != "accuracy":
+        eligible, dropped, top = _within_accuracy_drop(eligible, max_accuracy_drop, excluded)
     ranked = _rank(eligible, objective)
     best, runners_up = ranked[0], ranked[1 : 1 + MAX_RUNNERS_UP]
     reason = _winner_reason(best, ranked, objective, min_accuracy)
+    # The trials the objective alone would have preferred: the reason says why they lost.
+    passed_over = [t for t in _rank(dropped, objective) if _rank([t, best], objective)[0] is t]
+    if passed_over:
+        reason += " " + _accuracy_drop_note(passed_over, max_accuracy_drop, top)
     return Recommendation(best, runners_up, reason, excluded, objective)
+
+
+def _within_accuracy_drop(
+    eligible: List[Trial], max_drop: float, excluded: Dict[str, str]
+) -> Tuple[List[Trial], List[Trial], Optional[Trial]]:
+    """(kept, dropped, the most accurate): the eligible trials within `max_drop` of the best
+    val_accuracy among them, and the rest, each noted in `excluded`. All kept when none measured
+    accuracy."""
+    measured = [t for t in eligible if t.val_accuracy is not None]
+    if not measured:
+        return eligible, [], None
+    top = max(measured, key=lambda t: (t.val_accuracy, t.key))
+    kept, dropped = [], []
+    for trial in eligible:
+        if trial.val_accuracy is None:
+            excluded[trial.key] = "no val_accuracy to compare with the best (report.max_accuracy_drop)"
+            dropped.append(trial)
+        # The epsilon keeps decimal edges exact, as in _tie_group.
+        elif trial.val_accuracy < top.val_accuracy - max_drop - 1e-12:
+            excluded[trial.key] = (
+                f"val_accuracy {trial.val_accuracy:.3f} is more than report.max_accuracy_drop={max_drop:g} "
+                f"below the best, {top.val_accuracy:.3f} ({top.key})"
+            )
+            dropped.append(trial)
+        else:
+            kept.append(trial)
+    return kept, dropped, top
+
+
+def _accuracy_drop_note(passed_over: List[Trial], max_drop: float, top: Trial) -> str:
+    shown = passed_over[:MAX_RUNNERS_UP]
+    listed = ", ".join(
+        f"{t.key} ({_rate_text(t)}, val_accuracy {'-' if t.val_accuracy is None else f'{t.val_accuracy:.3f}'})"
+        for t in shown
+    )
+    more = f" and {len(passed_over) - len(shown)} more" if len(passed_over) > len(shown) else ""
+    return (
+        f"Not recommended although faster: {listed}{more}: their accuracy is more than "
+        f"report.max_accuracy_drop={max_drop:g} below the best ({top.val_accuracy:.3f}, {top.key}), "
+        "so they learn less from the same samples."
+    )
 
 
 def _rank(eligible: List[Trial], objective: str) -> List[Trial]:
@@ -466,6 +529,7 @@ def recommendation_yaml(
     objective: Optional[str] = None,
     min_accuracy: Optional[float] = None,
     memory_budget_bytes: Optional[float] = None,
+    max_accuracy_drop: Optional[float] = None,
 ) -> str:
     """A small YAML report of `rec`: the objective and constraints, the chosen configuration with its
     measured figures and a Hydra override line, the reason, the runners-up and the excluded trials.
@@ -479,6 +543,7 @@ def recommendation_yaml(
         "constraints": {
             "min_accuracy": None if min_accuracy is None else float(min_accuracy),
             "memory_budget_bytes": _byte_count(memory_budget_bytes),
+            "max_accuracy_drop": None if max_accuracy_drop is None else float(max_accuracy_drop),
         },
     }
     best = rec.best

@@ -266,6 +266,8 @@ def sweep_params(cfg: SweeperConfig, auto: bool, resources: ray_runner.Resources
         "use_gpu": resources.use_gpu,
         "cpus_per_worker": resources.cpus_per_worker,
         "device_memory_budget_gb": cfg.device.memory_budget_gb,
+        # The question the report answers, so `python -m sweeper.report` rebuilds the same answer.
+        **report_mod.settings_params(cfg.report),
     }
 
 
@@ -409,7 +411,7 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
         )
         console.print_summary(rows, uri, parent, cfg.tracking.experiment_name, accuracy_note)
         if made is not None:
-            console.print_report(made.html_path, made.text)
+            console.print_report(made.html_path, made.text, made.yaml_path)
         return 1 if failed or frontier_failed else 0
     finally:
         ray_runner.shutdown()

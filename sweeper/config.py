@@ -160,6 +160,10 @@ class ReportConfig:
     objective: str = "throughput"
     # Trials under this validation accuracy are not recommended (null: no minimum).
     min_accuracy: Optional[float] = None
+    # Objectives throughput and time_to_accuracy: trials whose validation accuracy is more than this
+    # below the best trial's are not recommended, so a fast layout that learns less never wins
+    # (a fraction: 0.02 is 2 points; null: the objective alone decides).
+    max_accuracy_drop: Optional[float] = 0.02
     # Trials whose peak_memory_bytes exceeds this are not recommended (null: no budget).
     memory_budget_gb: Optional[float] = None
     # The knee of a throughput curve: the first micro-batch after which doubling gains less.
@@ -243,6 +247,32 @@ def load(cfg: DictConfig) -> SweeperConfig:
 
 def normalize_use_gpu(value: Any) -> str:
     return str(value).strip().lower()
+
+
+def check_report(report: "ReportConfig") -> List[str]:
+    """Every problem with the report's settings (the sweep's `report.*`, or `python -m sweeper.report`'s)."""
+    problems: List[str] = []
+    if report.objective not in REPORT_OBJECTIVES:
+        problems.append(
+            f"report.objective={report.objective!r} is invalid: use one of {', '.join(REPORT_OBJECTIVES)}"
+        )
+    elif report.objective == "time_to_accuracy" and report.min_accuracy is None:
+        problems.append(
+            "report.objective=time_to_accuracy needs report.min_accuracy (the accuracy to reach), "
+            "e.g. report.min_accuracy=0.9"
+        )
+    if report.min_accuracy is not None and not (0.0 <= report.min_accuracy <= 1.0):
+        problems.append(f"report.min_accuracy={report.min_accuracy}: must be between 0 and 1, or null")
+    if report.max_accuracy_drop is not None and not (0.0 <= report.max_accuracy_drop <= 1.0):
+        problems.append(
+            f"report.max_accuracy_drop={report.max_accuracy_drop}: must be between 0 and 1 (0.02 is 2 points "
+            "of accuracy), or null"
+        )
+    if report.memory_budget_gb is not None and report.memory_budget_gb <= 0:
+        problems.append(f"report.memory_budget_gb={report.memory_budget_gb}: must be positive, or null")
+    if not (0.0 < report.knee_min_gain < 1.0):
+        problems.append(f"report.knee_min_gain={report.knee_min_gain}: must be between 0 and 1, e.g. 0.1")
+    return problems
 
 
 def validate(cfg: SweeperConfig) -> List[str]:
@@ -359,22 +389,7 @@ def validate(cfg: SweeperConfig) -> List[str]:
             f"sweep.points_per_worker_group={sweep.points_per_worker_group}: must be >= 1, or null "
             "for one worker group for the whole grid"
         )
-    report = cfg.report
-    if report.objective not in REPORT_OBJECTIVES:
-        problems.append(
-            f"report.objective={report.objective!r} is invalid: use one of {', '.join(REPORT_OBJECTIVES)}"
-        )
-    elif report.objective == "time_to_accuracy" and report.min_accuracy is None:
-        problems.append(
-            "report.objective=time_to_accuracy needs report.min_accuracy (the accuracy to reach), "
-            "e.g. report.min_accuracy=0.9"
-        )
-    if report.min_accuracy is not None and not (0.0 <= report.min_accuracy <= 1.0):
-        problems.append(f"report.min_accuracy={report.min_accuracy}: must be between 0 and 1, or null")
-    if report.memory_budget_gb is not None and report.memory_budget_gb <= 0:
-        problems.append(f"report.memory_budget_gb={report.memory_budget_gb}: must be positive, or null")
-    if not (0.0 < report.knee_min_gain < 1.0):
-        problems.append(f"report.knee_min_gain={report.knee_min_gain}: must be between 0 and 1, e.g. 0.1")
+    problems += check_report(cfg.report)
     if train.lr_scaling not in LR_SCALING_RULES:
         problems.append(
             f"train.lr_scaling={train.lr_scaling!r} is invalid: use one of {', '.join(LR_SCALING_RULES)}"

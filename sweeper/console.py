@@ -196,9 +196,10 @@ def print_summary(
         console.print(f"  open it with: mlflow ui --backend-store-uri {tracking_uri}", soft_wrap=True)
 
 
-def print_report(html_path: str, recommendation: str) -> None:
+def print_report(html_path: str, recommendation: str, yaml_path: str) -> None:
     console.print(f"[bold]recommendation[/]: {recommendation}", soft_wrap=True)
     console.print(f"  report: {html_path}", soft_wrap=True)
+    console.print(f"  as YAML: {yaml_path}", soft_wrap=True)
 
 
 def _mib(value: Optional[float]) -> Optional[float]:

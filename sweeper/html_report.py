@@ -61,7 +61,8 @@ def render(
         f"<h1>{_esc(title)}</h1>",
     ]
     if meta:
-        items = "".join(f"<span><b>{_esc(k)}:</b> {_esc(v)}</span>" for k, v in meta.items())
+        # Spaces between the items: the only places a long header may wrap (each item stays whole).
+        items = " ".join(f"<span><b>{_esc(k)}:</b> {_esc(v)}</span>" for k, v in meta.items())
         parts.append(f'<p class="meta">{items}</p>')
     parts.append("<h2>Recommendation</h2>")
     parts.append(f'<div class="recommendation">{_esc(recommendation)}</div>')

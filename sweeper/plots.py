@@ -34,10 +34,14 @@ Series = Tuple[int, int]  # (accumulation_steps, num_workers)
 
 
 def throughput_vs_micro_batch(
-    trials: Sequence[Trial], knees: Mapping[Series, Optional[int]], path: str | os.PathLike
+    trials: Sequence[Trial],
+    knees: Mapping[Series, Optional[int]],
+    path: str | os.PathLike,
+    min_gain: Optional[float] = None,
 ) -> str:
     """samples/s against the micro-batch, one line per (accumulation, workers), +- cv x value as error
     bars, each series' knee ringed; trials that ran out of memory or failed as red x on the floor.
+    `min_gain`, the knee rule's threshold, is named in the legend (and when no series has a knee yet).
 
     With no ok trial that has a throughput, the PNG says so (the path is still returned)."""
     ok = [t for t in trials if t.status == "ok" and t.samples_per_second is not None]
@@ -77,13 +81,20 @@ def throughput_vs_micro_batch(
                     fontsize=8, color=color, fontweight="bold")
 
     extra = []
+    rule = "" if min_gain is None else f": next doubling gains < {min_gain:.0%}"
     if knee_marks:
         extra.append(Line2D([], [], linestyle="none", marker="o", markersize=11, markerfacecolor="none",
-                            markeredgecolor="0.3", markeredgewidth=1.8, label="knee"))
+                            markeredgecolor="0.3", markeredgewidth=1.8, label=f"knee{rule}"))
+    elif any(len(members) > 1 for members in by_series.values()):
+        # Every doubling measured still paid: say so, rather than leave the reader looking for a ring.
+        gained = "" if min_gain is None else f": every doubling gained >= {min_gain:.0%}"
+        extra.append(Line2D([], [], linestyle="none", label=f"no knee yet{gained};\n  try larger micro-batches"))
+    extra.append(Line2D([], [], color="0.3", marker="|", linestyle="none", markersize=10,
+                        label="error bar: \u00b1 cv of the timed windows"))
     if _mark_not_ok_on_floor(ax, trials, by_series):
         extra.append(Line2D([], [], linestyle="none", marker="x", color=OOM_COLOR, markersize=8,
                             markeredgewidth=2, label="oom / failed (no throughput)"))
-    _log2_axis(ax, [t.micro_batch_size for t in trials])
+    _size_axis(ax, [t.micro_batch_size for t in trials])
     ax.set_title("Throughput vs micro-batch size")
     ax.set_xlabel("micro-batch size (samples per worker per step, log2)")
     ax.set_ylabel("throughput (samples/s)")
@@ -123,7 +134,7 @@ def memory_vs_micro_batch(
         if fit is None and len(set(x)) >= 2:
             slope, intercept = np.polyfit(x, y, 1)
             # Drawn over the series' whole range, oom sizes included: it shows what they would have needed.
-            span = _dense([t.micro_batch_size for t in members])
+            span = _fit_span(t.micro_batch_size for t in members)
             line = intercept + slope * span
             ax.plot(span, line / MiB, color=color, linestyle="--", linewidth=1, alpha=0.8)
             top = max(top, float(line.max()))
@@ -132,7 +143,7 @@ def memory_vs_micro_batch(
                 markerfacecolor="none", markeredgewidth=1.5, label=label)
     if fit is not None:
         fixed, per_sample = fit
-        span = _dense(all_micro)
+        span = _fit_span(all_micro)
         line = fixed + per_sample * span
         ax.plot(span, line / MiB, color="0.25", linestyle="--", linewidth=1.2,
                 label=f"fit: {_mib(fixed)} fixed\n  + {_kib(per_sample)}/sample x micro")
@@ -150,9 +161,11 @@ def memory_vs_micro_batch(
         else:
             ax.plot(oom_micro, [0.96] * len(oom_micro), transform=ax.get_xaxis_transform(), linestyle="none",
                     marker="x", color=OOM_COLOR, markersize=9, markeredgewidth=2, label="oom", zorder=5)
-    _log2_axis(ax, [t.micro_batch_size for t in trials])
+    # Linear: memory grows linearly with the micro-batch (seeds 001/004), so the fit is a straight
+    # line meeting the axis at the fixed memory; on a log axis it would bend like super-linear growth.
+    _size_axis(ax, [t.micro_batch_size for t in trials], log=False)
     ax.set_title("Peak memory vs micro-batch size")
-    ax.set_xlabel("micro-batch size (samples per worker per step, log2)")
+    ax.set_xlabel("micro-batch size (samples per worker per step)")
     ax.set_ylabel("peak memory, largest worker (MiB)")
     _legend(ax)
     return _save(fig, path)
@@ -185,7 +198,7 @@ def accuracy_vs_global_batch(trials: Sequence[Trial], path: str | os.PathLike, l
         ax.plot(sizes, [float(np.mean(per_global[g])) for g in sizes], color="0.6", linewidth=1.2, zorder=2,
                 label="mean per global batch")
     ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0, decimals=1))
-    _log2_axis(ax, [t.global_batch_size for t in ok])
+    _size_axis(ax, [t.global_batch_size for t in ok])
     ax.set_title("Validation accuracy vs global batch size")
     ax.set_xlabel("global batch size (micro x accumulation x workers, log2)")
     ax.set_ylabel("validation accuracy")
@@ -318,9 +331,9 @@ def _label_points(fig: Figure, ax: Axes, points: Sequence[Tuple[float, float, st
             label.remove()
 
 
-def _dense(micro_sizes: Iterable[int]) -> np.ndarray:
-    lo, hi = min(micro_sizes), max(micro_sizes)
-    return np.geomspace(lo, hi, 64) if hi > lo else np.array([float(lo)])
+def _fit_span(micro_sizes: Iterable[int]) -> np.ndarray:
+    """Where a fitted memory line is drawn: from 0, where it meets the fixed memory, to the largest size."""
+    return np.array([0.0, float(max(micro_sizes))])
 
 
 def _mark_not_ok_on_floor(ax: Axes, trials: Sequence[Trial], by_series: Dict[Series, List[Trial]]) -> bool:
@@ -347,19 +360,25 @@ def _mark_not_ok_on_floor(ax: Axes, trials: Sequence[Trial], by_series: Dict[Ser
     return True
 
 
-def _log2_axis(ax: Axes, sizes: Iterable[Optional[int]]) -> None:
-    """Log2 x axis whose ticks are the sizes actually swept, labelled with their values; labels that
-    would touch a neighbour are left off (the tick stays)."""
+def _size_axis(ax: Axes, sizes: Iterable[Optional[int]], log: bool = True) -> None:
+    """Log2 x axis (or, with `log=False`, a linear one from 0) whose ticks are the sizes actually
+    swept, labelled with their values; labels that would touch a neighbour are left off (the tick stays)."""
     ticks = sorted({int(s) for s in sizes if s is not None and s > 0})
     if not ticks:
         return
-    ax.set_xscale("log", base=2)
-    lo, hi = ticks[0] / 2**0.45, ticks[-1] * 2**0.45
+    if log:
+        ax.set_xscale("log", base=2)
+        lo, hi = ticks[0] / 2**0.45, ticks[-1] * 2**0.45
+    else:
+        lo, hi = 0.0, ticks[-1] * 1.08
     ax.set_xlim(lo, hi)
-    span = math.log2(hi / lo)
+
+    def position(s: int) -> float:  # 0..1 across the axes
+        return math.log2(s / lo) / math.log2(hi / lo) if log else (s - lo) / (hi - lo)
+
     labels, last = [], None
     for s in ticks:
-        where = math.log2(s / lo) / span
+        where = position(s)
         # About 1.3 % of the axes' width per character at this figure size and font.
         if last is not None and where - last[0] < 0.013 * (len(str(s)) + len(last[1])) / 2 + 0.015:
             labels.append("")
@@ -424,7 +443,7 @@ def inference_curves(
     if not sizes:
         return _placeholder(path, "Inference: throughput and latency vs batch size", [], "no ok measurements")
     for ax in (left, right):
-        _log2_axis(ax, sizes)
+        _size_axis(ax, sizes)
         ax.set_xlabel("batch size (log2)")
         ax.grid(True, alpha=0.3)
     left.set_yscale("log")

@@ -9,12 +9,12 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any, Dict, List, Optional, Sequence
 
 from sweeper import analysis, html_report, plots, tracking
 from sweeper.analysis import Recommendation, Trial
-from sweeper.config import ReportConfig
+from sweeper.config import ReportConfig, first_line
 
 MiB = 2**20
 
@@ -29,33 +29,60 @@ class Report:
     text: str  # the recommendation in words, as printed and tagged
 
 
+def settings_params(cfg: ReportConfig) -> Dict[str, Any]:
+    """The report's settings as the sweep's parent params (`report_<key>`), so a rebuild from
+    MLflow alone answers the same question the sweep did."""
+    return {f"report_{f.name}": getattr(cfg, f.name) for f in fields(ReportConfig)}
+
+
+def recorded_settings(params: Dict[str, str]) -> ReportConfig:
+    """The report settings a sweep recorded (its parent params); the defaults for any it did not."""
+    values: Dict[str, Any] = {}
+    for f in fields(ReportConfig):
+        text = params.get(f"report_{f.name}")
+        if text is not None:
+            values[f.name] = text if f.name == "objective" else _number(text)
+    return replace(ReportConfig(), **values)
+
+
+def variant(cfg: ReportConfig, params: Dict[str, str]) -> Optional[str]:
+    """None when `cfg` asks what the sweep itself asked; else a name for the other question, e.g.
+    `objective=accuracy,min_accuracy=0.9`, under which its report is kept beside the sweep's own."""
+    own = recorded_settings(params)
+    changed = [f"{f.name}={getattr(cfg, f.name)}" for f in fields(ReportConfig) if getattr(cfg, f.name) != getattr(own, f.name)]
+    return ",".join(changed) or None
+
+
 def build(
     tracker: "tracking.Tracker",
     parent_run_id: str,
     cfg: ReportConfig,
     folder: str,
     log: bool = True,
+    sweep: Optional["tracking.SweepRecord"] = None,
 ) -> Report:
-    """Read the sweep from MLflow, write the report into `folder` and (with `log`) attach it to
-    the sweep's parent run as artifacts under `report/`."""
-    sweep = tracker.load_sweep(parent_run_id)
+    """Read the sweep from MLflow (unless given), write the report into `folder` and (with `log`)
+    attach it to the sweep's parent run: as artifacts `report/` and the recommendation tags when
+    `cfg` is the sweep's own report settings (rebuilding it replaces the same files), else under
+    `report/variants/<settings>/` without touching the sweep's own answer."""
+    sweep = sweep or tracker.load_sweep(parent_run_id)
     trials = [_trial(row) for row in sweep.children]
     os.makedirs(folder, exist_ok=True)
     # The report's own budget, else the one the sweep ran under (device.memory_budget_gb).
     budget_gb = cfg.memory_budget_gb or _number(sweep.params.get("device_memory_budget_gb"))
     budget = budget_gb * 2**30 if budget_gb else None
 
-    rec = analysis.recommend(trials, cfg.objective, cfg.min_accuracy, budget)
+    rec = analysis.recommend(trials, cfg.objective, cfg.min_accuracy, budget, cfg.max_accuracy_drop)
     line = analysis.override_line(rec.best) if rec.best else None
     yaml_path = os.path.join(folder, "recommendation.yaml")
     with open(yaml_path, "w") as f:
-        f.write(analysis.recommendation_yaml(rec, cfg.objective, cfg.min_accuracy, budget))
+        f.write(analysis.recommendation_yaml(rec, cfg.objective, cfg.min_accuracy, budget, cfg.max_accuracy_drop))
 
     lr_label = f"LR scaling: {sweep.params.get('lr_scaling', '?')} (base {sweep.params.get('base_batch_size', '?')})"
     images: Dict[str, str] = {}
     for name, draw in (
         ("throughput_vs_micro_batch", lambda p: plots.throughput_vs_micro_batch(trials, analysis.knees(
-            trials, cfg.knee_min_gain), p)),
+            trials, cfg.knee_min_gain), p, cfg.knee_min_gain)),
         ("memory_vs_micro_batch", lambda p: plots.memory_vs_micro_batch(trials, p, budget_bytes=budget)),
         ("accuracy_vs_global_batch", lambda p: plots.accuracy_vs_global_batch(trials, p, lr_label)),
         ("pareto_throughput_memory", lambda p: plots.pareto_throughput_memory(trials, analysis.pareto(trials), p)),
@@ -73,7 +100,8 @@ def build(
         {
             "MLflow run": parent_run_id,
             "objective": cfg.objective,
-            "min accuracy": str(cfg.min_accuracy),
+            "min accuracy": "none" if cfg.min_accuracy is None else f"{cfg.min_accuracy:g}",
+            "max accuracy drop": "none" if cfg.max_accuracy_drop is None else f"{cfg.max_accuracy_drop:g}",
             "memory budget": f"{budget_gb:g} GiB" if budget_gb else "none",
             "knee": f"first micro-batch after which doubling gains < {cfg.knee_min_gain:.0%}",
         },
@@ -82,7 +110,13 @@ def build(
     with open(html_path, "w") as f:
         f.write(html)
     if log:
-        tracker.log_report(parent_run_id, folder, text, line)
+        name = variant(cfg, sweep.params)
+        # Only the files written here: the folder may hold others (the frontier's, logged on their own).
+        files = [yaml_path, html_path, *images.values()]
+        if name is None:
+            tracker.log_report(parent_run_id, files, "report", text, line)
+        else:
+            tracker.log_report(parent_run_id, files, f"report/variants/{name}")
     return Report(folder, html_path, rec, line, yaml_path, text)
 
 
@@ -116,15 +150,17 @@ def frontier_files(sweep_folder: str, num_workers: int, probes: List[Dict[str, A
     return folder
 
 
-def default_folder(uri: str, run_name: str) -> str:
+def default_folder(uri: str, run_name: str, variant_name: Optional[str] = None) -> str:
     """Next to the MLflow store: `<store folder>/reports/<sweep run name>` for a SQLite or file
-    store, `./reports/<name>` for a tracking server."""
+    store, `./reports/<name>` for a tracking server; a report with other settings than the
+    sweep's in `variants/<settings>` below it, as in MLflow."""
     base = "."
     if uri.startswith("sqlite:///"):
         base = os.path.dirname(uri[len("sqlite:///") :]) or "."
     elif uri.startswith("file://"):
         base = os.path.dirname(uri[len("file://") :].rstrip("/")) or "."
-    return os.path.join(base, "reports", run_name)
+    folder = os.path.join(base, "reports", run_name)
+    return os.path.join(folder, "variants", variant_name) if variant_name else folder
 
 
 def _number(text: Optional[str]) -> Optional[float]:
@@ -187,47 +223,72 @@ def recommendation_text(rec: Recommendation, line: Optional[str]) -> str:
     text = f"Train with {rec.best.key} (global batch {rec.best.global_batch_size}). {rec.reason}"
     if line:
         text += f"\nOverrides: {line}"
+    if rec.runners_up:
+        text += "\nRunners-up: " + "; ".join(_figures_text(t) for t in rec.runners_up)
     return text
+
+
+def _figures_text(t: Trial) -> str:
+    figures = [f"{t.samples_per_second:.1f} samples/s" if t.samples_per_second is not None else "no throughput"]
+    if t.peak_memory_bytes is not None:
+        figures.append(f"{t.peak_memory_bytes / MiB:.0f} MiB")
+    if t.val_accuracy is not None:
+        figures.append(f"val_accuracy {t.val_accuracy:.3f}")
+    return f"{t.key} ({', '.join(figures)})"
+
+
+def _optional_float(text: str) -> Optional[float]:
+    return None if text.lower() in ("none", "null") else float(text)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m sweeper.report",
-        description="Rebuild a sweep's report (plots, HTML, recommendation) from MLflow alone.",
+        description="Rebuild a sweep's report (plots, HTML, recommendation) from MLflow alone. Every setting "
+        "defaults to the one the sweep ran with; a report with other settings is kept beside the sweep's own "
+        "(artifacts report/variants/<settings>/), never over it.",
     )
     parser.add_argument("sweep", help="the sweep's parent run id, or an experiment name (its latest sweep)")
     parser.add_argument("--tracking-uri", default=None, help="default: sqlite:///<cwd>/mlflow.db")
-    parser.add_argument("--objective", default=ReportConfig.objective, choices=analysis.OBJECTIVES)
-    parser.add_argument("--min-accuracy", type=float, default=None)
-    parser.add_argument("--memory-budget-gb", type=float, default=None)
-    parser.add_argument("--knee-min-gain", type=float, default=ReportConfig.knee_min_gain)
+    # SUPPRESS: an option not given is absent, so the sweep's own setting applies ("none" clears one).
+    keep = argparse.SUPPRESS
+    parser.add_argument("--objective", default=keep, choices=analysis.OBJECTIVES)
+    parser.add_argument("--min-accuracy", type=_optional_float, default=keep, help="a fraction, or none")
+    parser.add_argument("--memory-budget-gb", type=_optional_float, default=keep, help="GiB per worker, or none")
+    parser.add_argument("--max-accuracy-drop", type=_optional_float, default=keep, help="a fraction, or none")
+    parser.add_argument("--knee-min-gain", type=float, default=keep)
     parser.add_argument("--out", default=None, help="default: <MLflow store folder>/reports/<sweep run name>")
     parser.add_argument("--no-log", action="store_true", help="write files only; do not attach them to the run")
     args = parser.parse_args(argv)
 
-    from sweeper.config import TrackingConfig, tracking_uri
+    from mlflow.exceptions import MlflowException
+
+    from sweeper.config import TrackingConfig, check_report, tracking_uri
 
     uri = args.tracking_uri or tracking_uri(TrackingConfig())
-    problems = tracking.check(uri)
+    problems = tracking.check(uri, must_exist=True)
     if problems:
         for problem in problems:
             print(f"error: {problem}", file=sys.stderr)
         return 2
-    cfg = ReportConfig(
-        objective=args.objective,
-        min_accuracy=args.min_accuracy,
-        memory_budget_gb=args.memory_budget_gb,
-        knee_min_gain=args.knee_min_gain,
-    )
     try:
         tracker, parent = tracking.Tracker.for_sweep(uri, args.sweep)
-        name = tracker.load_sweep(parent).run_name
-        report = build(tracker, parent, cfg, args.out or default_folder(uri, name), log=not args.no_log)
-    except (LookupError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        sweep = tracker.load_sweep(parent)
+        given = {f.name: getattr(args, f.name) for f in fields(ReportConfig) if hasattr(args, f.name)}
+        cfg = replace(recorded_settings(sweep.params), **given)
+        problems = check_report(cfg)
+        if problems:
+            for problem in problems:
+                print(f"error: {problem.replace('report.', '--').replace('_', '-')}", file=sys.stderr)
+            return 2
+        folder = args.out or default_folder(uri, sweep.run_name, variant(cfg, sweep.params))
+        report = build(tracker, parent, cfg, folder, log=not args.no_log, sweep=sweep)
+    except (LookupError, ValueError, MlflowException, OSError) as exc:
+        print(f"error: {type(exc).__name__}: {first_line(exc)}", file=sys.stderr)
         return 2
     print(report.text)
     print(f"report: {report.html_path}")
+    print(f"as YAML: {report.yaml_path}")
     return 0
 
 

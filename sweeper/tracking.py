@@ -141,8 +141,9 @@ FRONTIER_METRICS = (
 MAX_BATCH = 1000  # MLflow's limit of metrics per log_batch call
 
 
-def check(uri: str) -> List[str]:
-    """Problems reaching the tracking store, found before any trial starts."""
+def check(uri: str, must_exist: bool = False) -> List[str]:
+    """Problems reaching the tracking store, found before any trial starts. `must_exist`: a SQLite
+    store must already be there (reading a sweep back; MLflow would create an empty one)."""
     if uri.startswith(("http://", "https://")):
         try:
             with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5) as reply:
@@ -161,6 +162,11 @@ def check(uri: str) -> List[str]:
             return [
                 f"tracking.uri={uri!r}: folder {folder!r} does not exist or is not writable; "
                 "create it or choose another path"
+            ]
+        if must_exist and not os.path.isfile(uri[len("sqlite:///"):]):
+            return [
+                f"tracking.uri={uri!r}: no MLflow store there; run from the folder the sweep ran in, "
+                "or pass --tracking-uri sqlite:///<path to its mlflow.db>"
             ]
     return []
 
@@ -357,11 +363,21 @@ class Tracker:
             children.append(row)
         return SweepRecord(parent_run_id, parent.info.run_name, dict(parent.data.params), children)
 
-    def log_report(self, run_id: str, folder: str, recommendation: str, override_line: Optional[str]) -> None:
-        """The report's files as artifacts `report/` of the sweep's run; the recommendation also as
-        tags, readable in the runs table without opening anything."""
-        self.client.log_artifacts(run_id, folder, "report")
-        self.client.set_tag(run_id, "sweeper.recommendation", recommendation[:5000])
+    def log_report(
+        self,
+        run_id: str,
+        files: List[str],
+        artifact_path: str,
+        recommendation: Optional[str] = None,
+        override_line: Optional[str] = None,
+    ) -> None:
+        """The report's files as artifacts under `artifact_path` of the sweep's run (the same names
+        replace the files of an earlier build); the sweep's own recommendation also as tags,
+        readable in the runs table without opening anything."""
+        for path in files:
+            self.client.log_artifact(run_id, path, artifact_path)
+        if recommendation is not None:
+            self.client.set_tag(run_id, "sweeper.recommendation", recommendation[:5000])
         if override_line:
             self.client.set_tag(run_id, "sweeper.recommended_overrides", override_line)
 

@@ -293,7 +293,7 @@ def test_recommendation_yaml_round_trips():
     doc = yaml.safe_load(recommendation_yaml(rec, "throughput", 0.9, 2 * GiB))
 
     assert doc["objective"] == "throughput"
-    assert doc["constraints"] == {"min_accuracy": 0.9, "memory_budget_bytes": 2.0 * GiB}
+    assert doc["constraints"] == {"min_accuracy": 0.9, "memory_budget_bytes": 2.0 * GiB, "max_accuracy_drop": None}
     chosen = doc["recommendation"]
     assert (chosen["micro_batch_size"], chosen["accumulation_steps"], chosen["num_workers"]) == (32, 2, 2)
     assert chosen["global_batch_size"] == 128
@@ -315,6 +315,33 @@ def test_recommendation_yaml_without_a_winner_is_null_with_the_reason():
     doc = yaml.safe_load(recommendation_yaml(rec))
     assert doc["recommendation"] is None
     assert doc["reason"] == "no trial finished ok: 1 oom"
-    assert doc["constraints"] == {"min_accuracy": None, "memory_budget_bytes": None}
+    assert doc["constraints"] == {"min_accuracy": None, "memory_budget_bytes": None, "max_accuracy_drop": None}
     with pytest.raises(ValueError, match="does not match"):
         recommendation_yaml(rec, "accuracy")
+
+
+def test_a_fast_trial_that_learned_less_is_not_recommended_and_the_reason_says_so():
+    # The demo's case: the fastest layout trained its sample budget in few, large steps and is at chance.
+    trials = [
+        trial(64, acc=2, w=2, samples_per_second=703.0, val_accuracy=0.095),
+        trial(64, w=2, samples_per_second=565.0, val_accuracy=0.217),
+        trial(16, w=2, samples_per_second=282.5, val_accuracy=0.930),
+        trial(16, samples_per_second=284.6, val_accuracy=0.915),
+        trial(32, samples_per_second=250.0, val_accuracy=0.890),
+    ]
+    rec = recommend(trials, "throughput", max_accuracy_drop=0.02)
+    assert rec.best.key == "mb16-acc1-w1"  # fastest within 2 points of the best (0.915 vs 0.930)
+    assert [t.key for t in rec.runners_up] == ["mb16-acc1-w2"]
+    assert "Not recommended although faster: mb64-acc2-w2 (703.0 samples/s, val_accuracy 0.095), " \
+           "mb64-acc1-w2 (565.0 samples/s, val_accuracy 0.217)" in rec.reason
+    assert "more than report.max_accuracy_drop=0.02 below the best (0.930, mb16-acc1-w2)" in rec.reason
+    assert "mb32-acc1-w1" not in rec.reason  # slower anyway: not a trial the guard took away
+    assert rec.excluded["mb32-acc1-w1"].startswith("val_accuracy 0.890 is more than report.max_accuracy_drop=0.02")
+    # Off (null), or for the accuracy objective, the guard changes nothing.
+    assert recommend(trials, "throughput").best.key == "mb64-acc2-w2"
+    assert recommend(trials, "accuracy", max_accuracy_drop=0.02).best.key == "mb16-acc1-w2"
+    # Without measured accuracy (synthetic data) there is nothing to compare: throughput decides.
+    blind = [trial(16, samples_per_second=100.0), trial(32, samples_per_second=150.0)]
+    assert recommend(blind, "throughput", max_accuracy_drop=0.02).best.key == "mb32-acc1-w1"
+    with pytest.raises(ValueError, match="report.max_accuracy_drop=2"):
+        recommend(trials, max_accuracy_drop=2)

@@ -155,3 +155,41 @@ def test_html_page_without_trials_or_images():
     page = html_report.render("empty", [], {}, "No recommendation: no ok trials", {})
     assert "No trials." in page and "No recommendation: no ok trials" in page
     assert "<img" not in page
+
+
+def _drawn(monkeypatch, draw):
+    """The figure a plot function saved, to read what it shows."""
+    saved = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: saved.append(fig) or os.fspath(path))
+    draw()
+    (fig,) = saved
+    return fig.axes[0]
+
+
+def _legend_texts(ax):
+    return [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def test_the_throughput_plot_names_its_knee_rule_or_says_there_is_no_knee_yet(monkeypatch, tmp_path):
+    bending = [trial(16, samples_per_second=300.0), trial(32, samples_per_second=450.0),
+               trial(64, samples_per_second=470.0)]
+    ax = _drawn(monkeypatch, lambda: plots.throughput_vs_micro_batch(
+        bending, analysis.knees(bending, 0.10), tmp_path / "t.png", 0.10))
+    assert "knee: next doubling gains < 10%" in _legend_texts(ax)
+    climbing = [trial(16, samples_per_second=300.0), trial(64, samples_per_second=700.0)]
+    ax = _drawn(monkeypatch, lambda: plots.throughput_vs_micro_batch(
+        climbing, analysis.knees(climbing, 0.10), tmp_path / "c.png", 0.10))
+    texts = _legend_texts(ax)
+    assert any(t.startswith("no knee yet: every doubling gained >= 10%") for t in texts), texts
+    assert not any(t.startswith("knee") for t in texts)
+
+
+def test_the_memory_fit_is_a_straight_line_from_the_fixed_memory_on_a_linear_axis(monkeypatch, tmp_path):
+    points = [trial(16), trial(32), trial(64)]  # 40 MiB + 600 KiB per sample, exactly
+    ax = _drawn(monkeypatch, lambda: plots.memory_vs_micro_batch(points, tmp_path / "m.png"))
+    assert ax.get_xscale() == "linear" and ax.get_xlim()[0] == 0
+    (fit,) = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+    xs, ys = fit.get_data()
+    assert list(xs) == [0.0, 64.0]
+    assert ys[0] == pytest.approx(40.0) and ys[1] == pytest.approx(40.0 + 64 * 600 / 1024)
+    assert any("fit 40 MiB + 600 KiB/sample" in t for t in _legend_texts(ax))
