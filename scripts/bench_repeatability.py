@@ -4,7 +4,8 @@ hand-written loop (bench_overhead's) in a fresh process on one thread measures t
 run-to-run spread: interleaved, so drift of the machine reaches both alike. Prints `name: value`
 lines; the last line is the headline (the sweeps' CV across runs; goal <= 3 %).
 
-    python scripts/bench_repeatability.py [--runs 3] [--plain-steps 300] [--out .sweeper/bench_repeat] [-- Hydra overrides]
+    python scripts/bench_repeatability.py [--runs 3] [--plain-steps 300] [--out .sweeper/bench_repeat]
+        [-- Hydra overrides]
 
 The default plain loop (ResNet-18, digits, micro-batch 32) matches the default sweep; with other
 overrides pass --plain-steps 0 or compare with care.
@@ -67,7 +68,8 @@ import torch
 torch.set_num_threads(1)
 from bench_overhead import plain_loop
 from sweeper.config import DataConfig, ModelConfig
-print(plain_loop(ModelConfig(name="resnet18", input_shape=[3, 32, 32]), DataConfig(name="digits"), 32, 1, {steps}, 3, 0.05))
+model, data = ModelConfig(name="resnet18", input_shape=[3, 32, 32]), DataConfig(name="digits")
+print(plain_loop(model, data, 32, 1, {steps}, 3, 0.05))
 """
 
 

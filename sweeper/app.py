@@ -339,6 +339,7 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
             name = f"sweep-{cfg.model.name}-{cfg.data.name}-{time.strftime('%Y%m%d-%H%M%S')}"
             parent = tracker.start_sweep(name, sweep_params(cfg, auto, resources), resolved_yaml)
         phase("tracking")
+        console.print_where(uri, cluster.dashboard_url, cluster.token_path, cluster.results_dir)
         points, frontier_failed = prepared.points, False
         if auto:
             frontiers = search_frontiers(cfg, prepared, resources, cluster, tracker, name)
@@ -361,9 +362,7 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
         if cfg.profile:
             traces = os.path.join(cluster.results_dir, name, "profile")
             specs = {p: replace(s, profile_dir=traces) for p, s in specs.items()}
-        console.print_start(
-            len(points), len(groups), uri, cluster.dashboard_url, cluster.token_path, cluster.results_dir
-        )
+        console.print_start(len(points), len(groups))
         accuracy_note = SYNTHETIC_NOTE if cfg.data.name == "synthetic" and not cfg.data._target_ else None
         rows: List[Tuple[GridPoint, Dict[str, Any]]] = []
         with console.progress() as bar:

@@ -15,17 +15,9 @@ from sweeper.plan import GridPoint
 console = Console(width=None if Console().is_terminal else 120)
 
 
-def print_start(
-    num_trials: int,
-    num_groups: int,
-    tracking_uri: str,
-    dashboard_url: Optional[str],
-    token_path: Optional[str],
-    results_dir: str,
-    groups: str = "Ray Train worker group(s)",
-) -> None:
-    console.print(f"[bold]sweeper[/]: {num_trials} trials in {num_groups} {groups}", soft_wrap=True)
-    console.print(f"  MLflow store:   {tracking_uri}", soft_wrap=True)
+def print_where(tracking_uri: str, dashboard_url: Optional[str], token_path: Optional[str], results_dir: str) -> None:
+    """Where to watch the sweep, printed as soon as Ray is up: before any probe or trial runs."""
+    console.print(f"[bold]sweeper[/]: MLflow store:   {tracking_uri}", soft_wrap=True)
     console.print(f"  Ray results:    {results_dir}", soft_wrap=True)
     if dashboard_url:
         console.print(f"  Ray dashboard:  {dashboard_url}", soft_wrap=True)
@@ -35,6 +27,10 @@ def print_start(
                 "login prompt (or send `Authorization: Bearer <token>`)",
                 soft_wrap=True,
             )
+
+
+def print_start(num_trials: int, num_groups: int, groups: str = "Ray Train worker group(s)") -> None:
+    console.print(f"[bold]sweeper[/]: {num_trials} trials in {num_groups} {groups}", soft_wrap=True)
 
 
 def print_frontier_start(workers: List[int], budget_gb: Optional[float]) -> None:

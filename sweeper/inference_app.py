@@ -79,10 +79,8 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
             resolved_yaml,
             task="inference",
         )
-        console.print_start(
-            sum(len(g) for g in groups), len(groups), uri, cluster.dashboard_url, cluster.token_path,
-            cluster.results_dir, groups="Ray Tune trial(s), one per model",
-        )
+        console.print_where(uri, cluster.dashboard_url, cluster.token_path, cluster.results_dir)
+        console.print_start(sum(len(g) for g in groups), len(groups), groups="Ray Tune trial(s), one per model")
         rows: List[Tuple[str, Dict[str, Any]]] = []
         facts: Dict[str, Any] = {}
 

@@ -28,6 +28,7 @@ MiB = 2**20
 KiB = 2**10
 
 OOM_COLOR = "#d62728"
+RECOMMENDED_COLOR = "#f2b701"  # a gold star: the trial the report recommends
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 Series = Tuple[int, int]  # (accumulation_steps, num_workers)
@@ -206,9 +207,16 @@ def accuracy_vs_global_batch(trials: Sequence[Trial], path: str | os.PathLike, l
     return _save(fig, path)
 
 
-def pareto_throughput_memory(trials: Sequence[Trial], front: Sequence[Trial], path: str | os.PathLike) -> str:
+def pareto_throughput_memory(
+    trials: Sequence[Trial],
+    front: Sequence[Trial],
+    path: str | os.PathLike,
+    recommended: Optional[Trial] = None,
+) -> str:
     """Every ok trial as samples/s against peak memory; the Pareto front (no other trial is both faster
     and lighter) connected, highlighted and labelled with trial keys (only the front, to stay legible).
+    The `recommended` trial is starred and labelled too: off the front when a constraint (accuracy,
+    memory budget) ruled out the trials that beat it here.
 
     With no ok trial that has both figures, the PNG says so (the path is still returned)."""
     ok = [t for t in trials if t.status == "ok" and t.samples_per_second is not None
@@ -230,8 +238,15 @@ def pareto_throughput_memory(trials: Sequence[Trial], front: Sequence[Trial], pa
     ax.set_title("Throughput vs peak memory (Pareto front)")
     ax.set_xlabel("peak memory, largest worker (MiB)")
     ax.set_ylabel("throughput (samples/s)")
+    labelled = list(on_front)
+    if recommended is not None and recommended in ok:
+        ax.plot([recommended.peak_memory_bytes / MiB], [recommended.samples_per_second], linestyle="none",
+                marker="*", markersize=17, color=RECOMMENDED_COLOR, markeredgecolor="0.2", markeredgewidth=0.8,
+                label=f"recommended: {recommended.key}", zorder=4)
+        if recommended not in labelled:
+            labelled.append(recommended)
     _legend(ax)
-    _label_points(fig, ax, [(t.peak_memory_bytes / MiB, t.samples_per_second, t.key) for t in on_front])
+    _label_points(fig, ax, [(t.peak_memory_bytes / MiB, t.samples_per_second, t.key) for t in labelled])
     return _save(fig, path)
 
 

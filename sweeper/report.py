@@ -49,7 +49,8 @@ def variant(cfg: ReportConfig, params: Dict[str, str]) -> Optional[str]:
     """None when `cfg` asks what the sweep itself asked; else a name for the other question, e.g.
     `objective=accuracy,min_accuracy=0.9`, under which its report is kept beside the sweep's own."""
     own = recorded_settings(params)
-    changed = [f"{f.name}={getattr(cfg, f.name)}" for f in fields(ReportConfig) if getattr(cfg, f.name) != getattr(own, f.name)]
+    changed = [f"{f.name}={getattr(cfg, f.name)}" for f in fields(ReportConfig)
+               if getattr(cfg, f.name) != getattr(own, f.name)]
     return ",".join(changed) or None
 
 
@@ -85,7 +86,8 @@ def build(
             trials, cfg.knee_min_gain), p, cfg.knee_min_gain)),
         ("memory_vs_micro_batch", lambda p: plots.memory_vs_micro_batch(trials, p, budget_bytes=budget)),
         ("accuracy_vs_global_batch", lambda p: plots.accuracy_vs_global_batch(trials, p, lr_label)),
-        ("pareto_throughput_memory", lambda p: plots.pareto_throughput_memory(trials, analysis.pareto(trials), p)),
+        ("pareto_throughput_memory", lambda p: plots.pareto_throughput_memory(
+            trials, analysis.pareto(trials), p, rec.best)),
     ):
         written = draw(os.path.join(folder, f"{name}.png"))
         if written:

@@ -69,6 +69,8 @@ def test_auto_finds_the_frontier_in_few_probes_and_measures_global_batches_at_it
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "frontier, 1 worker(s): micro-batch" in result.stdout
+    # Where to watch comes first, before the probes run, not after the frontier search.
+    assert result.stdout.index("Ray dashboard:") < result.stdout.index("finding the largest micro-batch")
     client, by_role = _runs(tmp_path)
     parent = by_role["sweep"][0]
     m = client.get_run(parent.info.run_id).data.metrics

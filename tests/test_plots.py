@@ -193,3 +193,18 @@ def test_the_memory_fit_is_a_straight_line_from_the_fixed_memory_on_a_linear_axi
     assert list(xs) == [0.0, 64.0]
     assert ys[0] == pytest.approx(40.0) and ys[1] == pytest.approx(40.0 + 64 * 600 / 1024)
     assert any("fit 40 MiB + 600 KiB/sample" in t for t in _legend_texts(ax))
+
+
+def test_the_pareto_view_stars_the_recommended_trial_even_off_the_front(monkeypatch, tmp_path):
+    fast = trial(64, samples_per_second=700.0, peak_memory_bytes=100 * MiB)
+    slow = trial(16, samples_per_second=300.0, peak_memory_bytes=120 * MiB)  # beaten on both figures
+    ax = _drawn(monkeypatch, lambda: plots.pareto_throughput_memory(
+        [fast, slow], analysis.pareto([fast, slow]), tmp_path / "p.png", recommended=slow))
+    assert "recommended: mb16-acc1-w1" in _legend_texts(ax)
+    (star,) = [line for line in ax.get_lines() if line.get_marker() == "*"]
+    assert list(zip(*star.get_data())) == [(120.0, 300.0)]
+    # Off the front, it is labelled anyway so the reader can find it.
+    assert "mb16-acc1-w1" in [t.get_text() for t in ax.texts]
+    ax = _drawn(monkeypatch, lambda: plots.pareto_throughput_memory(
+        [fast, slow], analysis.pareto([fast, slow]), tmp_path / "p.png"))
+    assert not [line for line in ax.get_lines() if line.get_marker() == "*"]
