@@ -177,7 +177,8 @@ def test_cpu_peak_is_measured_with_the_given_threads_then_restores_them(monkeypa
     )
     assert match, peak.source
     matmul, conv = int(match.group(2)), int(match.group(3))
-    assert match.group(1).startswith("matmul" if matmul >= conv else "3x3")
+    if matmul != conv:  # (equal once rounded to whole GFLOP/s: either may be the faster)
+        assert match.group(1).startswith("matmul" if matmul > conv else "3x3")
     assert round(peak.flops_per_second / 1e9) == max(matmul, conv)
     assert torch.get_num_threads() == before
 
