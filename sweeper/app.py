@@ -152,6 +152,7 @@ def trial_params(cfg: SweeperConfig, spec: TrialSpec) -> Dict[str, Any]:
         "lr_scaling": cfg.train.lr_scaling,
         "epochs": cfg.train.epochs,
         "seed": cfg.train.seed,
+        "bn_recalibration_samples": cfg.train.bn_recalibration_samples,
     }
 
 

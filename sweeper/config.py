@@ -130,6 +130,10 @@ class TrainConfig:
     momentum: float = 0.9
     weight_decay: float = 0.0
     seed: int = 0
+    # Before validation, BatchNorm running statistics are re-estimated over this many training
+    # samples (torch.optim.swa_utils.update_bn), so val_accuracy judges the trained weights and
+    # not how many running-average updates a layout took (0: keep the statistics as trained).
+    bn_recalibration_samples: int = 1024
 
 
 @dataclass
@@ -363,6 +367,11 @@ def validate(cfg: SweeperConfig) -> List[str]:
     for key, v in positive.items():
         if v <= 0:
             problems.append(f"{key}={v}: must be positive")
+    if train.bn_recalibration_samples < 0:
+        problems.append(
+            f"train.bn_recalibration_samples={train.bn_recalibration_samples}: must be >= 0 "
+            "(0 keeps BatchNorm's running statistics as trained)"
+        )
     if cfg.measure.warmup_steps < 2:
         problems.append(
             f"measure.warmup_steps={cfg.measure.warmup_steps}: must be >= 2 (the first step builds "

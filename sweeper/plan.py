@@ -88,16 +88,21 @@ def stream_indices(
 ) -> List[int]:
     """Sample indices rank `rank` consumes for optimizer steps [step_begin, step_end), in order.
 
-    Global step k is stream[k*G:(k+1)*G] of the concatenated permutations; its j-th sample goes to
-    rank j % num_workers. Whatever the layout, step k covers the same samples, so layouts with the
-    same global batch compute the same gradient (up to float summation order).
+    Global step k is stream[k*G:(k+1)*G] of the concatenated permutations, cut into micro-batches
+    of consecutive samples; micro-batch m*num_workers + r is rank r's micro-step m. Whatever the
+    layout, step k covers the same samples, so layouts with the same global batch compute the same
+    gradient (up to float summation order). Layouts that also share the micro-batch size put the
+    same samples in each micro-batch, so BatchNorm normalizes over the same groups too: (16, 2, 1)
+    and (16, 1, 2) then train the same model, not just on the same data.
     """
-    g = point.global_batch_size
-    stream = itertools.chain.from_iterable(permutations)
+    g, micro, workers = point.global_batch_size, point.micro_batch_size, point.num_workers
+    chained = itertools.chain.from_iterable(permutations)
+    stream = [int(i) for i in itertools.islice(chained, step_begin * g, step_end * g)]
     out: List[int] = []
-    for position, index in enumerate(itertools.islice(stream, step_begin * g, step_end * g)):
-        if position % point.num_workers == rank:
-            out.append(int(index))
+    for step in range(0, len(stream), g):
+        for micro_step in range(point.accumulation_steps):
+            first = step + (micro_step * workers + rank) * micro
+            out.extend(stream[first : first + micro])
     return out
 
 

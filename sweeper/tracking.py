@@ -60,6 +60,7 @@ SCALAR_METRICS = (
     "mfu",
     # accuracy and the harness's own cost
     "val_accuracy",
+    "bn_recalibration_samples",  # BatchNorm statistics re-estimated over these before validation
     "startup_seconds",
     "worker_group_startup_seconds",
     "worker_group_launch_seconds",

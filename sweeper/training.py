@@ -581,8 +581,38 @@ def run_trial(
         result["memory_budget_bytes"] = spec.memory_budget_bytes
         result["memory_budget_mode"] = budget_mode
     if spec.evaluate and splits.val is not None and splits.has_real_labels:
+        inner = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+        used = recalibrate_batchnorm(
+            inner, splits.train, point.micro_batch_size, spec.train.bn_recalibration_samples, spec.train.seed, device
+        )
+        if used:
+            result["bn_recalibration_samples"] = used
         result["val_accuracy"] = evaluate(model, splits.val, device, ctx)
     return result
+
+
+def recalibrate_batchnorm(
+    model: nn.Module, dataset, micro_batch_size: int, samples: int, seed: int, device: telemetry.Device
+) -> int:
+    """Re-estimate the BatchNorm running statistics of the trained weights, as a cumulative average
+    (torch.optim.swa_utils.update_bn) over `samples` seeded training samples in micro-batches, the
+    groups the layers normalized over in training. Every rank does the same, so they agree. Returns
+    the samples used: 0 for a model without BatchNorm or `samples` 0.
+
+    Why: running statistics are an exponential average updated once per micro-batch forward, and DDP
+    keeps rank 0's. Layouts with the same global batch take different numbers of updates (two per step
+    with accumulation 2 on one worker, one kept with two workers), and in a short sweep the initial
+    mean 0 / variance 1 still weighs in: validation would measure the update count, not the weights.
+    """
+    if samples <= 0 or not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+        return 0
+    used = min(samples, len(dataset)) // micro_batch_size * micro_batch_size
+    if used == 0:
+        return 0
+    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:used].tolist()
+    loader = DataLoader(Subset(dataset, order), batch_size=micro_batch_size)
+    torch.optim.swa_utils.update_bn(loader, model, device=device.torch_device)
+    return used
 
 
 @torch.no_grad()

@@ -35,6 +35,7 @@ def test_issue_overrides_compose(cfg_of):
         ("cluster.use_gpu=maybe", "cluster.use_gpu"),
         ("train.epochs=0", "train.epochs"),
         ("measure.warmup_steps=1", "measure.warmup_steps"),
+        ("train.bn_recalibration_samples=-1", "train.bn_recalibration_samples"),
         ("measure.windows=2", "measure.windows"),
         ("measure.stability_tolerance=0", "measure.stability_tolerance"),
         ("sweep.points_per_worker_group=0", "sweep.points_per_worker_group"),

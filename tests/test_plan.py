@@ -57,6 +57,23 @@ def test_stream_gives_each_step_the_same_samples_whatever_the_layout():
     assert single[8:12] == [1, 0, 0, 1]  # epoch 0's tail then epoch 1's head
 
 
+def test_layouts_with_the_same_micro_batch_fill_each_micro_batch_with_the_same_samples():
+    # BatchNorm normalizes over a micro-batch: accumulation 2 on 1 worker and 2 workers without
+    # accumulation must group the samples alike, or they train different models on the same data.
+    perms = [list(range(24))[::-1]]
+    accumulated = stream_indices(perms, 0, 3, GridPoint(4, 2, 1), 0)
+    ranks = [stream_indices(perms, 0, 3, GridPoint(4, 1, 2), r) for r in range(2)]
+
+    def micro_batches(indices):
+        return [indices[i : i + 4] for i in range(0, len(indices), 4)]
+
+    from_ranks = [mb for pair in zip(*map(micro_batches, ranks)) for mb in pair]  # step by step, rank 0 first
+    assert micro_batches(accumulated) == from_ranks
+    assert micro_batches(accumulated)[:2] == [[23, 22, 21, 20], [19, 18, 17, 16]]  # consecutive samples
+    # Resuming mid-stream gives the same indices as the whole stream cut there.
+    assert stream_indices(perms, 1, 3, GridPoint(4, 1, 2), 1) == ranks[1][4:]
+
+
 def test_worker_groups_hold_every_point_ordered_by_worker_count():
     points = expand_grid([16, 32], [1, 2], [1, 2])  # workers vary fastest
     (group,) = worker_groups(points)

@@ -12,7 +12,8 @@ import torch.multiprocessing as mp
 
 from sweeper.config import DataConfig, MeasureConfig, ModelConfig, TrainConfig
 from sweeper.plan import GridPoint
-from sweeper.training import TrialSpec, WorkerContext, run_points, run_trial
+from sweeper import telemetry
+from sweeper.training import TrialSpec, WorkerContext, recalibrate_batchnorm, run_points, run_trial
 from tests.conftest import free_port
 
 MLP = ModelConfig(name="mlp", input_shape=[1, 8, 8], depth=3, width=32)
@@ -56,13 +57,14 @@ def test_synthetic_data_reports_no_accuracy():
     assert "val_accuracy" not in r
 
 
-def _gloo_worker(rank, world_size, port, points, out):
+def _gloo_worker(rank, world_size, port, points, out, model=MLP):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     reports = []
     try:
-        run_points([spec(p) for p in points], WorkerContext(rank=rank, world_size=world_size), reports.append)
+        run_points([spec(p, model=model) for p in points], WorkerContext(rank=rank, world_size=world_size),
+                   reports.append)
         out[rank] = reports
     finally:
         dist.destroy_process_group()
@@ -82,6 +84,57 @@ def test_a_two_rank_worker_group_matches_one_process_and_runs_smaller_points_on_
     assert rank1[0]["status"] == "idle" and rank1[1]["train_loss"] == rank0[1]["train_loss"]
     for result in rank0:
         torch.testing.assert_close(torch.tensor(single), torch.tensor(result["train_loss"]), rtol=1e-5, atol=1e-6)
+
+
+class SmallBatchNormNet(torch.nn.Module):
+    """A conv net with BatchNorm: its training depends on which samples share a micro-batch, and its
+    evaluation on the running statistics."""
+
+    def __init__(self, num_classes):
+        super().__init__()
+        self.features = torch.nn.Sequential(
+            torch.nn.Conv2d(1, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(), torch.nn.Flatten(),
+        )
+        self.head = torch.nn.Linear(8 * 8 * 8, num_classes)
+
+    def forward(self, x):
+        return self.head(self.features(x))
+
+
+BN_NET = ModelConfig(name="bnnet", _target_="tests.test_training.SmallBatchNormNet", input_shape=[1, 8, 8])
+
+
+def test_accumulation_and_two_ranks_train_and_score_a_batchnorm_model_alike():
+    torch.set_num_threads(1)
+    single = run_trial(spec(GridPoint(8, 2, 1), model=BN_NET), WorkerContext())
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(_gloo_worker, args=(2, free_port(), [GridPoint(8, 1, 2)], out, BN_NET), nprocs=2)
+        (pair,) = out[0]
+    # The same samples share each micro-batch, so BatchNorm normalizes the same groups: one curve.
+    torch.testing.assert_close(torch.tensor(single["train_loss"]), torch.tensor(pair["train_loss"]),
+                               rtol=1e-5, atol=1e-6)
+    # Running statistics re-estimated from the trained weights: the same model scores the same,
+    # although accumulation took two running-average updates per step and the pair kept one.
+    assert single["bn_recalibration_samples"] == pair["bn_recalibration_samples"] == 1024
+    # (Weights agree to float summation order, so at most one of the 359 validation digits may flip.)
+    assert single["val_accuracy"] == pytest.approx(pair["val_accuracy"], abs=1.01 / 359)
+
+
+def test_recalibration_is_the_plain_average_of_the_chosen_samples():
+    data = torch.utils.data.TensorDataset(torch.randn(100, 3) * 2 + 5, torch.zeros(100, dtype=torch.long))
+    model = torch.nn.Sequential(torch.nn.BatchNorm1d(3))
+    model.eval()
+    device = telemetry.select(False)
+    assert recalibrate_batchnorm(model, data, micro_batch_size=8, samples=50, seed=1, device=device) == 48
+    chosen = data.tensors[0][torch.randperm(100, generator=torch.Generator().manual_seed(1))[:48]]
+    bn = model[0]
+    torch.testing.assert_close(bn.running_mean, chosen.mean(0))  # equal batches: mean of means
+    batch_vars = torch.stack([chosen[i : i + 8].var(0) for i in range(0, 48, 8)])
+    torch.testing.assert_close(bn.running_var, batch_vars.mean(0))
+    assert not model.training and bn.momentum == 0.1  # left as it was found
+    assert recalibrate_batchnorm(model, data, 8, samples=0, seed=1, device=device) == 0
+    assert recalibrate_batchnorm(torch.nn.Linear(3, 2), data, 8, samples=50, seed=1, device=device) == 0
 
 
 class FailsOnRankOne(torch.nn.Module):
