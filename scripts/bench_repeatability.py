@@ -60,7 +60,8 @@ def main() -> None:
 
 
 def cv(values) -> float:
-    return statistics.stdev(values) / statistics.fmean(values)
+    # One run has no spread to report (and stdev needs two values).
+    return statistics.stdev(values) / statistics.fmean(values) if len(values) > 1 else 0.0
 
 
 PLAIN = """

@@ -207,8 +207,9 @@ def recommend(
     without the figure cannot satisfy the constraint). An unstable throughput stays eligible and is
     noted in the reason. With `max_accuracy_drop` (throughput and time_to_accuracy), a trial whose
     val_accuracy is more than that below the best eligible one's is left out too: a layout that
-    trains fast but learns less from the same samples is not a better way to train. It applies
-    only when the eligible trials measured accuracy (synthetic data has none). Objectives:
+    trains fast but learns less from the same samples is not a better way to train. When some
+    eligible trials measured accuracy, those without it are left out as well (nothing to compare);
+    when none did (synthetic data), the guard does not apply. Objectives:
 
     - "throughput": highest samples_per_second.
     - "accuracy": highest val_accuracy; accuracies within 0.005 of each other are a tie that
@@ -247,7 +248,8 @@ def recommend(
     best, runners_up = ranked[0], ranked[1 : 1 + MAX_RUNNERS_UP]
     reason = _winner_reason(best, ranked, objective, min_accuracy)
     # The trials the objective alone would have preferred: the reason says why they lost.
-    passed_over = [t for t in _rank(dropped, objective) if _rank([t, best], objective)[0] is t]
+    in_order = _rank([*dropped, best], objective)
+    passed_over = in_order[: in_order.index(best)]
     if passed_over:
         reason += " " + _accuracy_drop_note(passed_over, max_accuracy_drop, top)
     return Recommendation(best, runners_up, reason, excluded, objective)
@@ -287,11 +289,11 @@ def _accuracy_drop_note(passed_over: List[Trial], max_drop: float, top: Trial) -
         for t in shown
     )
     more = f" and {len(passed_over) - len(shown)} more" if len(passed_over) > len(shown) else ""
-    return (
-        f"Not recommended although faster: {listed}{more}: their accuracy is more than "
-        f"report.max_accuracy_drop={max_drop:g} below the best ({top.val_accuracy:.3f}, {top.key}), "
-        "so they learn less from the same samples."
-    )
+    below = f"more than report.max_accuracy_drop={max_drop:g} below the best ({top.val_accuracy:.3f}, {top.key})"
+    lead = f"Not recommended although faster: {listed}{more}: their accuracy is {below}"
+    if any(t.val_accuracy is None for t in passed_over):
+        return f"{lead} or was not measured."
+    return f"{lead}, so they learn less from the same samples."
 
 
 def _rank(eligible: List[Trial], objective: str) -> List[Trial]:

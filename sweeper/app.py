@@ -170,11 +170,11 @@ def overhead(rows: List[Tuple[GridPoint, Dict[str, Any]]], phases: Dict[str, flo
     return out
 
 
-def make_report(cfg: SweeperConfig, tracker, parent: str, uri: str, name: str):
+def make_report(cfg: SweeperConfig, tracker, parent: str):
     """The report, or None with a warning: what is recorded in MLflow is never lost to a failing
     plot; `python -m sweeper.report` can rebuild it later."""
     try:
-        return report_mod.build(tracker, parent, cfg.report, report_mod.default_folder(uri, name))
+        return report_mod.build(tracker, parent, cfg.report)
     except Exception as exc:  # noqa: BLE001 - reported, and the trials stay recorded
         console.warn(f"the report could not be built ({type(exc).__name__}: {first_line(exc)}); "
                      f"rebuild it with: python -m sweeper.report {parent}")
@@ -397,7 +397,7 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
                 )
                 attempt += 1
         phase("grid")
-        made = make_report(cfg, tracker, parent, uri, name)
+        made = make_report(cfg, tracker, parent)
         phase("report")
         # Counted from MLflow: a resumed sweep's totals include what was recorded before it stopped.
         statuses = Counter(child["status"] for child in tracker.load_sweep(parent).children)

@@ -5,9 +5,7 @@ on CPU) and the bytes and FLOPs of one forward pass, traced on fake tensors. The
 from __future__ import annotations
 
 import contextlib
-import math
 import re
-import time
 import warnings
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional, Sequence, Tuple
@@ -67,12 +65,7 @@ def measure_cpu_bandwidth(threads: int, size_bytes: int = 256 * 2**20, repeats: 
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        target.copy_(source)
-        best = math.inf
-        for _ in range(repeats):
-            start = time.perf_counter()
-            target.copy_(source)
-            best = min(best, time.perf_counter() - start)
+        best = flops.best_seconds(lambda: target.copy_(source), repeats)
     finally:
         torch.set_num_threads(previous)
     moved = 2 * numel * 4

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -253,29 +253,30 @@ def normalize_use_gpu(value: Any) -> str:
     return str(value).strip().lower()
 
 
-def check_report(report: "ReportConfig") -> List[str]:
-    """Every problem with the report's settings (the sweep's `report.*`, or `python -m sweeper.report`'s)."""
+def check_report(report: "ReportConfig", key: Callable[[str], str] = lambda name: f"report.{name}") -> List[str]:
+    """Every problem with the report's settings, each naming the setting by `key(field name)`: the
+    sweep's `report.*` by default, `python -m sweeper.report` passes its option names."""
     problems: List[str] = []
     if report.objective not in REPORT_OBJECTIVES:
         problems.append(
-            f"report.objective={report.objective!r} is invalid: use one of {', '.join(REPORT_OBJECTIVES)}"
+            f"{key('objective')}={report.objective!r} is invalid: use one of {', '.join(REPORT_OBJECTIVES)}"
         )
     elif report.objective == "time_to_accuracy" and report.min_accuracy is None:
         problems.append(
-            "report.objective=time_to_accuracy needs report.min_accuracy (the accuracy to reach), "
-            "e.g. report.min_accuracy=0.9"
+            f"{key('objective')}=time_to_accuracy needs {key('min_accuracy')} (the accuracy to reach), "
+            f"e.g. {key('min_accuracy')}=0.9"
         )
     if report.min_accuracy is not None and not (0.0 <= report.min_accuracy <= 1.0):
-        problems.append(f"report.min_accuracy={report.min_accuracy}: must be between 0 and 1, or null")
+        problems.append(f"{key('min_accuracy')}={report.min_accuracy}: must be between 0 and 1, or null")
     if report.max_accuracy_drop is not None and not (0.0 <= report.max_accuracy_drop <= 1.0):
         problems.append(
-            f"report.max_accuracy_drop={report.max_accuracy_drop}: must be between 0 and 1 (0.02 is 2 points "
+            f"{key('max_accuracy_drop')}={report.max_accuracy_drop}: must be between 0 and 1 (0.02 is 2 points "
             "of accuracy), or null"
         )
     if report.memory_budget_gb is not None and report.memory_budget_gb <= 0:
-        problems.append(f"report.memory_budget_gb={report.memory_budget_gb}: must be positive, or null")
+        problems.append(f"{key('memory_budget_gb')}={report.memory_budget_gb}: must be positive, or null")
     if not (0.0 < report.knee_min_gain < 1.0):
-        problems.append(f"report.knee_min_gain={report.knee_min_gain}: must be between 0 and 1, e.g. 0.1")
+        problems.append(f"{key('knee_min_gain')}={report.knee_min_gain}: must be between 0 and 1, e.g. 0.1")
     return problems
 
 

@@ -352,8 +352,8 @@ def measure_cpu_peak_flops(
     torch.set_num_threads(threads)
     try:
         with torch.no_grad():
-            matmul = _best_seconds(lambda: torch.mm(a, b, out=out), repeats)
-            conv = _best_seconds(lambda: F.conv2d(image, kernel, padding=1), repeats)
+            matmul = best_seconds(lambda: torch.mm(a, b, out=out), repeats)
+            conv = best_seconds(lambda: F.conv2d(image, kernel, padding=1), repeats)
     finally:
         torch.set_num_threads(previous)
     rates = {
@@ -370,7 +370,9 @@ def measure_cpu_peak_flops(
     )
 
 
-def _best_seconds(run: Callable[[], object], repeats: int) -> float:
+def best_seconds(run: Callable[[], object], repeats: int) -> float:
+    """The fastest of `repeats` timed calls of `run` after one untimed: the run least disturbed by
+    other processes, the closest to what the hardware can do."""
     run()  # warm-up: thread pool start, first-touch page faults, kernel selection
     best = math.inf
     for _ in range(repeats):

@@ -86,12 +86,12 @@ def throughput_vs_micro_batch(
     if knee_marks:
         extra.append(Line2D([], [], linestyle="none", marker="o", markersize=11, markerfacecolor="none",
                             markeredgecolor="0.3", markeredgewidth=1.8, label=f"knee{rule}"))
-    elif any(len(members) > 1 for members in by_series.values()):
+    elif any(len({t.micro_batch_size for t in members if id(t) in ok_ids}) > 1 for members in by_series.values()):
         # Every doubling measured still paid: say so, rather than leave the reader looking for a ring.
         gained = "" if min_gain is None else f": every doubling gained >= {min_gain:.0%}"
         extra.append(Line2D([], [], linestyle="none", label=f"no knee yet{gained};\n  try larger micro-batches"))
     extra.append(Line2D([], [], color="0.3", marker="|", linestyle="none", markersize=10,
-                        label="error bar: \u00b1 cv of the timed windows"))
+                        label="error bar: \u00b1 cv of the windows behind the figure"))
     if _mark_not_ok_on_floor(ax, trials, by_series):
         extra.append(Line2D([], [], linestyle="none", marker="x", color=OOM_COLOR, markersize=8,
                             markeredgewidth=2, label="oom / failed (no throughput)"))

@@ -58,15 +58,18 @@ def build(
     tracker: "tracking.Tracker",
     parent_run_id: str,
     cfg: ReportConfig,
-    folder: str,
+    folder: Optional[str] = None,
     log: bool = True,
     sweep: Optional["tracking.SweepRecord"] = None,
 ) -> Report:
     """Read the sweep from MLflow (unless given), write the report into `folder` and (with `log`)
     attach it to the sweep's parent run: as artifacts `report/` and the recommendation tags when
     `cfg` is the sweep's own report settings (rebuilding it replaces the same files), else under
-    `report/variants/<settings>/` without touching the sweep's own answer."""
+    `report/variants/<settings>/` without touching the sweep's own answer. `folder` defaults to
+    default_folder's, the variant's own for other settings, so files and artifacts agree."""
     sweep = sweep or tracker.load_sweep(parent_run_id)
+    variant_name = variant(cfg, sweep.params)
+    folder = folder or default_folder(tracker.uri, sweep.run_name, variant_name)
     trials = [_trial(row) for row in sweep.children]
     os.makedirs(folder, exist_ok=True)
     # The report's own budget, else the one the sweep ran under (device.memory_budget_gb).
@@ -95,7 +98,7 @@ def build(
 
     text = recommendation_text(rec, line)
     html = html_report.render(
-        f"sweep {sweep.run_name}",
+        sweep.run_name,
         [_row(t) for t in sorted(trials, key=_speed, reverse=True)],
         images,
         text,
@@ -112,13 +115,12 @@ def build(
     with open(html_path, "w") as f:
         f.write(html)
     if log:
-        name = variant(cfg, sweep.params)
         # Only the files written here: the folder may hold others (the frontier's, logged on their own).
         files = [yaml_path, html_path, *images.values()]
-        if name is None:
+        if variant_name is None:
             tracker.log_report(parent_run_id, files, "report", text, line)
         else:
-            tracker.log_report(parent_run_id, files, f"report/variants/{name}")
+            tracker.log_report(parent_run_id, files, f"report/variants/{variant_name}")
     return Report(folder, html_path, rec, line, yaml_path, text)
 
 
@@ -256,7 +258,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     keep = argparse.SUPPRESS
     parser.add_argument("--objective", default=keep, choices=analysis.OBJECTIVES)
     parser.add_argument("--min-accuracy", type=_optional_float, default=keep, help="a fraction, or none")
-    parser.add_argument("--memory-budget-gb", type=_optional_float, default=keep, help="GiB per worker, or none")
+    parser.add_argument("--memory-budget-gb", type=_optional_float, default=keep,
+                        help="GiB per worker; none: the device budget the sweep ran under, if any")
     parser.add_argument("--max-accuracy-drop", type=_optional_float, default=keep, help="a fraction, or none")
     parser.add_argument("--knee-min-gain", type=float, default=keep)
     parser.add_argument("--out", default=None, help="default: <MLflow store folder>/reports/<sweep run name>")
@@ -278,13 +281,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         sweep = tracker.load_sweep(parent)
         given = {f.name: getattr(args, f.name) for f in fields(ReportConfig) if hasattr(args, f.name)}
         cfg = replace(recorded_settings(sweep.params), **given)
-        problems = check_report(cfg)
+        problems = check_report(cfg, key=lambda name: "--" + name.replace("_", "-"))
         if problems:
             for problem in problems:
-                print(f"error: {problem.replace('report.', '--').replace('_', '-')}", file=sys.stderr)
+                print(f"error: {problem}", file=sys.stderr)
             return 2
-        folder = args.out or default_folder(uri, sweep.run_name, variant(cfg, sweep.params))
-        report = build(tracker, parent, cfg, folder, log=not args.no_log, sweep=sweep)
+        report = build(tracker, parent, cfg, args.out, log=not args.no_log, sweep=sweep)
     except (LookupError, ValueError, MlflowException, OSError) as exc:
         print(f"error: {type(exc).__name__}: {first_line(exc)}", file=sys.stderr)
         return 2

@@ -597,7 +597,8 @@ def recalibrate_batchnorm(
     """Re-estimate the BatchNorm running statistics of the trained weights, as a cumulative average
     (torch.optim.swa_utils.update_bn) over `samples` seeded training samples in micro-batches, the
     groups the layers normalized over in training. Every rank does the same, so they agree. Returns
-    the samples used: 0 for a model without BatchNorm or `samples` 0.
+    the samples used: whole micro-batches, at least one even when `samples` is smaller; 0 for a
+    model without BatchNorm or `samples` 0.
 
     Why: running statistics are an exponential average updated once per micro-batch forward, and DDP
     keeps rank 0's. Layouts with the same global batch take different numbers of updates (two per step
@@ -606,9 +607,10 @@ def recalibrate_batchnorm(
     """
     if samples <= 0 or not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
         return 0
-    used = min(samples, len(dataset)) // micro_batch_size * micro_batch_size
-    if used == 0:
-        return 0
+    # A cumulative average weighs every batch alike, so all are full micro-batches (the split's
+    # size caps a single one only when it holds less than one micro-batch).
+    batches = max(1, min(samples, len(dataset)) // micro_batch_size)
+    used = min(batches * micro_batch_size, len(dataset))
     order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:used].tolist()
     loader = DataLoader(Subset(dataset, order), batch_size=micro_batch_size)
     torch.optim.swa_utils.update_bn(loader, model, device=device.torch_device)

@@ -182,6 +182,11 @@ def test_the_throughput_plot_names_its_knee_rule_or_says_there_is_no_knee_yet(mo
     texts = _legend_texts(ax)
     assert any(t.startswith("no knee yet: every doubling gained >= 10%") for t in texts), texts
     assert not any(t.startswith("knee") for t in texts)
+    # One ok size and one that ran out of memory: no doubling was measured, so nothing is claimed.
+    single = [trial(16, samples_per_second=300.0), trial(32, status="oom")]
+    ax = _drawn(monkeypatch, lambda: plots.throughput_vs_micro_batch(
+        single, analysis.knees(single, 0.10), tmp_path / "s.png", 0.10))
+    assert not any(t.startswith(("knee", "no knee")) for t in _legend_texts(ax))
 
 
 def test_the_memory_fit_is_a_straight_line_from_the_fixed_memory_on_a_linear_axis(monkeypatch, tmp_path):

@@ -134,6 +134,9 @@ def test_recalibration_is_the_plain_average_of_the_chosen_samples():
     torch.testing.assert_close(bn.running_var, batch_vars.mean(0))
     assert not model.training and bn.momentum == 0.1  # left as it was found
     assert recalibrate_batchnorm(model, data, 8, samples=0, seed=1, device=device) == 0
+    # A micro-batch larger than the sample count still gets one whole micro-batch, not none.
+    assert recalibrate_batchnorm(model, data, micro_batch_size=64, samples=50, seed=1, device=device) == 64
+    assert recalibrate_batchnorm(model, data, micro_batch_size=128, samples=50, seed=1, device=device) == 100
     assert recalibrate_batchnorm(torch.nn.Linear(3, 2), data, 8, samples=50, seed=1, device=device) == 0
 
 
