@@ -158,13 +158,14 @@ def check(uri: str, must_exist: bool = False) -> List[str]:
             "--host 127.0.0.1 --port 5000`) or set tracking.uri=null for a local SQLite store"
         ]
     if uri.startswith("sqlite:///"):
-        folder = os.path.dirname(uri[len("sqlite:///"):]) or "."
+        path = uri[len("sqlite:///"):]
+        folder = os.path.dirname(path) or "."
         if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
             return [
                 f"tracking.uri={uri!r}: folder {folder!r} does not exist or is not writable; "
                 "create it or choose another path"
             ]
-        if must_exist and not os.path.isfile(uri[len("sqlite:///"):]):
+        if must_exist and not os.path.isfile(path):
             return [
                 f"tracking.uri={uri!r}: no MLflow store there; run from the folder the sweep ran in, "
                 "or pass --tracking-uri sqlite:///<path to its mlflow.db>"
@@ -306,8 +307,11 @@ class Tracker:
         # The point's own start and end in its worker, not the moment the driver logs it: the
         # runs table's Duration column then shows how long the trial ran (it read ~20 ms).
         started = result.get("started_at")
-        start_ms = int(started * 1000) if started is not None else None
-        end_ms = int((started + result["trial_seconds"]) * 1000) if started and "trial_seconds" in result else None
+        start_ms = end_ms = None
+        if started is not None:
+            start_ms = int(started * 1000)
+            if "trial_seconds" in result:
+                end_ms = int((started + result["trial_seconds"]) * 1000)
         run = self.client.create_run(self.experiment_id, run_name=key, tags=tags, start_time=start_ms)
         run_id = run.info.run_id
         self._log_params(run_id, params)
