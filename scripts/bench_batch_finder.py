@@ -28,10 +28,11 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from sweeper import data as data_mod
-from sweeper import memory, models, telemetry
+from sweeper import models
 from sweeper.config import DataConfig, MeasureConfig, ModelConfig, TrainConfig
+from sweeper.measure import memory, telemetry
 from sweeper.plan import GridPoint
-from sweeper.training import FrontierSpec, TrialSpec, WorkerContext, run_frontier, run_point
+from sweeper.worker.step import FrontierSpec, TrialSpec, WorkerContext, run_frontier, run_point
 
 STEPS = 3  # per probe, for everyone: Lightning's steps_per_trial default, sweeper's warm-up steps
 

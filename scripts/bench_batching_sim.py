@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from sweeper import batching_sim as bsim  # noqa: E402
+from sweeper.inference import batching_sim as bsim  # noqa: E402
 
 IN_FEATURES, DEPTH, WIDTH, NUM_CLASSES = 1024, 8, 1024, 10
 P50_GOAL, P99_GOAL = 0.15, 0.25

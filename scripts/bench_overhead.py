@@ -18,7 +18,7 @@ from sweeper import data as data_mod
 from sweeper import models
 from sweeper.config import DataConfig, MeasureConfig, ModelConfig, TrainConfig
 from sweeper.plan import GridPoint
-from sweeper.training import TrialSpec, WorkerContext, run_trial
+from sweeper.worker.step import TrialSpec, WorkerContext, run_trial
 
 
 def plain_loop(model_cfg, data_cfg, micro, accum, steps, warmup, lr) -> float:

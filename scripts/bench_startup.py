@@ -8,7 +8,6 @@ the last line is the headline (the grouped sweep's wall time over its trials' ow
 
 from __future__ import annotations
 
-
 from _sweeps import parser, read_sweep, run_sweep, spread, start
 
 DEFAULT = ["+experiment=resnet_batch"]

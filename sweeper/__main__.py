@@ -23,9 +23,9 @@ def _hydra_main(cfg: DictConfig) -> None:
         typed = config.to_typed(cfg)
         # Each validates everything (values, model, data, store) before Ray starts.
         if typed.task == "inference":
-            from sweeper import inference_app as task
+            from sweeper.driver import inference as task
         else:
-            from sweeper import app as task
+            from sweeper.driver import train as task
 
         status = task.run(typed, OmegaConf.to_yaml(cfg, resolve=True))
     except config.ConfigError as exc:

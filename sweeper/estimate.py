@@ -1,63 +1,16 @@
-"""Training-step memory predicted on fake tensors, before anything runs: per grid point (checked against
-what the trials measure) and the frontier under any budget, e.g. an 80 GB card from a laptop.
-
-`python -m sweeper.estimate [overrides]` takes the sweep's own config and prints the answer.
+"""`python -m sweeper.estimate [overrides]`: the memory of the sweep's config predicted on fake tensors,
+printed before anything runs (the frontier under device.memory_budget_gb and each grid point's peak).
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import List, Optional
 
-from sweeper import frontier, memory, models
+from sweeper import models
 from sweeper.config import SweeperConfig, budget_bytes, first_line
+from sweeper.measure.estimate import point_estimates, predicted_frontier
 from sweeper.plan import GridPoint
-
-
-def step_peak(cfg: SweeperConfig, num_classes: int, micro_batch_size: int, accumulation_steps: int = 1,
-              num_workers: int = 1) -> int:
-    """The tracked peak of one steady-state step (memory.estimate_step) for this config's model."""
-    return memory.estimate_step(
-        lambda: models.build(cfg.model, num_classes),
-        cfg.model.input_shape,
-        num_classes,
-        micro_batch_size,
-        accumulation_steps,
-        num_workers,
-        momentum=cfg.train.momentum,
-        weight_decay=cfg.train.weight_decay,
-    ).peak_bytes
-
-
-def point_estimates(cfg: SweeperConfig, points: Iterable[GridPoint], num_classes: int) -> Dict[GridPoint, int]:
-    """Each point's estimated peak. Points that differ only in how many accumulation steps (beyond one)
-    or workers (beyond one) they have hold the same tensors at the peak, so they share one trace."""
-    cache: Dict[Tuple[int, bool, bool], int] = {}
-    out: Dict[GridPoint, int] = {}
-    for point in points:
-        key = (point.micro_batch_size, point.accumulation_steps > 1, point.num_workers > 1)
-        if key not in cache:
-            accumulation, workers = (2 if key[1] else 1), (2 if key[2] else 1)
-            cache[key] = step_peak(cfg, num_classes, point.micro_batch_size, accumulation, workers)
-        out[point] = cache[key]
-    return out
-
-
-def predicted_frontier(
-    cfg: SweeperConfig, num_classes: int, num_workers: int, budget: int, accumulation_steps: int = 1
-) -> frontier.Frontier:
-    """The frontier search of `sweep.micro_batch_sizes=auto`, with every probe a fake-tensor trace."""
-    search = frontier.FrontierSearch(
-        budget_bytes=budget,
-        first_probe=cfg.frontier.first_probe,
-        growth=cfg.frontier.growth,
-        max_fit_probes=cfg.frontier.max_fit_probes,
-        max_verifications=cfg.frontier.max_verifications,
-        multiple_of=cfg.frontier.multiple_of,
-    )
-    while (size := search.next_size()) is not None:
-        search.record(size, step_peak(cfg, num_classes, size, accumulation_steps, num_workers))
-    return search.result()
 
 
 def _mib(n: float) -> str:

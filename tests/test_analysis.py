@@ -3,7 +3,7 @@
 import pytest
 import yaml
 
-from sweeper.analysis import (
+from sweeper.report.analysis import (
     OBJECTIVES,
     Recommendation,
     Trial,

@@ -4,7 +4,7 @@ Pollaczek-Khinchine, Ray Serve's batching semantics, and the SLO recommendation.
 import numpy as np
 import pytest
 
-from sweeper.batching_sim import (
+from sweeper.inference.batching_sim import (
     POLICIES,
     LatencyCurve,
     load_trace,

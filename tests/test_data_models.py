@@ -10,7 +10,7 @@ import torch
 from sweeper import data, models
 from sweeper.config import DataConfig, MeasureConfig, ModelConfig, TrainConfig
 from sweeper.plan import GridPoint
-from sweeper.training import TrialSpec, WorkerContext, run_trial
+from sweeper.worker.step import TrialSpec, WorkerContext, run_trial
 
 
 def write_tiny_cifar10(root, per_batch=20, test=30):

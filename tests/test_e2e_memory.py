@@ -6,8 +6,9 @@ import json
 import pytest
 from mlflow.tracking import MlflowClient
 
-from sweeper import memory, models
+from sweeper import models
 from sweeper.config import ModelConfig
+from sweeper.measure import memory
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.e2e

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 
-from sweeper.flops import (
+from sweeper.measure.flops import (
     PeakFlops,
     count_flops,
     dtype_key,

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from sweeper import frontier
-from sweeper.frontier import FrontierSearch
+from sweeper.measure import frontier
+from sweeper.measure.frontier import FrontierSearch
 
 
 def run(search: FrontierSearch, peak):

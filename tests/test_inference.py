@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from sweeper import inference
 from sweeper.config import ModelConfig
-from sweeper.flops import FlopCount
-from sweeper.inference import InferenceSpec, run_inference_point, run_inference_points, summarize_latency
+from sweeper.inference import timing as inference
+from sweeper.inference.timing import InferenceSpec, run_inference_point, run_inference_points, summarize_latency
+from sweeper.measure.flops import FlopCount
 
 SLEEP_SECONDS = 0.01
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from sweeper.measure import phase_split, stable_run, summarize, window_bounds
+from sweeper.measure.timing import phase_split, stable_run, summarize, window_bounds
 
 
 def test_windows_skip_warmup_and_cover_every_later_step():

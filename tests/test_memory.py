@@ -7,7 +7,7 @@ from torch import nn
 from torch.nn.modules import module as module_globals
 from torch.optim import optimizer as optimizer_globals
 
-from sweeper.memory import MemoryBreakdown, track_step
+from sweeper.measure.memory import MemoryBreakdown, track_step
 
 CPU = torch.device("cpu")
 F32 = 4  # bytes per float32 element

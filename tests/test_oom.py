@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from sweeper import data as data_mod
-from sweeper import memory, models, telemetry
+from sweeper import models
 from sweeper.config import DataConfig, MeasureConfig, ModelConfig, TrainConfig
+from sweeper.measure import memory, telemetry
 from sweeper.plan import GridPoint
-from sweeper.training import FrontierSpec, TrialSpec, WorkerContext, implied_oom, run_frontier, run_point, run_points
+from sweeper.worker.step import FrontierSpec, TrialSpec, WorkerContext, implied_oom, run_frontier, run_point, run_points
 
 MLP = ModelConfig(name="mlp", input_shape=[1, 8, 8], depth=3, width=64)
 DATA = DataConfig(name="synthetic", num_samples=1024)

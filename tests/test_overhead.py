@@ -3,9 +3,9 @@ phases, against cases with known answers."""
 
 import pytest
 
-from sweeper.app import overhead
+from sweeper.driver.train import overhead
 from sweeper.plan import GridPoint
-from sweeper.training import startup_split
+from sweeper.worker.step import startup_split
 
 
 def test_startup_split_parts_add_up_to_the_group_start_up():

@@ -10,8 +10,9 @@ import sys
 import pytest
 from matplotlib.image import imread
 
-from sweeper import analysis, html_report, plots
-from sweeper.analysis import Trial
+from sweeper.report import analysis, plots
+from sweeper.report import html as html_report
+from sweeper.report.analysis import Trial
 
 MiB = 2**20
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -112,8 +113,8 @@ def test_a_dollar_sign_in_a_key_is_not_typeset(tmp_path):
 def test_plotting_leaves_pyplot_alone(tmp_path):
     code = (
         "import sys\n"
-        "from sweeper import plots\n"
-        "from sweeper.analysis import Trial\n"
+        "from sweeper.report import plots\n"
+        "from sweeper.report.analysis import Trial\n"
         "t = Trial(key='k', micro_batch_size=8, accumulation_steps=1, num_workers=1, global_batch_size=8,"
         " status='ok', samples_per_second=10.0, peak_memory_bytes=1e6)\n"
         f"plots.pareto_throughput_memory([t], [t], {str(tmp_path / 'p.png')!r})\n"

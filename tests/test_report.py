@@ -5,9 +5,9 @@ import os
 import yaml
 from mlflow.tracking import MlflowClient
 
-from sweeper import report
 from sweeper.config import ReportConfig
 from sweeper.plan import GridPoint
+from sweeper.report import build as report
 from sweeper.tracking import Tracker
 
 MiB = 2**20

@@ -2,9 +2,9 @@
 
 import pytest
 
+from sweeper.cluster.runner import Cluster, concurrent_trials, plan_resources
 from sweeper.config import ClusterConfig, ConfigError
 from sweeper.plan import GridPoint
-from sweeper.ray_runner import Cluster, concurrent_trials, plan_resources
 
 
 def cluster(cpus, gpus=0.0):

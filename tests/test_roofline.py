@@ -7,9 +7,10 @@ import sys
 import pytest
 import torch
 
-from sweeper import bandwidth, flops, roofline
 from sweeper.config import ModelConfig
-from sweeper.roofline import measured_knee, predict_knee
+from sweeper.inference import roofline
+from sweeper.inference.roofline import measured_knee, predict_knee
+from sweeper.measure import bandwidth, flops
 
 SEED_MLP = ModelConfig(name="mlp", input_shape=[1024], depth=8, width=1024)
 DOUBLING = [2**i for i in range(10)]  # 1 .. 512, seed 003's grid
@@ -229,7 +230,7 @@ def test_forward_traffic_slope_leaves_out_fixed_size_tensors():
 
 def test_roofline_stays_pure():
     # The arithmetic runs (and is tested) without torch: the driver can import it cheaply.
-    code = "import sys, sweeper.roofline; print('torch' in sys.modules)"
+    code = "import sys, sweeper.inference.roofline; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -13,7 +13,7 @@ import types
 import pytest
 import torch
 
-from sweeper import telemetry
+from sweeper.measure import telemetry
 
 MiB = 2**20
 CPU_UTILIZATION_METRICS = {

@@ -11,9 +11,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from sweeper.config import DataConfig, MeasureConfig, ModelConfig, TrainConfig
+from sweeper.measure import telemetry
 from sweeper.plan import GridPoint
-from sweeper import telemetry
-from sweeper.training import TrialSpec, WorkerContext, recalibrate_batchnorm, run_points, run_trial
+from sweeper.worker.step import TrialSpec, WorkerContext, recalibrate_batchnorm, run_points, run_trial
 from tests.conftest import free_port
 
 MLP = ModelConfig(name="mlp", input_shape=[1, 8, 8], depth=3, width=32)

@@ -15,10 +15,10 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from sweeper.config import first_line
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils.flop_counter import FlopCounterMode
+
+from sweeper.config import first_line
 
 DTYPE_KEYS = ("fp32", "tf32", "fp16", "bf16")
 # TF32 is a matmul mode, not a tensor dtype: no torch.dtype maps to it.

@@ -45,7 +45,7 @@ import math
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence
 
-from sweeper.analysis import knee as _analysis_knee
+from sweeper.report.analysis import knee as _analysis_knee
 
 # Seed 003's example: "65 TFLOPS" (the T4's fp16 tensor-core peak), "300 GB/s" (the datasheet says 320).
 SEED_003_PEAK_FLOPS_PER_SECOND = 65e12

@@ -12,11 +12,16 @@ from collections import Counter
 from dataclasses import replace
 from typing import Any, Dict, List, Optional, Tuple
 
-from sweeper import console, flops, models, plots, ray_runner, roofline, tracking
-from sweeper import report as report_mod
+from sweeper import models, tracking
+from sweeper.cluster import runner as ray_runner
 from sweeper.config import ConfigError, ModelConfig, SweeperConfig, budget_bytes, first_line, tracking_uri, validate
-from sweeper.inference import InferenceSpec, model_key
+from sweeper.driver import console
+from sweeper.inference import roofline
+from sweeper.inference.timing import InferenceSpec, model_key
+from sweeper.measure import flops
 from sweeper.plan import GridPoint
+from sweeper.report import build as report_mod
+from sweeper.report import plots
 
 
 def model_configs(cfg: SweeperConfig) -> List[ModelConfig]:
@@ -135,7 +140,7 @@ def record_knees(
 ) -> Dict[str, Tuple[Optional[int], Optional[int]]]:
     """Per model, the measured knee (first batch after which doubling gains < report.knee_min_gain)
     and the roofline's predicted knee on the same grid, logged side by side on the parent run."""
-    from sweeper import bandwidth
+    from sweeper.measure import bandwidth
 
     knees: Dict[str, Tuple[Optional[int], Optional[int]]] = {}
     metrics: Dict[str, float] = {}

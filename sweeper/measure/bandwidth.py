@@ -17,9 +17,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 
-from sweeper import flops, models, telemetry
+from sweeper import models
 from sweeper.config import ModelConfig, first_line
-from sweeper.roofline import Bandwidth, KneePrediction, predict_knee, table_bandwidth
+from sweeper.inference.roofline import Bandwidth, KneePrediction, predict_knee, table_bandwidth
+from sweeper.measure import flops, telemetry
 
 _GB = re.compile(r"(\d+)\s*GB", re.IGNORECASE)
 

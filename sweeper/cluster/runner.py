@@ -21,8 +21,8 @@ from sweeper.config import ClusterConfig, ConfigError, first_line
 from sweeper.plan import GridPoint
 
 if TYPE_CHECKING:  # torch is imported by the workers, not by the driver's Ray layer
-    from sweeper.inference import InferenceSpec
-    from sweeper.training import FrontierSpec, TrialSpec
+    from sweeper.inference.timing import InferenceSpec
+    from sweeper.worker.step import FrontierSpec, TrialSpec
 
 TrialCallback = Callable[[GridPoint, Dict[str, Any]], None]
 
@@ -321,7 +321,7 @@ def _relay(experiment: str):
             # Looked up through the module: Tune pickles this class by value, with a copy of its globals.
             import importlib
 
-            return importlib.import_module("sweeper.ray_runner")._SINKS[self.key]
+            return importlib.import_module("sweeper.cluster.runner")._SINKS[self.key]
 
         def on_trial_start(self, iteration, trials, trial, **info):
             self.state.start(_points(trial))
@@ -547,8 +547,8 @@ def run_inference(
 def _inference_trial(config: Dict[str, Any], groups, threads: int) -> None:
     from ray import tune
 
-    from sweeper import bandwidth, telemetry
-    from sweeper.inference import run_inference_points
+    from sweeper.inference.timing import run_inference_points
+    from sweeper.measure import bandwidth, telemetry
 
     specs = groups[config["group"]]
     run_inference_points(specs, report=tune.report, threads=threads)
@@ -576,7 +576,7 @@ def _frontier_worker(config: Dict[str, Any]) -> None:
     import torch
     from ray import train
 
-    from sweeper.training import WorkerContext, run_frontier
+    from sweeper.worker.step import WorkerContext, run_frontier
 
     torch.set_num_threads(config["threads"])
     ctx = train.get_context()
@@ -599,7 +599,7 @@ def _worker(config: Dict[str, Any]) -> None:
     import torch
     from ray import train
 
-    from sweeper.training import WorkerContext, run_points
+    from sweeper.worker.step import WorkerContext, run_points
 
     torch.set_num_threads(config["threads"])
     ctx = train.get_context()

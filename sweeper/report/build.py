@@ -12,9 +12,11 @@ import sys
 from dataclasses import dataclass, fields, replace
 from typing import Any, Dict, List, Optional, Sequence
 
-from sweeper import analysis, html_report, plots, tracking
-from sweeper.analysis import Recommendation, Trial
+from sweeper import tracking
 from sweeper.config import ReportConfig, first_line
+from sweeper.report import analysis, plots
+from sweeper.report import html as html_report
+from sweeper.report.analysis import Recommendation, Trial
 
 MiB = 2**20
 

@@ -11,10 +11,9 @@ from collections import Counter
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Dict, List, Optional, Tuple
 
-from sweeper import console, estimate, frontier, plan, ray_runner, tracking
-from sweeper import report as report_mod
 from sweeper import data as data_mod
-from sweeper import flops, models
+from sweeper import models, plan, tracking
+from sweeper.cluster import runner as ray_runner
 from sweeper.config import (
     ConfigError,
     SweeperConfig,
@@ -24,8 +23,11 @@ from sweeper.config import (
     tracking_uri,
     validate,
 )
+from sweeper.driver import console
+from sweeper.measure import estimate, flops, frontier
 from sweeper.plan import GridPoint
-from sweeper.training import FrontierSpec, TrialSpec
+from sweeper.report import build as report_mod
+from sweeper.worker.step import FrontierSpec, TrialSpec
 
 NEEDS_BUDGET = (
     "sweep.micro_batch_sizes=auto on CPU needs device.memory_budget_gb: the memory to plan for, "

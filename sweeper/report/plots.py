@@ -16,10 +16,10 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.transforms import Bbox
 from matplotlib.ticker import NullLocator, PercentFormatter
+from matplotlib.transforms import Bbox
 
-from sweeper.analysis import Trial
+from sweeper.report.analysis import Trial
 
 # Every function writes a FIGSIZE x DPI picture (840 x 540 pixels), whatever it contains.
 FIGSIZE = (7.0, 4.5)

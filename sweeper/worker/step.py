@@ -22,9 +22,11 @@ from torch import nn
 from torch.utils.data import DataLoader, Subset
 
 from sweeper import data as data_mod
-from sweeper import flops as flops_mod
-from sweeper import measure, models, telemetry
+from sweeper import models
 from sweeper.config import DataConfig, MeasureConfig, ModelConfig, TrainConfig
+from sweeper.measure import flops as flops_mod
+from sweeper.measure import telemetry
+from sweeper.measure import timing as measure
 from sweeper.plan import GridPoint
 
 EVAL_BATCH_SIZE = 256
@@ -212,7 +214,7 @@ def run_frontier(
     When the grid will accumulate gradients, a second search finds the frontier with accumulation
     (`frontier_accumulating_*`): the accumulated gradients live beside the activations, so it is
     lower. Every rank runs the same probes: their results agree, so their searches do too."""
-    from sweeper import frontier as frontier_mod
+    from sweeper.measure import frontier as frontier_mod
 
     template = fspec.template
     device = telemetry.select(template.use_gpu, ctx.local_rank)
@@ -471,7 +473,7 @@ def run_trial(
                 # A warm-up step, so the tracker's cost is never timed; after step 0, so the
                 # optimizer state exists as it does for every later step. Every step has the same
                 # shapes, so this step's peak is every step's: a CPU budget is enforced on it.
-                from sweeper import memory  # loads DTensor (~1.5 s): only when the breakdown is on
+                from sweeper.measure import memory  # loads DTensor (~1.5 s): only when the breakdown is on
 
                 # Loaded outside the tracker: indexing an in-memory dataset yields views of its
                 # whole storage, which the tracker would count as device memory.

@@ -14,8 +14,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from sweeper import flops, models, telemetry
+from sweeper import models
 from sweeper.config import ModelConfig
+from sweeper.measure import flops, telemetry
 
 ROLE = "inference"
 
@@ -165,7 +166,7 @@ def _measure(spec: InferenceSpec, device: telemetry.Device) -> Dict[str, Any]:
     breakdown = None
     with torch.inference_mode():
         if not device.is_cuda:
-            from sweeper import memory  # loads DTensor (~1.5 s): CPU only, where it is the measure
+            from sweeper.measure import memory  # loads DTensor (~1.5 s): CPU only, where it is the measure
 
             # The batch is copied inside the tracker, as a request's batch arrives on the device:
             # it is part of what one forward needs. MemTracker works under inference_mode.
