@@ -8,6 +8,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from sweeper import config
+from sweeper.errors import ConfigError
 
 config.register()
 
@@ -28,7 +29,7 @@ def _hydra_main(cfg: DictConfig) -> None:
             from sweeper.driver import train as task
 
         status = task.run(typed, OmegaConf.to_yaml(cfg, resolve=True))
-    except config.ConfigError as exc:
+    except ConfigError as exc:
         for problem in exc.problems:
             print(f"error: {problem}", file=sys.stderr)
         sys.exit(2)

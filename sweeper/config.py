@@ -12,19 +12,13 @@ from typing import Any, Callable, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from sweeper.errors import ConfigError, first_line
+
 LR_SCALING_RULES = ("none", "linear", "sqrt")
 USE_GPU_CHOICES = ("auto", "true", "false")
 REPORT_OBJECTIVES = ("throughput", "accuracy", "time_to_accuracy")
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 TASKS = ("train", "inference")
-
-
-class ConfigError(ValueError):
-    """One or more user-facing configuration problems, each naming the key, the value and the fix."""
-
-    def __init__(self, problems: List[str]):
-        self.problems = list(problems)
-        super().__init__("\n".join(self.problems))
 
 
 @dataclass
@@ -469,12 +463,6 @@ def is_auto(value: Any) -> bool:
 def budget_bytes(cfg: DeviceConfig) -> Optional[int]:
     """device.memory_budget_gb in bytes (GiB: a "16 GB" card reports 16384 MiB)."""
     return None if cfg.memory_budget_gb is None else int(cfg.memory_budget_gb * 2**30)
-
-
-def first_line(exc: BaseException) -> str:
-    """An exception's first non-empty line, for one-line error messages."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[0] if lines else type(exc).__name__
 
 
 def check_factory(key: str, path: str, returns: str) -> List[str]:

@@ -8,7 +8,8 @@ import sys
 from typing import List, Optional
 
 from sweeper import models
-from sweeper.config import SweeperConfig, budget_bytes, first_line
+from sweeper.config import SweeperConfig, budget_bytes
+from sweeper.errors import first_line
 from sweeper.measure.estimate import point_estimates, predicted_frontier
 from sweeper.plan import GridPoint
 
@@ -51,7 +52,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     from hydra import compose, initialize_config_module
 
     from sweeper import config
-    from sweeper.config import ConfigError, load
+    from sweeper.config import load
+    from sweeper.errors import ConfigError
 
     config.register()
     overrides = list(sys.argv[1:] if argv is None else argv)

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from sweeper.config import ConfigError, SweeperConfig
+from sweeper.config import SweeperConfig
+from sweeper.errors import ConfigError
 from tests.conftest import run_cli
 
 

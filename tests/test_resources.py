@@ -3,7 +3,8 @@
 import pytest
 
 from sweeper.cluster.runner import Cluster, concurrent_trials, plan_resources
-from sweeper.config import ClusterConfig, ConfigError
+from sweeper.config import ClusterConfig
+from sweeper.errors import ConfigError
 from sweeper.plan import GridPoint
 
 

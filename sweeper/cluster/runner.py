@@ -17,7 +17,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
-from sweeper.config import ClusterConfig, ConfigError, first_line
+from sweeper.config import ClusterConfig
+from sweeper.errors import ConfigError, first_line
 from sweeper.plan import GridPoint
 
 if TYPE_CHECKING:  # torch is imported by the workers, not by the driver's Ray layer

@@ -14,8 +14,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from sweeper import models, tracking
 from sweeper.cluster import runner as ray_runner
-from sweeper.config import ConfigError, ModelConfig, SweeperConfig, budget_bytes, first_line, tracking_uri, validate
+from sweeper.config import ModelConfig, SweeperConfig, budget_bytes, tracking_uri, validate
 from sweeper.driver import console
+from sweeper.errors import ConfigError, first_line
 from sweeper.inference import roofline
 from sweeper.inference.timing import InferenceSpec, model_key
 from sweeper.measure import flops

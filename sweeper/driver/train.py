@@ -15,15 +15,14 @@ from sweeper import data as data_mod
 from sweeper import models, plan, tracking
 from sweeper.cluster import runner as ray_runner
 from sweeper.config import (
-    ConfigError,
     SweeperConfig,
     budget_bytes,
-    first_line,
     is_auto,
     tracking_uri,
     validate,
 )
 from sweeper.driver import console
+from sweeper.errors import ConfigError, first_line
 from sweeper.measure import estimate, flops, frontier
 from sweeper.plan import GridPoint
 from sweeper.report import build as report_mod

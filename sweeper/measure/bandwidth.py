@@ -18,7 +18,8 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 
 from sweeper import models
-from sweeper.config import ModelConfig, first_line
+from sweeper.config import ModelConfig
+from sweeper.errors import first_line
 from sweeper.inference.roofline import Bandwidth, KneePrediction, predict_knee, table_bandwidth
 from sweeper.measure import flops, telemetry
 

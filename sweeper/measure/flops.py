@@ -18,7 +18,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from sweeper.config import first_line
+from sweeper.errors import first_line
 
 DTYPE_KEYS = ("fp32", "tf32", "fp16", "bf16")
 # TF32 is a matmul mode, not a tensor dtype: no torch.dtype maps to it.

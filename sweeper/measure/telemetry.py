@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import psutil
 import torch
 
-from sweeper.config import first_line
+from sweeper.errors import first_line
 
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self from Python 3.11

@@ -13,7 +13,8 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Dict, List, Optional, Sequence
 
 from sweeper import tracking
-from sweeper.config import ReportConfig, first_line
+from sweeper.config import ReportConfig
+from sweeper.errors import first_line
 from sweeper.report import analysis, plots
 from sweeper.report import html as html_report
 from sweeper.report.analysis import Recommendation, Trial
