@@ -32,7 +32,9 @@ from sweeper import models
 from sweeper.config import DataConfig, MeasureConfig, ModelConfig, TrainConfig
 from sweeper.measure import memory, telemetry
 from sweeper.plan import GridPoint
-from sweeper.worker.step import FrontierSpec, TrialSpec, WorkerContext, run_frontier, run_point
+from sweeper.worker.points import run_point
+from sweeper.worker.probes import run_frontier
+from sweeper.worker.spec import FrontierSpec, PointSpec, WorkerContext
 
 STEPS = 3  # per probe, for everyone: Lightning's steps_per_trial default, sweeper's warm-up steps
 
@@ -54,7 +56,7 @@ def main() -> None:
     data_cfg = DataConfig(name="digits")
     splits = data_mod.load(data_cfg, model_cfg.input_shape)
     upper = len(splits.train)
-    template = TrialSpec(
+    template = PointSpec(
         model=model_cfg, data=data_cfg, train=TrainConfig(), measure=MeasureConfig(warmup_steps=STEPS),
         point=GridPoint(1, 1, 1), lr=0.05, steps=STEPS,
     )
@@ -64,16 +66,16 @@ def main() -> None:
 
     def fits(size: int) -> bool:
         spec = replace(template, point=GridPoint(size, 1, 1), memory_budget_bytes=budget, evaluate=False)
-        return run_point(spec, WorkerContext(), device, splits)["status"] == "ok"
+        return run_point(spec, WorkerContext(), device, splits).status == "ok"
 
     rows: List[Tuple[str, int, float, int]] = []
 
     start = time.perf_counter()
-    reports: List[dict] = []
+    reports: list = []
     run_frontier(FrontierSpec(template, budget, {"first_probe": args.init}, upper), WorkerContext(), reports.append)
     ours = reports[-1]
     rows.append(("sweeper frontier search", len(reports) - 1, time.perf_counter() - start,
-                 int(ours["frontier_micro_batch_size"])))
+                 int(ours.plain.micro_batch_size)))
 
     for mode in ("power", "binsearch"):
         start = time.perf_counter()

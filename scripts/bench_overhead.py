@@ -18,7 +18,8 @@ from sweeper import data as data_mod
 from sweeper import models
 from sweeper.config import DataConfig, MeasureConfig, ModelConfig, TrainConfig
 from sweeper.plan import GridPoint
-from sweeper.worker.step import TrialSpec, WorkerContext, run_trial
+from sweeper.worker.spec import PointSpec, WorkerContext
+from sweeper.worker.step import train_point
 
 
 def plain_loop(model_cfg, data_cfg, micro, accum, steps, warmup, lr) -> float:
@@ -69,7 +70,7 @@ def main() -> None:
     # everything it does in a trial switched on: phase marks, the utilization sampler thread, the
     # memory breakdown (on a warm-up step, as in a sweep).
     measure_cfg = MeasureConfig(warmup_steps=args.warmup, windows=1, stable_windows=1)
-    spec = TrialSpec(model=model_cfg, data=data_cfg, train=TrainConfig(lr=0.05), measure=measure_cfg,
+    spec = PointSpec(model=model_cfg, data=data_cfg, train=TrainConfig(lr=0.05), measure=measure_cfg,
                      point=GridPoint(args.micro, args.accum, 1), lr=0.05, steps=args.steps)
 
     plain, ours = [], []
@@ -80,7 +81,7 @@ def main() -> None:
             if name == "plain":
                 plain.append(plain_loop(model_cfg, data_cfg, args.micro, args.accum, args.steps, args.warmup, 0.05))
             else:
-                ours.append(run_trial(spec, WorkerContext())["samples_per_second"])
+                ours.append(train_point(spec, WorkerContext())["samples_per_second"])
     # Each round's ratio compares two runs seconds apart, so slow drift of the machine (other
     # processes, thermal state) cancels; the headline is the median of those paired ratios.
     ratios = [o / p for o, p in zip(ours, plain)]

@@ -5,7 +5,7 @@ Standard library only: the driver imports this before torch or Ray.
 
 from __future__ import annotations
 
-from typing import List
+from typing import List, Tuple
 
 # Exit statuses of `python -m sweeper` (README: "Bad input").
 EXIT_OK = 0
@@ -55,3 +55,12 @@ def is_oom(exc: BaseException) -> bool:
     """A real or simulated out-of-memory error: torch.OutOfMemoryError or a subclass (matched by name,
     so the driver need not import torch), or an allocator's RuntimeError recognised by its text."""
     return any(cls.__name__ == "OutOfMemoryError" for cls in type(exc).__mro__) or is_oom_text(str(exc))
+
+
+def failure(exc: BaseException) -> Tuple[str, str, bool]:
+    """How a point that raised is recorded: (status oom | failed, its error line, whether the
+    out-of-memory was a simulated CPU budget's rather than an allocator's)."""
+    error = f"{type(exc).__name__}: {first_line(exc)}"
+    if is_oom(exc):
+        return "oom", error, type(exc).__name__ == "SimulatedOutOfMemoryError"
+    return "failed", error, False

@@ -12,10 +12,11 @@ from sweeper.config import SweeperConfig, budget_bytes
 from sweeper.errors import first_line
 from sweeper.measure.estimate import point_estimates, predicted_frontier
 from sweeper.plan import GridPoint
+from sweeper.units import format_bytes
 
 
 def _mib(n: float) -> str:
-    return f"{n / 2**20:,.1f} MiB"
+    return format_bytes(n, 1, unit="MiB")
 
 
 def report_lines(cfg: SweeperConfig, num_classes: int) -> List[str]:

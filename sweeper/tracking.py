@@ -1,10 +1,11 @@
-"""MLflow: one parent run per sweep, one nested child run per trial, written from the driver only.
+"""MLflow: one parent run per sweep, one nested child run per point, written from the driver only.
 
-The only module that imports MLflow. Names here are the public schema (see README).
+The only module that imports MLflow. The names it records are sweeper/schema.py's (docs/mlflow.md).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
 import urllib.error
@@ -13,132 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from sweeper.plan import GridPoint
+from sweeper.schema import FrontierResult, InferenceResult, PointResult, Record, SweepSummary
 
-# Metrics a trial result may carry, logged under these exact names when present (README: schema).
-SCALAR_METRICS = (
-    # throughput: timed windows of whole optimizer steps, warm-up excluded
-    "samples_per_second",
-    "samples_per_second_cv",
-    "step_time_seconds",
-    "data_seconds_per_step",
-    "forward_backward_seconds_per_step",
-    "optimizer_seconds_per_step",
-    "timing_windows",
-    "stable_windows_used",
-    # memory, the largest over workers
-    "peak_memory_bytes",
-    "memory_parameters_bytes",
-    "memory_buffers_bytes",
-    "memory_gradients_bytes",
-    "memory_optimizer_state_bytes",
-    "memory_activations_bytes",
-    "memory_temporaries_bytes",
-    "memory_other_bytes",
-    "memory_tracked_peak_bytes",
-    "memory_forward_activations_bytes",
-    # the budget the step ran under, and the fake-tensor estimate of the tracked peak against it
-    "memory_budget_bytes",
-    "memory_estimated_peak_bytes",
-    "memory_estimate_error",
-    "cuda_max_memory_allocated_bytes",
-    "cuda_max_memory_reserved_bytes",
-    "gpu_device_memory_used_bytes_max",
-    "cpu_rss_peak_above_baseline_bytes",
-    "cpu_rss_peak_bytes",
-    # utilization during the timed windows (means over workers, maxima over workers)
-    "process_cpu_percent_mean",
-    "process_cpu_percent_max",
-    "system_cpu_percent_mean",
-    "system_cpu_percent_max",
-    "gpu_utilization_percent_mean",
-    "gpu_utilization_percent_max",
-    # FLOPs
-    "flops_per_sample_forward",
-    "flops_per_sample_train",
-    "achieved_flops_per_second",
-    "peak_flops_per_second",
-    "mfu",
-    # accuracy and the harness's own cost
-    "val_accuracy",
-    "bn_recalibration_samples",  # BatchNorm statistics re-estimated over these before validation
-    "startup_seconds",
-    "worker_group_startup_seconds",
-    "worker_group_launch_seconds",
-    "worker_group_init_seconds",
-    "worker_group_setup_seconds",
-    "between_points_seconds",
-    "worker_group_points",
-    # faults and placement: restarts of the worker group before this point, nodes its workers spanned
-    "worker_group_restarts",
-    "num_nodes",
-    "trial_seconds",
-    "train_seconds",
-    "optimizer_steps",
-    "samples_seen",
-)
-# An inference point's figures (task=inference), logged like a trial's.
-SCALAR_METRICS += (
-    "batch_size",
-    "latency_p50_seconds",
-    "latency_p95_seconds",
-    "latency_p99_seconds",
-    "latency_mean_seconds",
-    "latency_cv",
-    "timed_runs",
-    "forward_flops_per_sample",
-)
-# Logged on the sweep's parent run.
-SWEEP_METRICS = (
-    "num_trials_ok",
-    "num_trials_oom",
-    "num_trials_failed",
-    # where the sweep's wall time went: checks and preparation, Ray's start, the grid, the report
-    "sweep_wall_seconds",
-    "sweep_setup_seconds",
-    "sweep_ray_start_seconds",
-    "sweep_tracking_seconds",
-    "sweep_frontier_seconds",
-    "sweep_grid_seconds",
-    "sweep_report_seconds",
-    "sum_trial_seconds",
-    "sweep_wall_over_trial_seconds",
-    "sum_train_seconds",
-    "sweep_wall_over_train_seconds",
-)
-# Result entries recorded as tags (text, not numbers).
-RESULT_TAGS = {
-    "error": "sweeper.error",
-    "memory_measure": "sweeper.memory_measure",
-    "peak_flops_source": "sweeper.peak_flops_source",
-    "gpu_telemetry_note": "sweeper.gpu_telemetry",
-    "accuracy_note": "sweeper.accuracy",
-    "memory_budget_mode": "sweeper.memory_budget",
-    "oom_implied_by": "sweeper.oom_implied_by",
-    "probe_role": "sweeper.probe_role",
-}
-# The memory frontier of each worker count, on the parent run with a `_w<workers>` suffix.
-FRONTIER_METRICS = (
-    "frontier_micro_batch_size",
-    "frontier_predicted_micro_batch_size",
-    "frontier_estimated_micro_batch_size",
-    "frontier_fit_probes",
-    "frontier_verifications",
-    "frontier_fixed_bytes",
-    "frontier_per_sample_bytes",
-    "frontier_fit_r_squared",
-    "frontier_fit_max_relative_residual",
-    "frontier_fit_points",
-    "memory_budget_bytes",
-    # the same search with gradient accumulation (only when the grid accumulates)
-    "frontier_accumulating_micro_batch_size",
-    "frontier_accumulating_predicted_micro_batch_size",
-    "frontier_accumulating_estimated_micro_batch_size",
-    "frontier_accumulating_fit_probes",
-    "frontier_accumulating_verifications",
-    "frontier_accumulating_fixed_bytes",
-    "frontier_accumulating_per_sample_bytes",
-    "frontier_accumulating_fit_r_squared",
-)
 MAX_BATCH = 1000  # MLflow's limit of metrics per log_batch call
 
 
@@ -241,37 +118,37 @@ class Tracker:
         self.client.log_text(self.parent_run_id, config_yaml, "config.yaml")
         return self.parent_run_id
 
-    def log_trial(self, point: GridPoint, params: Dict[str, Any], result: Dict[str, Any]) -> Optional[str]:
-        """One child run for the trial; returns its id, or None if this sweep already holds it
-        (a re-delivered result is never recorded twice)."""
+    def log_point(self, point: GridPoint, params: Dict[str, Any], result: PointResult) -> Optional[str]:
+        """One child run for the point (sweeper.role=trial); returns its id, or None if this sweep
+        already holds it (a re-delivered result is never recorded twice)."""
         return self._log_child(point.key, "trial", params, result)
 
-    def log_probe(self, params: Dict[str, Any], result: Dict[str, Any]) -> Optional[str]:
+    def log_probe(self, params: Dict[str, Any], result: PointResult) -> Optional[str]:
         """One child run (sweeper.role=probe) per frontier probe: its size, measured peak and
-        breakdown, or its out-of-memory. The report and the trials table leave probes out."""
-        return self._log_child(result["trial_key"], "probe", params, result)
+        breakdown, or its out-of-memory. The report and the points table leave probes out."""
+        return self._log_child(result.trial_key, "probe", params, result)
 
-    def log_inference(self, params: Dict[str, Any], result: Dict[str, Any]) -> Optional[str]:
+    def log_inference(self, params: Dict[str, Any], result: InferenceResult) -> Optional[str]:
         """One child run (sweeper.role=inference) per inference batch size of a model."""
-        return self._log_child(result["trial_key"], "inference", params, result)
+        return self._log_child(result.trial_key, "inference", params, result)
 
     def log_parent_metrics(self, metrics: Dict[str, float]) -> None:
         """Figures of the whole sweep that have no fixed name (e.g. a knee per model)."""
         assert self.parent_run_id is not None, "start_sweep() first"
-        self._log_metrics(self.parent_run_id, metrics, names=set(metrics))
+        self._log_metrics(self.parent_run_id, metrics)
 
     def log_artifacts(self, folder: str, path: str) -> None:
         assert self.parent_run_id is not None, "start_sweep() first"
         self.client.log_artifacts(self.parent_run_id, folder, path)
 
-    def log_frontier(self, num_workers: int, result: Dict[str, Any], folder: Optional[str] = None) -> None:
+    def log_frontier(self, num_workers: int, result: FrontierResult, folder: Optional[str] = None) -> None:
         """A worker count's frontier on the parent run: `<metric>_w<workers>`, the reason as a tag,
         and the files in `folder` (its plot and probes) as artifacts under `frontier/`."""
         assert self.parent_run_id is not None, "start_sweep() first"
-        suffixed = {f"{k}_w{num_workers}": result[k] for k in FRONTIER_METRICS if result.get(k) is not None}
-        self._log_metrics(self.parent_run_id, suffixed, names=set(suffixed))
+        self._log_metrics(self.parent_run_id, result.metrics(num_workers))
+        reasons = {prefix: found.reason for prefix, found in result.searches()}
         for prefix, name in (("frontier_", "frontier"), ("frontier_accumulating_", "frontier_accumulating")):
-            text = result.get(f"{prefix}reason") or (result.get("error") if prefix == "frontier_" else None)
+            text = reasons.get(prefix) or (result.error if prefix == "frontier_" else None)
             if text:
                 self.client.set_tag(self.parent_run_id, f"sweeper.{name}_w{num_workers}", str(text)[:5000])
         if folder and os.path.isdir(folder):
@@ -282,41 +159,31 @@ class Tracker:
         assert self.parent_run_id is not None, "start_sweep() first"
         self._log_params(self.parent_run_id, params)
 
-    def _log_child(self, key: str, role: str, params: Dict[str, Any], result: Dict[str, Any]) -> Optional[str]:
+    def _log_child(self, key: str, role: str, params: Dict[str, Any], result: Record) -> Optional[str]:
         assert self.parent_run_id is not None, "start_sweep() first"
         if self._existing_child(key):
             return None
-        status = result.get("status", "failed")
+        status = result.get("status") or "failed"
         tags = {
             "mlflow.parentRunId": self.parent_run_id,
             "sweeper.role": role,
             "sweeper.status": status,
             "sweeper.trial_key": key,
+            **result.tags(),
         }
-        if status == "oom":
-            # Where the out-of-memory came from: never run (implied by a smaller point's), a budget
-            # simulated on CPU, or the device's own allocator.
-            tags["sweeper.oom"] = (
-                "implied" if result.get("oom_implied_by") else "simulated" if result.get("oom_simulated") else "device"
-            )
-        for name, tag in RESULT_TAGS.items():
-            if result.get(name):
-                tags[tag] = str(result[name])[:5000]
-        if "throughput_stable" in result:
-            tags["sweeper.throughput_stable"] = str(bool(result["throughput_stable"])).lower()
+        oom = getattr(result, "oom_source", None)
+        if oom:
+            tags["sweeper.oom"] = oom
         # The point's own start and end in its worker, not the moment the driver logs it: the
-        # runs table's Duration column then shows how long the trial ran (it read ~20 ms).
-        started = result.get("started_at")
-        start_ms = end_ms = None
-        if started is not None:
-            start_ms = int(started * 1000)
-            if "trial_seconds" in result:
-                end_ms = int((started + result["trial_seconds"]) * 1000)
+        # runs table's Duration column then shows how long the point ran (it read ~20 ms).
+        started, seconds = result.get("started_at"), result.get("trial_seconds")
+        start_ms = None if started is None else int(started * 1000)
+        end_ms = None if started is None or seconds is None else int((started + seconds) * 1000)
         run = self.client.create_run(self.experiment_id, run_name=key, tags=tags, start_time=start_ms)
         run_id = run.info.run_id
         self._log_params(run_id, params)
-        self._log_metrics(run_id, result)
-        trace = result.get("profile_trace_dir")
+        self._log_metrics(run_id, result.metrics(), result.series())
+        trace = getattr(result, "profile_trace_dir", None)
         if trace and os.path.isdir(trace):
             # A torch.profiler Chrome trace: open in Perfetto or TensorBoard's profiler plugin.
             self.client.log_artifacts(run_id, trace, "profile")
@@ -343,10 +210,10 @@ class Tracker:
         trials = [r for r in self.children() if r.data.tags.get("sweeper.role") == "trial"]
         return [r.data.tags.get("sweeper.trial_key") for r in trials]
 
-    def end_sweep(self, metrics: Dict[str, float], failed: bool) -> None:
+    def end_sweep(self, summary: SweepSummary, failed: bool) -> None:
         if self.parent_run_id is None:
             return
-        self._log_metrics(self.parent_run_id, metrics)
+        self._log_metrics(self.parent_run_id, summary.metrics())
         self.client.set_terminated(self.parent_run_id, "FAILED" if failed else "FINISHED")
 
     def load_sweep(self, parent_run_id: str) -> SweepRecord:
@@ -409,23 +276,14 @@ class Tracker:
 
         self.client.log_batch(run_id, params=[Param(k, str(v)) for k, v in params.items()])
 
-    def _log_metrics(self, run_id: str, values: Dict[str, Any], names: Optional[set] = None) -> None:
+    def _log_metrics(
+        self, run_id: str, values: Dict[str, float], series: Optional[Dict[str, List[float]]] = None
+    ) -> None:
+        """Numbers by name (step 0), and each series with its index as the step."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        known = names if names is not None else set(SCALAR_METRICS) | set(SWEEP_METRICS)
-        metrics = [
-            Metric(name, float(values[name]), now, 0)
-            for name in values
-            if name in known and values[name] is not None
-        ]
-        metrics += [
-            Metric("train_loss", float(loss), now, step)
-            for step, loss in enumerate(values.get("train_loss") or [])
-        ]
-        metrics += [
-            Metric("window_samples_per_second", float(rate), now, i)
-            for i, rate in enumerate(values.get("window_samples_per_second") or [])
-        ]
+        metrics = [Metric(name, float(v), now, 0) for name, v in values.items() if v is not None and math.isfinite(v)]
+        metrics += [Metric(name, float(v), now, i) for name, vs in (series or {}).items() for i, v in enumerate(vs)]
         for begin in range(0, len(metrics), MAX_BATCH):
             self.client.log_batch(run_id, metrics=metrics[begin : begin + MAX_BATCH])

@@ -10,7 +10,8 @@ import torch
 from sweeper import data, models
 from sweeper.config import DataConfig, MeasureConfig, ModelConfig, TrainConfig
 from sweeper.plan import GridPoint
-from sweeper.worker.step import TrialSpec, WorkerContext, run_trial
+from sweeper.worker.spec import PointSpec, WorkerContext
+from sweeper.worker.step import train_point
 
 
 def write_tiny_cifar10(root, per_batch=20, test=30):
@@ -49,14 +50,14 @@ def test_cifar10_missing_root_without_download_is_a_config_problem(tmp_path):
 
 def test_a_trial_trains_on_cifar10_resized(tmp_path):
     write_tiny_cifar10(tmp_path)
-    spec = TrialSpec(
+    spec = PointSpec(
         model=ModelConfig(name="mlp", input_shape=[1, 16, 16], depth=2, width=32),
         data=DataConfig(name="cifar10", root=str(tmp_path), verify_checksums=False),
         train=TrainConfig(),
         measure=MeasureConfig(warmup_steps=2, windows=2, flops=False),
         point=GridPoint(10, 1, 1), lr=0.05, steps=5,
     )
-    result = run_trial(spec, WorkerContext())
+    result = train_point(spec, WorkerContext())
     assert len(result["train_loss"]) == 5 and 0.0 <= result["val_accuracy"] <= 1.0
 
 

@@ -12,7 +12,9 @@ from sweeper import models
 from sweeper.config import DataConfig, MeasureConfig, ModelConfig, TrainConfig
 from sweeper.measure import memory, telemetry
 from sweeper.plan import GridPoint
-from sweeper.worker.step import FrontierSpec, TrialSpec, WorkerContext, implied_oom, run_frontier, run_point, run_points
+from sweeper.worker.points import implied_oom, run_point, run_points
+from sweeper.worker.probes import run_frontier
+from sweeper.worker.spec import FrontierSpec, PointSpec, WorkerContext
 
 MLP = ModelConfig(name="mlp", input_shape=[1, 8, 8], depth=3, width=64)
 DATA = DataConfig(name="synthetic", num_samples=1024)
@@ -20,8 +22,8 @@ TRAIN = TrainConfig(lr=0.1, seed=3)
 MEASURE = MeasureConfig(warmup_steps=2, windows=2, stable_windows=2, flops=False)
 
 
-def spec(micro: int, accum: int = 1, budget=None, steps: int = 4, model=MLP) -> TrialSpec:
-    return TrialSpec(
+def spec(micro: int, accum: int = 1, budget=None, steps: int = 4, model=MLP) -> PointSpec:
+    return PointSpec(
         model=model, data=DATA, train=TRAIN, measure=MEASURE, point=GridPoint(micro, accum, 1), lr=0.1,
         steps=steps, memory_budget_bytes=budget,
     )
@@ -101,12 +103,11 @@ def test_frontier_search_on_a_real_model_is_within_ten_percent_of_exhaustive_sea
     reports = []
     template = spec(8)
     run_frontier(FrontierSpec(template, budget, {}, upper), WorkerContext(), reports.append)
-    probes = [r for r in reports if "probe_role" in r]
-    found = reports[-1]
-    assert found["trial_key"] == "frontier-w1"
-    assert 0.9 * truth <= found["frontier_micro_batch_size"] <= truth
-    assert found["frontier_fit_probes"] <= 3 and found["frontier_verifications"] <= 1
-    assert [p["probe_role"] for p in probes].count("verify") == found["frontier_verifications"]
+    probes, found = reports[:-1], reports[-1]
+    assert found.trial_key == "frontier-w1" and all(p.probe_role for p in probes)
+    assert 0.9 * truth <= found.plain.micro_batch_size <= truth
+    assert found.plain.fit_probes <= 3 and found.plain.verifications <= 1
+    assert [p.probe_role for p in probes].count("verify") == found.plain.verifications
     assert all("val_accuracy" not in p for p in probes)
 
 

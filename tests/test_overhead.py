@@ -3,9 +3,13 @@ phases, against cases with known answers."""
 
 import pytest
 
-from sweeper.driver.train import overhead
+from collections import Counter
+
+from sweeper.driver.skeleton import Phases
+from sweeper.driver.train import summary
 from sweeper.plan import GridPoint
-from sweeper.worker.step import startup_split
+from sweeper.schema import PointResult
+from sweeper.worker.points import startup_split
 
 
 def test_startup_split_parts_add_up_to_the_group_start_up():
@@ -29,14 +33,22 @@ def test_startup_split_of_a_process_ray_started_before_the_trial():
     assert "worker_group_launch_seconds" not in startup_split(100.0, None, 104.0, 105.0)
 
 
-def test_overhead_adds_the_phases_and_divides_by_both_trial_and_training_time():
+def phases(**seconds):
+    out = Phases()
+    out.seconds = dict(seconds)
+    return out
+
+
+def test_the_summary_adds_the_phases_and_divides_by_both_point_and_training_time():
     rows = [
-        (GridPoint(16, 1, 1), {"trial_seconds": 10.0, "train_seconds": 8.0}),
-        (GridPoint(32, 1, 1), {"trial_seconds": 6.0, "train_seconds": 4.0}),
-        (GridPoint(64, 1, 1), {"status": "failed"}),  # a failed point has no time of its own
+        (GridPoint(16, 1, 1), PointResult.from_flat({"trial_seconds": 10.0, "train_seconds": 8.0})),
+        (GridPoint(32, 1, 1), PointResult.from_flat({"trial_seconds": 6.0, "train_seconds": 4.0})),
+        (GridPoint(64, 1, 1), PointResult(status="failed")),  # a failed point has no time of its own
     ]
-    out = overhead(rows, {"setup": 2.0, "ray_start": 5.0, "tracking": 1.0, "grid": 22.0, "report": 2.0})
+    out = summary(rows, phases(setup=2.0, ray_start=5.0, tracking=1.0, grid=22.0, report=2.0),
+                  Counter(ok=2, failed=1)).metrics()
     assert out == pytest.approx({
+        "num_trials_ok": 2, "num_trials_oom": 0, "num_trials_failed": 1,
         "sweep_wall_seconds": 32.0,
         "sweep_setup_seconds": 2.0,
         "sweep_ray_start_seconds": 5.0,
@@ -49,4 +61,4 @@ def test_overhead_adds_the_phases_and_divides_by_both_trial_and_training_time():
         "sweep_wall_over_train_seconds": 32.0 / 12.0,
     })
     # Nothing measured: the ratios are left out instead of dividing by zero.
-    assert "sweep_wall_over_trial_seconds" not in overhead([], {"setup": 1.0})
+    assert "sweep_wall_over_trial_seconds" not in summary([], phases(setup=1.0), Counter()).metrics()

@@ -8,6 +8,7 @@ from mlflow.tracking import MlflowClient
 from sweeper.config import ReportConfig
 from sweeper.plan import GridPoint
 from sweeper.report import build as report
+from sweeper.schema import PointResult
 from sweeper.tracking import Tracker
 
 MiB = 2**20
@@ -38,7 +39,7 @@ def recorded_sweep(tmp_path, experiment="exp", settings=None):
                           peak_memory_bytes=peak * MiB, val_accuracy=acc, samples_seen=2000, train_seconds=2000 / speed)
         else:
             result["error"] = "OutOfMemoryError: simulated"
-        tracker.log_trial(point, params, result)
+        tracker.log_point(point, params, PointResult.from_flat(result))
     return uri, tracker, parent
 
 

@@ -2,7 +2,8 @@
 
 import pytest
 
-from sweeper.cluster.runner import Cluster, concurrent_trials, plan_resources
+from sweeper.cluster.connect import Cluster
+from sweeper.cluster.resources import concurrent_trials, plan_resources
 from sweeper.config import ClusterConfig
 from sweeper.errors import ConfigError
 from sweeper.plan import GridPoint

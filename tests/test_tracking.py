@@ -3,20 +3,22 @@
 from mlflow.tracking import MlflowClient
 
 from sweeper.plan import GridPoint
+from sweeper.schema import PointResult, SweepSummary
 from sweeper.tracking import Tracker, check
 
 
-def test_trial_is_a_nested_child_and_is_never_recorded_twice(tmp_path):
+def test_a_point_is_a_nested_child_and_is_never_recorded_twice(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracker = Tracker(uri, "exp")
     parent = tracker.start_sweep("sweep-x", {"model": "mlp"}, "model:\n  name: mlp\n")
     point = GridPoint(8, 2, 1)
     result = {"status": "ok", "samples_per_second": 10.0, "train_loss": [2.0, 1.5, 1.0], "val_accuracy": 0.5,
               "started_at": 1_795_000_000.25, "trial_seconds": 12.5}
-    first = tracker.log_trial(point, {"micro_batch_size": 8}, result)
-    again = tracker.log_trial(point, {"micro_batch_size": 8}, result)  # e.g. a re-delivered result
+    result = PointResult.from_flat(result)
+    first = tracker.log_point(point, {"micro_batch_size": 8}, result)
+    again = tracker.log_point(point, {"micro_batch_size": 8}, result)  # e.g. a re-delivered result
     assert first is not None and again is None
-    tracker.end_sweep({"num_trials_ok": 1, "num_trials_oom": 0, "num_trials_failed": 0}, failed=False)
+    tracker.end_sweep(SweepSummary(num_trials_ok=1, num_trials_oom=0, num_trials_failed=0), failed=False)
 
     client = MlflowClient(uri)
     children = tracker.children()

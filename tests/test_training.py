@@ -11,9 +11,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from sweeper.config import DataConfig, MeasureConfig, ModelConfig, TrainConfig
-from sweeper.measure import telemetry
 from sweeper.plan import GridPoint
-from sweeper.worker.step import TrialSpec, WorkerContext, recalibrate_batchnorm, run_points, run_trial
+from sweeper.worker.evaluate import recalibrate_batchnorm
+from sweeper.worker.points import run_points
+from sweeper.worker.spec import PointSpec, WorkerContext
+from sweeper.worker.step import train_point
 from tests.conftest import free_port
 
 MLP = ModelConfig(name="mlp", input_shape=[1, 8, 8], depth=3, width=32)
@@ -23,14 +25,14 @@ MEASURE = MeasureConfig(warmup_steps=2, windows=3, flops=False)
 STEPS = 12
 
 
-def spec(point: GridPoint, model=MLP, data=DIGITS) -> TrialSpec:
-    return TrialSpec(model=model, data=data, train=TRAIN, measure=MEASURE, point=point, lr=TRAIN.lr, steps=STEPS)
+def spec(point: GridPoint, model=MLP, data=DIGITS) -> PointSpec:
+    return PointSpec(model=model, data=data, train=TRAIN, measure=MEASURE, point=point, lr=TRAIN.lr, steps=STEPS)
 
 
 def test_same_global_batch_gives_same_loss_curve_in_one_process():
-    a = run_trial(spec(GridPoint(8, 4, 1)), WorkerContext())["train_loss"]
-    b = run_trial(spec(GridPoint(16, 2, 1)), WorkerContext())["train_loss"]
-    c = run_trial(spec(GridPoint(32, 1, 1)), WorkerContext())["train_loss"]
+    a = train_point(spec(GridPoint(8, 4, 1)), WorkerContext())["train_loss"]
+    b = train_point(spec(GridPoint(16, 2, 1)), WorkerContext())["train_loss"]
+    c = train_point(spec(GridPoint(32, 1, 1)), WorkerContext())["train_loss"]
     assert len(a) == STEPS
     assert a[-1] < a[0]  # it learns
     torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=1e-5, atol=1e-6)
@@ -38,13 +40,13 @@ def test_same_global_batch_gives_same_loss_curve_in_one_process():
 
 
 def test_different_global_batch_gives_a_different_curve():
-    a = run_trial(spec(GridPoint(8, 4, 1)), WorkerContext())["train_loss"]
-    b = run_trial(spec(GridPoint(8, 2, 1)), WorkerContext())["train_loss"]
+    a = train_point(spec(GridPoint(8, 4, 1)), WorkerContext())["train_loss"]
+    b = train_point(spec(GridPoint(8, 2, 1)), WorkerContext())["train_loss"]
     assert abs(a[-1] - b[-1]) > 1e-4
 
 
 def test_result_has_measurements_and_accuracy():
-    r = run_trial(spec(GridPoint(16, 1, 1)), WorkerContext())
+    r = train_point(spec(GridPoint(16, 1, 1)), WorkerContext())
     assert r["optimizer_steps"] == STEPS and r["samples_seen"] == STEPS * 16
     assert r["samples_per_second"] > 0 and r["step_time_seconds"] > 0
     assert len(r["window_samples_per_second"]) == 3 and r["timing_windows"] == 3
@@ -53,7 +55,7 @@ def test_result_has_measurements_and_accuracy():
 
 
 def test_synthetic_data_reports_no_accuracy():
-    r = run_trial(spec(GridPoint(16, 1, 1), data=DataConfig(name="synthetic", num_samples=256)), WorkerContext())
+    r = train_point(spec(GridPoint(16, 1, 1), data=DataConfig(name="synthetic", num_samples=256)), WorkerContext())
     assert "val_accuracy" not in r
 
 
@@ -72,7 +74,7 @@ def _gloo_worker(rank, world_size, port, points, out, model=MLP):
 
 def test_a_two_rank_worker_group_matches_one_process_and_runs_smaller_points_on_its_first_rank():
     torch.set_num_threads(1)
-    single = run_trial(spec(GridPoint(8, 4, 1)), WorkerContext())["train_loss"]
+    single = train_point(spec(GridPoint(8, 4, 1)), WorkerContext())["train_loss"]
     points = [GridPoint(8, 4, 1), GridPoint(8, 2, 2)]  # global batch 32 both: one curve
     with mp.Manager() as manager:
         out = manager.dict()
@@ -106,7 +108,7 @@ BN_NET = ModelConfig(name="bnnet", _target_="tests.test_training.SmallBatchNormN
 
 def test_accumulation_and_two_ranks_train_and_score_a_batchnorm_model_alike():
     torch.set_num_threads(1)
-    single = run_trial(spec(GridPoint(8, 2, 1), model=BN_NET), WorkerContext())
+    single = train_point(spec(GridPoint(8, 2, 1), model=BN_NET), WorkerContext())
     with mp.Manager() as manager:
         out = manager.dict()
         mp.spawn(_gloo_worker, args=(2, free_port(), [GridPoint(8, 1, 2)], out, BN_NET), nprocs=2)
@@ -125,7 +127,7 @@ def test_recalibration_is_the_plain_average_of_the_chosen_samples():
     data = torch.utils.data.TensorDataset(torch.randn(100, 3) * 2 + 5, torch.zeros(100, dtype=torch.long))
     model = torch.nn.Sequential(torch.nn.BatchNorm1d(3))
     model.eval()
-    device = telemetry.select(False)
+    device = torch.device("cpu")
     assert recalibrate_batchnorm(model, data, micro_batch_size=8, samples=50, seed=1, device=device) == 48
     chosen = data.tensors[0][torch.randperm(100, generator=torch.Generator().manual_seed(1))[:48]]
     bn = model[0]
@@ -186,12 +188,12 @@ class Sleepy(torch.nn.Module):
 
 def test_throughput_and_phases_match_a_step_of_known_duration():
     sleepy = ModelConfig(name="sleepy", _target_="tests.test_training.Sleepy", input_shape=[1, 8, 8])
-    s = TrialSpec(
+    s = PointSpec(
         model=sleepy, data=DIGITS, train=TRAIN, measure=MeasureConfig(warmup_steps=2, windows=3, stable_windows=3,
                                                                       stability_tolerance=0.2),
         point=GridPoint(8, 2, 1), lr=0.1, steps=14,
     )
-    r = run_trial(s, WorkerContext())
+    r = train_point(s, WorkerContext())
     # 2 micro-batches x 20 ms per optimizer step of 16 samples: at most 400 samples/s, and the
     # rest of the step (a tiny linear layer, 16 samples from memory) adds only a few percent.
     assert 0.75 * 400 < r["samples_per_second"] <= 400
@@ -216,7 +218,7 @@ def _oom_worker(rank, port, budget, out):
 
 
 def test_simulated_oom_on_both_ranks_is_agreed_and_the_group_goes_on():
-    one = {m: run_trial(replace(spec(GridPoint(m, 1, 1)), steps=4), WorkerContext())["memory_tracked_peak_bytes"]
+    one = {m: train_point(replace(spec(GridPoint(m, 1, 1)), steps=4), WorkerContext())["memory_tracked_peak_bytes"]
            for m in (8, 64)}
     budget = one[64]  # DDP's buckets put 64 samples on 2 workers over it; 8 samples stay under
     with mp.Manager() as manager:

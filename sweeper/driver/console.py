@@ -1,15 +1,19 @@
-"""What the user sees in the terminal: where things are, a progress bar while trials run, and the
-final table of trials sorted by throughput."""
+"""What the user sees in the terminal: where things are, a progress bar while points run, and the
+final table of points sorted by throughput. Text that comes from outside (errors, paths) is escaped:
+Rich would read `[/]` in it as markup."""
 
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from sweeper.plan import GridPoint
+from sweeper.schema import FrontierResult, InferenceResult, PointResult
+from sweeper.units import MiB, format_bytes
 
 # A wide table even when piped to a file or a CI log (rich would pick 80 columns there).
 console = Console(width=None if Console().is_terminal else 120)
@@ -29,8 +33,8 @@ def print_where(tracking_uri: str, dashboard_url: Optional[str], token_path: Opt
             )
 
 
-def print_start(num_trials: int, num_groups: int, groups: str = "Ray Train worker group(s)") -> None:
-    console.print(f"[bold]sweeper[/]: {num_trials} trials in {num_groups} {groups}", soft_wrap=True)
+def print_start(num_points: int, num_groups: int, groups: str = "Ray Train worker group(s)") -> None:
+    console.print(f"[bold]sweeper[/]: {num_points} points in {num_groups} {groups}", soft_wrap=True)
 
 
 def print_frontier_start(workers: List[int], budget_gb: Optional[float]) -> None:
@@ -42,60 +46,56 @@ def print_frontier_start(workers: List[int], budget_gb: Optional[float]) -> None
     )
 
 
-def print_probe(num_workers: int, result: Dict[str, Any]) -> None:
-    peak = result.get("peak_memory_bytes")
-    status = result.get("status")
-    measured = f"peak {peak / 2**20:,.1f} MiB" if status == "ok" and peak is not None else status
-    accumulation = " with accumulation" if result.get("accumulation_steps", 1) > 1 else ""
+def print_probe(num_workers: int, result: PointResult) -> None:
+    peak = result.memory.peak_memory_bytes
+    measured = f"peak {format_bytes(peak)}" if result.status == "ok" and peak is not None else result.status
+    accumulation = " with accumulation" if (result.accumulation_steps or 1) > 1 else ""
     console.print(
-        f"  probe ({result.get('probe_role')}) micro-batch {result.get('micro_batch_size')}{accumulation} on "
+        f"  probe ({result.probe_role}) micro-batch {result.micro_batch_size}{accumulation} on "
         f"{num_workers} worker(s): {measured}",
         soft_wrap=True,
     )
 
 
-def print_frontier(num_workers: int, result: Dict[str, Any]) -> None:
-    if result.get("status") != "ok":
-        warn(f"{num_workers} worker(s): the frontier search failed: {result.get('error')}")
+def print_frontier(num_workers: int, result: FrontierResult) -> None:
+    if result.status != "ok":
+        warn(f"{num_workers} worker(s): the frontier search failed: {result.error}")
         return
-    for prefix, label in (("frontier_", ""), ("frontier_accumulating_", " with accumulation")):
-        if f"{prefix}micro_batch_size" not in result:
+    for label, found in (("", result.plain), (" with accumulation", result.accumulating)):
+        if found is None:
             continue
         text = (
-            f"  frontier, {num_workers} worker(s){label}: micro-batch {result[prefix + 'micro_batch_size']} "
-            f"({result.get(prefix + 'reason')}; {result.get(prefix + 'fit_probes')} fit probe(s) + "
-            f"{result.get(prefix + 'verifications')} verification(s))"
+            f"  frontier, {num_workers} worker(s){label}: micro-batch {found.micro_batch_size} "
+            f"({found.reason}; {found.fit_probes} fit probe(s) + {found.verifications} verification(s))"
         )
-        if result.get(prefix + "per_sample_bytes") is not None:
-            text += (
-                f"; line {result[prefix + 'fixed_bytes'] / 2**20:,.1f} MiB + "
-                f"{result[prefix + 'per_sample_bytes'] / 1024:,.1f} KiB/sample"
-            )
-        if result.get(prefix + "estimated_micro_batch_size") is not None:
-            text += f"; fake-tensor estimate {result[prefix + 'estimated_micro_batch_size']}"
+        if found.per_sample_bytes is not None:
+            text += f"; line {format_bytes(found.fixed_bytes)} + {format_bytes(found.per_sample_bytes)}/sample"
+        if found.estimated_micro_batch_size is not None:
+            text += f"; fake-tensor estimate {found.estimated_micro_batch_size}"
         console.print(text, soft_wrap=True)
 
 
 def print_resume(experiment: str, recorded: int) -> None:
     console.print(
-        f"[bold]sweeper[/]: resuming {experiment}: {recorded} trial(s) already recorded are not run again",
+        f"[bold]sweeper[/]: resuming {experiment}: {recorded} point(s) already recorded are not run again",
         soft_wrap=True,
     )
 
 
-def print_inference_point(model: str, batch_size: int, result: Dict[str, Any]) -> None:
-    if result.get("status") != "ok":
-        console.print(f"  {model} batch {batch_size}: {result.get('status')} ({result.get('error')})", soft_wrap=True)
+def print_inference_point(model: str, batch_size: int, result: InferenceResult) -> None:
+    if result.status != "ok":
+        console.print(f"  {model} batch {batch_size}: {result.status} ({escape(str(result.error))})", soft_wrap=True)
         return
+    latency = result.latency
     console.print(
-        f"  {model} batch {batch_size}: p50 {result['latency_p50_seconds'] * 1e3:,.3f} ms, "
-        f"p99 {result['latency_p99_seconds'] * 1e3:,.3f} ms, {result['samples_per_second']:,.0f} samples/s",
+        f"  {model} batch {batch_size}: p50 {latency.latency_p50_seconds * 1e3:,.3f} ms, "
+        f"p99 {latency.latency_p99_seconds * 1e3:,.3f} ms, {latency.samples_per_second:,.0f} samples/s",
         soft_wrap=True,
     )
 
 
 def print_inference_summary(
-    rows: List[Tuple[str, Dict[str, Any]]],
+    rows: List[Tuple[str, InferenceResult]],
     knees: Dict[str, Tuple[Optional[int], Optional[int]]],
     facts: Dict[str, Any],
     tracking_uri: str,
@@ -107,7 +107,7 @@ def print_inference_summary(
     for column in ("model", "measured knee", "roofline knee", "best samples/s", "at batch"):
         table.add_column(column, justify="right")
     for model, (measured, predicted) in knees.items():
-        ok = [r for m, r in rows if m == model and r.get("status") == "ok"]
+        ok = [r for m, r in rows if m == model and r.status == "ok"]
         best = max(ok, key=lambda r: r["samples_per_second"]) if ok else None
         table.add_row(
             model,
@@ -125,12 +125,12 @@ def print_inference_summary(
 
 
 def warn(text: str) -> None:
-    console.print(f"[yellow]warning[/]: {text}", soft_wrap=True)
+    console.print(f"[yellow]warning[/]: {escape(text)}", soft_wrap=True)
 
 
 def progress() -> Progress:
     return Progress(
-        TextColumn("[bold]trials"),
+        TextColumn("[bold]points"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
@@ -141,19 +141,19 @@ def progress() -> Progress:
 
 
 def print_summary(
-    rows: List[Tuple[GridPoint, Dict[str, Any]]],
+    rows: List[Tuple[GridPoint, PointResult]],
     tracking_uri: str,
     parent_run_id: str,
     experiment_name: str,
     accuracy_note: Optional[str],
 ) -> None:
-    table = Table(title="trials, fastest first")
+    table = Table(title="points, fastest first")
     for column in ("micro", "accum", "workers", "global", "status", "samples/s", "cv", "MFU", "peak MiB",
                    "val acc", "startup s"):
         table.add_column(column, justify="right")
 
     def speed(row):
-        return row[1].get("samples_per_second") or -1.0
+        return row[1].get("samples_per_second", -1.0)
 
     for point, result in sorted(rows, key=speed, reverse=True):
         table.add_row(
@@ -161,7 +161,7 @@ def print_summary(
             str(point.accumulation_steps),
             str(point.num_workers),
             str(point.global_batch_size),
-            result.get("status", "?") if result.get("status") == "ok" else f"[red]{result.get('status')}[/]",
+            result.status if result.status == "ok" else f"[red]{result.status}[/]",
             _fmt(result.get("samples_per_second"), "{:.1f}")
             + ("" if result.get("throughput_stable", True) else " [yellow]unstable[/]"),
             _fmt(result.get("samples_per_second_cv"), "{:.1%}"),
@@ -172,8 +172,8 @@ def print_summary(
         )
     console.print(table)
     for point, result in rows:
-        if result.get("status") != "ok":
-            console.print(f"  [red]{point.key}[/] {result.get('status')}: {result.get('error', '')}", soft_wrap=True)
+        if result.status != "ok":
+            console.print(f"  [red]{point.key}[/] {result.status}: {escape(result.get('error', ''))}", soft_wrap=True)
     if any(not r.get("throughput_stable", True) for _, r in rows):
         console.print(
             "  unstable: the last timed windows disagreed by more than the tolerance "
@@ -193,13 +193,13 @@ def print_summary(
 
 
 def print_report(html_path: str, recommendation: str, yaml_path: str) -> None:
-    console.print(f"[bold]recommendation[/]: {recommendation}", soft_wrap=True)
+    console.print(f"[bold]recommendation[/]: {escape(recommendation)}", soft_wrap=True)
     console.print(f"  report: {html_path}", soft_wrap=True)
     console.print(f"  as YAML: {yaml_path}", soft_wrap=True)
 
 
 def _mib(value: Optional[float]) -> Optional[float]:
-    return None if value is None else value / 2**20
+    return None if value is None else value / MiB
 
 
 def _fmt(value: Optional[float], pattern: str) -> str:

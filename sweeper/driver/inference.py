@@ -13,16 +13,20 @@ from dataclasses import replace
 from typing import Any, Dict, List, Optional, Tuple
 
 from sweeper import models, tracking
-from sweeper.cluster import runner as ray_runner
+from sweeper.cluster import runs
 from sweeper.config import ModelConfig, SweeperConfig, budget_bytes, tracking_uri, validate
 from sweeper.driver import console
-from sweeper.errors import ConfigError, first_line
+from sweeper.driver.skeleton import Phases, Session, session
+from sweeper.errors import EXIT_OK, EXIT_POINT_FAILED, ConfigError, first_line
 from sweeper.inference import roofline
 from sweeper.inference.timing import InferenceSpec, model_key
 from sweeper.measure import flops
 from sweeper.plan import GridPoint
-from sweeper.report import build as report_mod
+from sweeper.report import build as report_build
 from sweeper.report import plots
+from sweeper.schema import InferenceResult, SweepSummary
+
+Rows = List[Tuple[str, InferenceResult]]
 
 
 def model_configs(cfg: SweeperConfig) -> List[ModelConfig]:
@@ -38,14 +42,36 @@ def label(model: ModelConfig) -> str:
 
 def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
     """Run the inference sweep; the exit status is 0 when every point ended ok or oom, 1 if any failed."""
+    phases = Phases()
     uri = tracking_uri(cfg.tracking)
     problems = validate(cfg) + models.check(cfg.model) + tracking.check(uri)
     if problems:
         raise ConfigError(problems)
     num_classes = cfg.data.num_classes  # random inputs: no dataset is read
     chosen = model_configs(cfg)
+    groups = specs(cfg, chosen, num_classes)
+    phases("setup")
+    with session(cfg, phases, [GridPoint(1, 1, 1)]) as s:
+        name = f"inference-{cfg.model.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        parent = s.tracker.start_sweep(name, sweep_params(cfg, chosen, s.resources), resolved_yaml, task="inference")
+        console.print_where(s.uri, s.cluster.dashboard_url, s.cluster.token_path, s.cluster.results_dir)
+        console.print_start(sum(len(g) for g in groups), len(groups), groups="Ray Tune trial(s), one per model")
+        rows, facts = measure(s, name, groups)
+        knees = record_knees(cfg, s.tracker, chosen, num_classes, rows, facts)
+        png = plot(cfg, s, name, chosen, rows, knees)
+        statuses = Counter(r.status for _, r in rows)
+        s.tracker.end_sweep(
+            SweepSummary(**{f"num_trials_{k}": statuses[k] for k in ("ok", "oom", "failed")}),
+            failed=statuses["failed"] > 0,
+        )
+        console.print_inference_summary(rows, knees, facts, uri, parent, cfg.tracking.experiment_name, png)
+        return EXIT_POINT_FAILED if statuses["failed"] else EXIT_OK
+
+
+def specs(cfg: SweeperConfig, chosen: List[ModelConfig], num_classes: int) -> List[List[InferenceSpec]]:
+    """One group of batch sizes per model, smallest first."""
     counts = {label(m): _count_flops(m, num_classes) for m in chosen}
-    groups = [
+    return [
         [
             InferenceSpec(
                 model=m,
@@ -62,73 +88,62 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
         ]
         for m in chosen
     ]
-    by_key = {s.key: (label(s.model), s) for group in groups for s in group}
-    cluster = ray_runner.connect(cfg.cluster)
-    try:
-        tracker = tracking.Tracker(uri, cfg.tracking.experiment_name)
-        resources = ray_runner.plan_resources(cfg.cluster, cluster, [GridPoint(1, 1, 1)])
-        name = f"inference-{cfg.model.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        parent = tracker.start_sweep(
-            name,
-            {
-                "task": "inference",
-                "model": cfg.model.name,
-                "models": [label(m) for m in chosen],
-                "batch_sizes": sorted(set(cfg.inference.batch_sizes)),
-                "timed_runs": cfg.inference.timed_runs,
-                "min_timed_seconds": cfg.inference.min_timed_seconds,
-                "use_gpu": resources.use_gpu,
-                "cpus_per_worker": resources.cpus_per_worker,
-                "threads": resources.threads_per_worker,
-                "device_memory_budget_gb": cfg.device.memory_budget_gb,
-            },
-            resolved_yaml,
-            task="inference",
-        )
-        console.print_where(uri, cluster.dashboard_url, cluster.token_path, cluster.results_dir)
-        console.print_start(sum(len(g) for g in groups), len(groups), groups="Ray Tune trial(s), one per model")
-        rows: List[Tuple[str, Dict[str, Any]]] = []
-        facts: Dict[str, Any] = {}
 
-        def on_result(result: Dict[str, Any]) -> None:
-            if result.get("role") == "device":
-                facts.update(result)
-                return
-            model_label, spec = by_key[result["trial_key"]]
-            params = {
-                "task": "inference",
-                "model": spec.model.name,
-                "model_label": model_label,
-                "width": spec.model.width if spec.model.name == "mlp" else None,
-                "batch_size": spec.batch_size,
-                "input_shape": list(spec.model.input_shape),
-            }
-            tracker.log_inference(params, result)
-            rows.append((model_label, result))
-            console.print_inference_point(model_label, spec.batch_size, result)
 
-        ray_runner.run_inference(name, groups, resources, cluster, on_result)
-        knees = record_knees(cfg, tracker, chosen, num_classes, rows, facts)
-        folder = report_mod.default_folder(uri, name)
-        os.makedirs(folder, exist_ok=True)
-        series = {
-            model_label: [
-                (int(r["batch_size"]), r["samples_per_second"], r["latency_p50_seconds"], r["latency_p99_seconds"])
-                for lbl, r in rows
-                if lbl == model_label and r.get("status") == "ok"
-            ]
-            for model_label in (label(m) for m in chosen)
+def sweep_params(cfg: SweeperConfig, chosen: List[ModelConfig], resources) -> Dict[str, Any]:
+    return {
+        "task": "inference",
+        "model": cfg.model.name,
+        "models": [label(m) for m in chosen],
+        "batch_sizes": sorted(set(cfg.inference.batch_sizes)),
+        "timed_runs": cfg.inference.timed_runs,
+        "min_timed_seconds": cfg.inference.min_timed_seconds,
+        "use_gpu": resources.use_gpu,
+        "cpus_per_worker": resources.cpus_per_worker,
+        "threads": resources.threads_per_worker,
+        "device_memory_budget_gb": cfg.device.memory_budget_gb,
+    }
+
+
+def measure(s: Session, name: str, groups: List[List[InferenceSpec]]) -> Tuple[Rows, Dict[str, Any]]:
+    """Every batch size of every model timed on the cluster and recorded as it arrives; the device's
+    facts (its memory bandwidth) measured after them."""
+    by_key = {spec.key: (label(spec.model), spec) for group in groups for spec in group}
+    rows: Rows = []
+    facts: Dict[str, Any] = {}
+
+    def on_result(result: InferenceResult) -> None:
+        model_label, spec = by_key[result.trial_key]
+        params = {
+            "task": "inference",
+            "model": spec.model.name,
+            "model_label": model_label,
+            "width": spec.model.width if spec.model.name == "mlp" else None,
+            "batch_size": spec.batch_size,
+            "input_shape": list(spec.model.input_shape),
         }
-        png = plots.inference_curves(series, knees, os.path.join(folder, "inference_curves.png"))
-        tracker.log_artifacts(folder, "report")
-        statuses = Counter(r.get("status") for _, r in rows)
-        tracker.end_sweep(
-            {f"num_trials_{s}": statuses[s] for s in ("ok", "oom", "failed")}, failed=statuses["failed"] > 0
-        )
-        console.print_inference_summary(rows, knees, facts, uri, parent, cfg.tracking.experiment_name, png)
-        return 1 if statuses["failed"] else 0
-    finally:
-        ray_runner.shutdown()
+        s.tracker.log_inference(params, result)
+        rows.append((model_label, result))
+        console.print_inference_point(model_label, spec.batch_size, result)
+
+    runs.run_inference(name, groups, s.resources, s.cluster, on_result, facts.update)
+    return rows, facts
+
+
+def plot(cfg: SweeperConfig, s: Session, name: str, chosen: List[ModelConfig], rows: Rows, knees) -> str:
+    folder = report_build.default_folder(s.uri, name)
+    os.makedirs(folder, exist_ok=True)
+    series = {
+        model_label: [
+            (int(r.batch_size), r["samples_per_second"], r["latency_p50_seconds"], r["latency_p99_seconds"])
+            for lbl, r in rows
+            if lbl == model_label and r.status == "ok"
+        ]
+        for model_label in (label(m) for m in chosen)
+    }
+    png = plots.inference_curves(series, knees, os.path.join(folder, "inference_curves.png"))
+    s.tracker.log_artifacts(folder, "report")
+    return png
 
 
 def record_knees(
@@ -136,7 +151,7 @@ def record_knees(
     tracker: tracking.Tracker,
     chosen: List[ModelConfig],
     num_classes: int,
-    rows: List[Tuple[str, Dict[str, Any]]],
+    rows: Rows,
     facts: Dict[str, Any],
 ) -> Dict[str, Tuple[Optional[int], Optional[int]]]:
     """Per model, the measured knee (first batch after which doubling gains < report.knee_min_gain)
@@ -151,10 +166,10 @@ def record_knees(
         tracker.client.set_tag(tracker.parent_run_id, "sweeper.bandwidth_source", str(facts.get("bandwidth_source")))
     for model in chosen:
         name = label(model)
-        ok = sorted((int(r["batch_size"]), r["samples_per_second"]) for lbl, r in rows
-                    if lbl == name and r.get("status") == "ok")
+        ok = sorted((int(r.batch_size), r["samples_per_second"]) for lbl, r in rows
+                    if lbl == name and r.status == "ok")
         measured = roofline.measured_knee([b for b, _ in ok], [t for _, t in ok], cfg.report.knee_min_gain)
-        peaks = [r["peak_flops_per_second"] for lbl, r in rows if lbl == name and r.get("peak_flops_per_second")]
+        peaks = [r["peak_flops_per_second"] for lbl, r in rows if lbl == name and "peak_flops_per_second" in r]
         peak = peaks[0] if peaks else None
         predicted = None
         if peak and bandwidth_bps:

@@ -14,9 +14,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from sweeper import models
+from sweeper import errors, models
 from sweeper.config import ModelConfig
 from sweeper.measure import flops, telemetry
+from sweeper.schema import InferenceResult
 
 ROLE = "inference"
 
@@ -116,7 +117,7 @@ def run_inference_point(
     spec: InferenceSpec,
     device: Optional[telemetry.Device] = None,
     peak: Optional[flops.PeakFlops] = None,
-) -> Dict[str, Any]:
+) -> InferenceResult:
     """Time one batch size; never raises: an out-of-memory error is status "oom", any other "failed".
 
     The model is built once (eval mode, seeded by spec.seed) and runs under torch.inference_mode() on
@@ -133,7 +134,8 @@ def run_inference_point(
         device = device or telemetry.select(spec.use_gpu)
         result = _measure(spec, device)
     except Exception as exc:  # recorded as the point's result, never raised: the sweep goes on
-        status, error, result = telemetry.failure(exc)
+        status, error, simulated = errors.failure(exc)
+        result = {"oom_simulated": True} if simulated else {}
     finally:
         gc.collect()  # the point's model and activations go before the next point is measured
         if device is not None:
@@ -147,9 +149,10 @@ def run_inference_point(
         role=ROLE,
         status=status,
         batch_size=spec.batch_size,
+        started_at=start,
         trial_seconds=time.time() - start,
     )
-    return result
+    return InferenceResult.from_flat(result)
 
 
 def _measure(spec: InferenceSpec, device: telemetry.Device) -> Dict[str, Any]:
@@ -263,7 +266,7 @@ def _peak(spec: InferenceSpec, device: telemetry.Device, threads: int) -> Option
 
 def run_inference_points(
     specs: Sequence[InferenceSpec],
-    report: Callable[[Dict[str, Any]], None],
+    report: Callable[[InferenceResult], None],
     threads: int = 1,
 ) -> None:
     """Time every spec, calling `report(result)` after each: models in their given order, each model's
@@ -282,14 +285,14 @@ def run_inference_points(
             identity = _model_identity(spec)
             cause = out_of_memory.get(identity)
             if cause is not None:
-                report({
-                    "trial_key": spec.key,
-                    "role": ROLE,
-                    "status": "oom",
-                    "batch_size": spec.batch_size,
-                    "oom_implied_by": cause,
-                    "error": f"oom (implied): {cause} ran out of memory and this batch is larger",
-                })
+                report(InferenceResult(
+                    trial_key=spec.key,
+                    role=ROLE,
+                    status="oom",
+                    batch_size=spec.batch_size,
+                    oom_implied_by=cause,
+                    error=f"oom (implied): {cause} ran out of memory and this batch is larger",
+                ))
                 continue
             device = devices.get(spec.use_gpu)
             if device is None:
@@ -305,7 +308,7 @@ def run_inference_points(
                     peaks[facts] = _peak(spec, device, threads)
                 peak = peaks[facts]
             result = run_inference_point(spec, device, peak)
-            if result["status"] == "oom":
+            if result.status == "oom":
                 out_of_memory[identity] = spec.key
             report(result)
     finally:

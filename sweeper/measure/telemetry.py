@@ -404,21 +404,3 @@ def _weighted_mean(samples: list[_Sample], values: list[Any]) -> float:
     if total <= 0:
         return sum(values) / len(values)
     return sum(s.covered_seconds * v for s, v in zip(samples, values)) / total
-
-
-def is_oom(exc: BaseException) -> bool:
-    """A real or simulated out-of-memory error: CUDA's (torch.OutOfMemoryError), the CPU allocator's
-    (a RuntimeError with its message), or memory.SimulatedOutOfMemoryError (a torch.OutOfMemoryError)."""
-    if isinstance(exc, torch.OutOfMemoryError):
-        return True
-    text = str(exc)
-    return "out of memory" in text or "can't allocate memory" in text
-
-
-def failure(exc: BaseException) -> "tuple[str, str, dict[str, Any]]":
-    """How a point that raised is recorded: (status oom | failed, its error line, extra fields: whether
-    the out-of-memory was a simulated budget's rather than an allocator's)."""
-    error = f"{type(exc).__name__}: {first_line(exc)}"
-    if is_oom(exc):
-        return "oom", error, {"oom_simulated": type(exc).__name__ == "SimulatedOutOfMemoryError"}
-    return "failed", error, {}

@@ -94,3 +94,46 @@ def phase_split(per_step: Sequence[Tuple[float, float, float]]) -> Dict[str, flo
         f"{name}_seconds_per_step": statistics.fmean(step[i] for step in per_step)
         for i, name in enumerate(PHASES)
     }
+
+
+WARMUP, TRACKED, PROFILED, TIMED = "warmup", "tracked", "profiled", "timed"
+
+
+@dataclass(frozen=True)
+class StepRole:
+    """What one optimizer step of a point is for, decided before the first step runs."""
+
+    kind: str  # warmup | tracked (the memory-tracked warm-up step) | profiled | timed
+    opens_window: Optional[int] = None  # the timed window this step starts
+    closes_window: Optional[int] = None  # the timed window this step ends
+    starts_profiler: bool = False
+    stops_profiler: bool = False
+
+
+def step_roles(
+    total_steps: int, warmup_steps: int, profile_steps: int, windows: int, track_memory: bool
+) -> List[StepRole]:
+    """Every step's role: `warmup_steps` untimed steps, the last of them memory-tracked when
+    `track_memory`; with `profile_steps` > 0, one profiler warm-up step and the profiled steps
+    (untimed); then the timed steps, cut into `windows` windows (window_bounds)."""
+    first_timed = warmup_steps + (profile_steps + 1 if profile_steps else 0)
+    opens = {start: i for i, (start, _) in enumerate(window_bounds(total_steps, first_timed, windows))}
+    closes = {stop - 1: i for i, (_, stop) in enumerate(window_bounds(total_steps, first_timed, windows))}
+    roles = []
+    for step in range(total_steps):
+        if step >= first_timed:
+            kind = TIMED
+        elif step >= warmup_steps:
+            kind = PROFILED
+        elif track_memory and step == warmup_steps - 1:
+            kind = TRACKED
+        else:
+            kind = WARMUP
+        roles.append(StepRole(
+            kind,
+            opens_window=opens.get(step),
+            closes_window=closes.get(step),
+            starts_profiler=kind == PROFILED and step == warmup_steps,
+            stops_profiler=kind == PROFILED and step == first_timed - 1,
+        ))
+    return roles

@@ -18,8 +18,9 @@ from sweeper.errors import first_line
 from sweeper.report import analysis, plots
 from sweeper.report import html as html_report
 from sweeper.report.analysis import Recommendation, Trial
+from sweeper.schema import FrontierResult, PointResult
+from sweeper.units import MiB, format_bytes
 
-MiB = 2**20
 
 
 @dataclass(frozen=True)
@@ -127,31 +128,31 @@ def build(
     return Report(folder, html_path, rec, line, yaml_path, text)
 
 
-def frontier_files(sweep_folder: str, num_workers: int, probes: List[Dict[str, Any]], result: Dict[str, Any]) -> str:
+def frontier_files(sweep_folder: str, num_workers: int, probes: List[PointResult], result: FrontierResult) -> str:
     """A worker count's frontier search as files in `<sweep folder>/frontier`: its probes and fitted
     line against the budget (PNG) and every probe's numbers (JSON). Returns the folder."""
     folder = os.path.join(sweep_folder, "frontier")
     os.makedirs(folder, exist_ok=True)
     trials = [
         Trial(
-            key=p["trial_key"],
-            micro_batch_size=int(p["micro_batch_size"]),
-            accumulation_steps=int(p.get("accumulation_steps", 1)),
+            key=p.trial_key,
+            micro_batch_size=int(p.micro_batch_size),
+            accumulation_steps=int(p.accumulation_steps or 1),
             num_workers=num_workers,
-            global_batch_size=int(p["micro_batch_size"]) * int(p.get("accumulation_steps", 1)) * num_workers,
-            status=p.get("status") or "failed",
-            peak_memory_bytes=p.get("peak_memory_bytes"),
+            global_batch_size=int(p.micro_batch_size) * int(p.accumulation_steps or 1) * num_workers,
+            status=p.status or "failed",
+            peak_memory_bytes=p.memory.peak_memory_bytes,
         )
         for p in probes
     ]
     # One line per (accumulation) series, fitted by the plot itself over that series' probes.
     plots.memory_vs_micro_batch(
-        trials, os.path.join(folder, f"memory_frontier_w{num_workers}.png"),
-        budget_bytes=result.get("memory_budget_bytes"),
+        trials, os.path.join(folder, f"memory_frontier_w{num_workers}.png"), budget_bytes=result.memory_budget_bytes,
     )
     keep = ("trial_key", "probe_role", "micro_batch_size", "accumulation_steps", "status", "error", "peak_memory_bytes",
             "memory_tracked_peak_bytes", "memory_activations_bytes", "memory_forward_activations_bytes")
-    record = {"frontier": result, "probes": [{k: p[k] for k in keep if k in p} for p in probes]}
+    flat = [p.to_flat() for p in probes]
+    record = {"frontier": result.to_flat(), "probes": [{k: p[k] for k in keep if k in p} for p in flat]}
     with open(os.path.join(folder, f"frontier_w{num_workers}.json"), "w") as f:
         json.dump(record, f, indent=2, default=str)
     return folder
@@ -238,7 +239,7 @@ def recommendation_text(rec: Recommendation, line: Optional[str]) -> str:
 def _figures_text(t: Trial) -> str:
     figures = [f"{t.samples_per_second:.1f} samples/s" if t.samples_per_second is not None else "no throughput"]
     if t.peak_memory_bytes is not None:
-        figures.append(f"{t.peak_memory_bytes / MiB:.0f} MiB")
+        figures.append(format_bytes(t.peak_memory_bytes, 0, unit="MiB"))
     if t.val_accuracy is not None:
         figures.append(f"val_accuracy {t.val_accuracy:.3f}")
     return f"{t.key} ({', '.join(figures)})"

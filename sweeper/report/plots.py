@@ -20,12 +20,11 @@ from matplotlib.ticker import NullLocator, PercentFormatter
 from matplotlib.transforms import Bbox
 
 from sweeper.report.analysis import Trial
+from sweeper.units import KiB, MiB, format_bytes
 
 # Every function writes a FIGSIZE x DPI picture (840 x 540 pixels), whatever it contains.
 FIGSIZE = (7.0, 4.5)
 DPI = 120
-MiB = 2**20
-KiB = 2**10
 
 OOM_COLOR = "#d62728"
 RECOMMENDED_COLOR = "#f2b701"  # a gold star: the trial the report recommends
@@ -306,11 +305,11 @@ def _plain(text: str) -> str:
 
 
 def _mib(n: float) -> str:
-    return f"{n / MiB:.0f} MiB" if abs(n) >= 10 * MiB else f"{n / MiB:.1f} MiB"
+    return format_bytes(n, 0 if abs(n) >= 10 * MiB else 1, unit="MiB")
 
 
 def _kib(n: float) -> str:
-    return f"{n / KiB:.0f} KiB" if abs(n) >= 10 * KiB else f"{n / KiB:.2g} KiB"
+    return format_bytes(n, 0 if abs(n) >= 10 * KiB else 1, unit="KiB")
 
 
 # Where a point's label may go, in pixels from the point, best first: beside it, then above/below,

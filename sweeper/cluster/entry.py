@@ -1,0 +1,188 @@
+"""What runs in Ray's processes: the Tune trial of a worker group (it starts a Ray Train TorchTrainer)
+and the training function each of its workers runs. Ray pickles these by reference (module path and
+name): a sweep interrupted before a move of this module cannot be resumed by the moved code.
+
+Results leave a worker as flat dicts of schema names (sweeper/schema.py) through Ray Train's report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import replace
+from typing import Any, Callable, Dict, List
+
+import ray
+import torch
+from ray import train, tune
+from ray.train.torch import TorchTrainer
+from ray.tune.integration.ray_train import TuneReportCallback
+
+from sweeper.cluster.resources import Resources
+from sweeper.plan import GridPoint
+from sweeper.schema import PointResult
+from sweeper.worker.spec import WorkerContext
+
+STATE_FILE = "sweeper_worker_group.json"
+ENDS_BEFORE_GIVING_UP = 2
+
+
+def group_trial(
+    config: Dict[str, Any],
+    specs,
+    resources: Resources,
+    storage_path: str,
+    experiment: str,
+    done_keys: frozenset = frozenset(),
+    run_suffix: str = "",
+) -> None:
+    """The Tune function trainable of a worker group: one TorchTrainer whose workers measure the
+    group's points in turn (Train V2 cannot be passed to a Tuner directly). Each point's result
+    reaches Tune through `TuneReportCallback`, so the driver records it as soon as it is measured."""
+    start = time.time()
+    points = [GridPoint(**p) for p in config["points"]]
+    group_specs = [replace(specs[p], use_gpu=resources.use_gpu) for p in points if p.key not in done_keys]
+    if not group_specs:
+        return  # everything in this group was recorded before the sweep was interrupted
+    _fit(
+        point_worker,
+        {"specs": group_specs, "threads": resources.threads_per_worker, "group_start_time": start},
+        # Sized to the group's largest point; smaller points use its first ranks.
+        max(s.point.num_workers for s in group_specs),
+        resources,
+        f"{experiment}-{points[0].key}-x{len(points)}{run_suffix}",
+        storage_path,
+    )
+
+
+def frontier_trial(config: Dict[str, Any], fspecs, resources: Resources, storage_path: str, experiment: str) -> None:
+    workers = config["num_workers"]
+    _fit(
+        frontier_worker,
+        {"fspec": fspecs[workers], "threads": resources.threads_per_worker},
+        workers,
+        resources,
+        f"{experiment}-w{workers}",
+        storage_path,
+    )
+
+
+def inference_trial(config: Dict[str, Any], groups, threads: int) -> None:
+    """A model's batch sizes timed in the trial's own process, then the device's memory bandwidth
+    (a table on GPU, a large copy timed on CPU) for the roofline."""
+    from sweeper.inference.timing import run_inference_points
+    from sweeper.measure import bandwidth, telemetry
+
+    specs = groups[config["group"]]
+    run_inference_points(specs, report=lambda result: tune.report(result.to_flat()), threads=threads)
+    measured = bandwidth.device_bandwidth(telemetry.select(specs[0].use_gpu), threads)
+    facts: Dict[str, Any] = {"trial_key": f"device-{config['group']}", "role": "device"}
+    if measured is not None:
+        facts.update(bandwidth_bytes_per_second=measured.bytes_per_second, bandwidth_source=measured.source)
+    tune.report(facts)
+
+
+def _fit(worker: Callable, loop_config: Dict[str, Any], num_workers: int, resources: Resources, name: str,
+         storage_path: str) -> None:
+    """One Ray Train worker group running `worker`, its reports relayed to the Tune trial it runs in."""
+    per_worker = {"CPU": resources.cpus_per_worker}
+    if resources.use_gpu:
+        per_worker["GPU"] = 1
+    trainer = TorchTrainer(
+        worker,
+        train_loop_config=loop_config,
+        scaling_config=train.ScalingConfig(
+            num_workers=num_workers,
+            use_gpu=resources.use_gpu,
+            resources_per_worker=per_worker,
+            placement_strategy=resources.placement_strategy,
+        ),
+        run_config=train.RunConfig(
+            name=name,
+            storage_path=storage_path,
+            # A worker process that dies restarts the whole group (Ray Train's failure handling);
+            # the restarted workers skip the points the group had reported (its checkpoint).
+            failure_config=train.FailureConfig(max_failures=resources.max_failures),
+            callbacks=[TuneReportCallback()],
+        ),
+    )
+    trainer.fit()
+
+
+def _context() -> WorkerContext:
+    ctx = train.get_context()
+    return WorkerContext(
+        rank=ctx.get_world_rank(),
+        world_size=ctx.get_world_size(),
+        local_rank=ctx.get_local_rank(),
+        node=ray.get_runtime_context().get_node_id(),
+    )
+
+
+def frontier_worker(config: Dict[str, Any]) -> None:
+    from sweeper.worker.probes import run_frontier
+
+    torch.set_num_threads(config["threads"])
+    run_frontier(config["fspec"], _context(), report=lambda r: train.report(r.to_flat()), threads=config["threads"])
+
+
+class _GroupState:
+    """The points a worker group has reported, kept in Ray Train checkpoints, so a group restarted
+    after a worker died goes on from the next point instead of measuring them again."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.done: List[str] = []
+        self.ended_by: Dict[str, int] = {}  # points that were running when the group died, and how often
+        self.restarts = 0
+        checkpoint = train.get_checkpoint()
+        self.restarted = checkpoint is not None
+        if checkpoint is not None:
+            with checkpoint.as_directory() as folder, open(os.path.join(folder, STATE_FILE)) as f:
+                saved = json.load(f)
+            self.done, self.ended_by = list(saved["done"]), dict(saved["ended_by"])
+            self.restarts = int(saved["restarts"]) + 1
+
+    def report(self, result: Dict[str, Any]) -> None:
+        """Every rank reports (Train V2's report is collective); rank 0's result reaches Tune, with
+        a checkpoint of the points done."""
+        with tempfile.TemporaryDirectory() as folder:
+            checkpoint = None
+            if self.rank == 0:  # one copy of the state is enough
+                with open(os.path.join(folder, STATE_FILE), "w") as f:
+                    json.dump({"done": self.done, "ended_by": self.ended_by, "restarts": self.restarts}, f)
+                checkpoint = train.Checkpoint.from_directory(folder)
+            train.report(result, checkpoint=checkpoint)
+
+    def report_point(self, result: PointResult) -> None:
+        self.done.append(result.trial_key)
+        result.cost.worker_group_restarts = self.restarts
+        self.report(result.to_flat())
+
+
+def point_worker(config: Dict[str, Any]) -> None:
+    """A worker of a group: measures the group's points, reporting each with a checkpoint."""
+    from sweeper.worker.points import run_points
+
+    torch.set_num_threads(config["threads"])
+    ctx = _context()
+    state = _GroupState(ctx.rank)
+    pending = [s for s in config["specs"] if s.point.key not in state.done]
+    if state.restarted and pending:
+        # Points run in order: the first pending one was running when the group died.
+        key = pending[0].point.key
+        state.ended_by[key] = state.ended_by.get(key, 0) + 1
+    # A checkpoint before the first point: a restart is counted even if it comes before any point.
+    state.report({"worker_group_started": 1})
+    if pending and state.ended_by.get(pending[0].point.key, 0) >= ENDS_BEFORE_GIVING_UP:
+        # Twice is no accident (a rank failing alone on its own code, a worker OOM-killed every time):
+        # record it and go on, rather than spend every restart on it.
+        key = pending.pop(0).point.key
+        state.report_point(PointResult(trial_key=key, status="failed", error=(
+            f"ended its worker group {state.ended_by[key]} times (a worker process died or a rank failed alone); "
+            "not run again"
+        )))
+    run_points(pending, ctx, state.report_point, group_start_time=config["group_start_time"],
+               threads=config["threads"])

@@ -1,0 +1,97 @@
+"""The one way sweeper starts Ray Tune trials, and the one callback that relays what they report.
+
+Imports Ray at module level: import it only after cluster.connect.connect() has started or joined
+Ray (the sweep's run functions in cluster.runs do so inside their bodies).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Dict
+
+from ray import tune
+from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY
+from ray.tune.result import AUTO_RESULT_KEYS
+
+from sweeper.cluster.runs import Sink
+from sweeper.errors import last_line
+
+# What each running Tune experiment's Relay hands results to, by experiment name. Tune pickles its
+# callbacks into the experiment's state; the sinks (an MLflow client, a progress bar) must stay out
+# of it, and a restored experiment's Relay finds the sinks of the process that resumed it here.
+_SINKS: Dict[str, Sink] = {}
+
+# Fields Tune adds to every reported result, and Ray Train's relay the path of the worker group's
+# checkpoint: not the trial's own measurements.
+TUNE_FIELDS = frozenset(AUTO_RESULT_KEYS) | {"done", "trial_id", "experiment_tag", "should_checkpoint",
+                                              CHECKPOINT_PATH_KEY}
+
+
+class Relay(tune.Callback):
+    """Hands a Tune experiment's trial events to its driver-side Sink; Tune calls these in the driver.
+
+    Its pickled state is the experiment's name only; the sink is looked up in the running driver.
+    """
+
+    def __init__(self, key: str):
+        self.key = key
+
+    def __getstate__(self):
+        return {"key": self.key}
+
+    @property
+    def sink(self) -> Sink:
+        return _SINKS[self.key]
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self.sink.started(trial.trial_id, trial.config)
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        self.sink.result(trial.trial_id, trial.config, {k: v for k, v in result.items() if k not in TUNE_FIELDS})
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self.sink.ended(trial.trial_id, trial.config, None)
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        error = trial.get_error()
+        self.sink.ended(trial.trial_id, trial.config, last_line(str(error)) if error else "no error recorded")
+
+
+def launch(
+    experiment: str,
+    trainable: Callable[..., None],
+    parameters: Dict[str, Any],
+    resources: Dict[str, float],
+    param_space: Dict[str, Any],
+    storage_path: str,
+    sink: Sink,
+    max_concurrent_trials: int = 1,
+    restore: bool = False,
+) -> None:
+    """Run `trainable` as one Tune trial per value of `param_space`'s grid (or restore the experiment
+    of that name and run its unfinished and errored trials), each reserving `resources`; every trial
+    event reaches `sink` in this process. Actors are reused between trials: all ask for the same
+    resources, and reuse saves a process start and its imports (torch) for every trial after the first."""
+    wrapped = tune.with_resources(tune.with_parameters(trainable, **parameters), resources)
+    _SINKS[experiment] = sink
+    try:
+        if restore:
+            tuner = tune.Tuner.restore(
+                os.path.join(storage_path, experiment), wrapped, resume_unfinished=True, resume_errored=True
+            )
+        else:
+            tuner = tune.Tuner(
+                wrapped,
+                param_space=param_space,
+                tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent_trials, reuse_actors=True),
+                run_config=tune.RunConfig(
+                    name=experiment, storage_path=storage_path, callbacks=[Relay(experiment)], verbose=0
+                ),
+            )
+        tuner.fit()
+    finally:
+        _SINKS.pop(experiment, None)
+
+
+def can_restore(storage_path: str, experiment: str) -> bool:
+    return tune.Tuner.can_restore(os.path.join(storage_path, experiment))

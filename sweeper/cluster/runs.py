@@ -1,0 +1,235 @@
+"""What the driver asks of Ray: the grid's points in worker groups, the memory frontier per worker
+count, the inference batch sizes per model. Each is one Tune experiment (cluster.launch) whose trial
+events a Sink turns into typed results, handed to the caller in the driver process.
+
+Ray itself is imported inside the run functions, once connect() has started it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+
+from sweeper.cluster.connect import Cluster
+from sweeper.cluster.resources import Resources
+from sweeper.errors import is_oom_text
+from sweeper.plan import GridPoint
+from sweeper.schema import FrontierResult, InferenceResult, PointResult
+
+if TYPE_CHECKING:  # torch is imported by the workers, not by the driver's Ray layer
+    from sweeper.inference.timing import InferenceSpec
+    from sweeper.worker.spec import FrontierSpec, PointSpec
+
+PointCallback = Callable[[GridPoint, PointResult], None]
+
+
+class Sink:
+    """The driver-side receiver of one Tune experiment's trial events (see cluster.launch.Relay).
+    `config` is the trial's entry of the param space; `result` has Tune's own fields removed."""
+
+    def started(self, trial_id: str, config: Dict[str, Any]) -> None: ...
+
+    def result(self, trial_id: str, config: Dict[str, Any], result: Dict[str, Any]) -> None: ...
+
+    def ended(self, trial_id: str, config: Dict[str, Any], error: Optional[str]) -> None:
+        """The trial finished (error None) or failed (the last line of its error)."""
+
+
+class PointSink(Sink):
+    """Grid points, one result each, whatever happens to their worker group."""
+
+    def __init__(self, on_group_start: Callable[[List[GridPoint]], None], on_point: PointCallback, skip: frozenset):
+        self.on_group_start, self.on_point = on_group_start, on_point
+        self.skip = skip  # recorded before a resume: not measured, not reported
+        self.reported: Dict[str, set] = {}
+        self.not_attempted: List[GridPoint] = []
+
+    def started(self, trial_id, config):
+        self.on_group_start(_points(config))
+
+    def result(self, trial_id, config, result):
+        by_key = {p.key: p for p in _points(config)}
+        if result.get("trial_key") not in by_key:
+            return  # the worker group's own start-up report
+        self.reported.setdefault(trial_id, set()).add(result["trial_key"])
+        self.on_point(by_key[result["trial_key"]], PointResult.from_flat(result))
+
+    def ended(self, trial_id, config, error):
+        unreported = self._unreported(trial_id, config)
+        if error is None:
+            for point in unreported:
+                self.on_point(point, PointResult(status="failed", error="the worker group ended without measuring it"))
+        elif unreported and self.reported.get(trial_id):
+            # Points are measured in order: the first unreported one was running when the group
+            # died. The group had worked, so the rest were never tried: hand them back. A rank that
+            # ran out of memory alone ends its group (the others wait inside the step's all-reduce,
+            # so the ranks cannot agree): still an oom, not a failure.
+            self.on_point(unreported[0], PointResult(status="oom" if is_oom_text(error) else "failed", error=error))
+            self.not_attempted += unreported[1:]
+        else:  # the group never measured anything: whatever broke it would break them all
+            for point in unreported:
+                self.on_point(point, PointResult(status="failed", error=error))
+
+    def _unreported(self, trial_id: str, config) -> List[GridPoint]:
+        seen = self.reported.get(trial_id, set()) | self.skip
+        return [point for point in _points(config) if point.key not in seen]
+
+
+def _points(config: Dict[str, Any]) -> List[GridPoint]:
+    return [GridPoint(**p) for p in config["points"]]
+
+
+def run_points(
+    experiment: str,
+    groups: List[List[GridPoint]],
+    specs: Dict[GridPoint, "PointSpec"],
+    resources: Resources,
+    cluster: Cluster,
+    max_concurrent_trials: int,
+    on_group_start: Callable[[List[GridPoint]], None],
+    on_point: PointCallback,
+    done_keys: frozenset = frozenset(),
+    resume: bool = False,
+) -> List[GridPoint]:
+    """Run every group of grid points as one Ray Tune trial (one Ray Train worker group that measures
+    its points one after another); `on_point(point, result)` is called in this process as each
+    point finishes, its status ok | oom | failed. Points in `done_keys` (already recorded) are not
+    measured.
+
+    With `resume`, Ray Tune restores the experiment of that name and runs its unfinished and errored
+    trials again (finished ones are not); their worker groups skip `done_keys`.
+
+    Returns the points never tried because their worker group died on an earlier point (a worker
+    process killed more often than cluster.max_failures allows, a rank failing alone): the caller runs
+    them again in a fresh group.
+    """
+    from sweeper.cluster import entry, launch
+
+    sink = PointSink(on_group_start, on_point, frozenset(done_keys))
+    launch.launch(
+        experiment,
+        entry.group_trial,
+        dict(
+            specs=specs,
+            resources=resources,
+            storage_path=cluster.results_dir,
+            experiment=experiment,
+            done_keys=frozenset(done_keys),
+            # A resumed group starts a fresh Ray Train run: its old checkpoint may list points the
+            # killed driver never recorded, and only what MLflow holds counts as done.
+            run_suffix=f"-resumed{int(time.time())}" if resume else "",
+        ),
+        {"CPU": resources.cpus_per_trial},
+        {"points": _grid([[p.as_dict() for p in group] for group in groups])},
+        cluster.results_dir,
+        sink,
+        max_concurrent_trials=max_concurrent_trials,
+        restore=resume,
+    )
+    return sink.not_attempted
+
+
+class FrontierSink(Sink):
+    """Probes as they end, then each worker count's frontier (a failed search is a result too)."""
+
+    def __init__(self, on_probe, on_frontier):
+        self.on_probe, self.on_frontier = on_probe, on_frontier
+        self.ended_searches: set = set()
+
+    def result(self, trial_id, config, result):
+        workers, key = config["num_workers"], str(result.get("trial_key", ""))
+        if key.startswith("frontier-"):
+            self.ended_searches.add(workers)
+            self.on_frontier(workers, FrontierResult.from_flat(result))
+        elif key.startswith("probe"):
+            self.on_probe(workers, PointResult.from_flat(result))
+
+    def ended(self, trial_id, config, error):
+        if error is not None and config["num_workers"] not in self.ended_searches:
+            failed = FrontierResult(status="failed", error=f"the frontier search failed: {error}")
+            self.on_frontier(config["num_workers"], failed)
+
+
+def run_frontiers(
+    experiment: str,
+    fspecs: List["FrontierSpec"],
+    resources: Resources,
+    cluster: Cluster,
+    on_probe: Callable[[int, PointResult], None],
+    on_frontier: Callable[[int, FrontierResult], None],
+) -> None:
+    """One Ray Tune trial per worker count, each a worker group searching its memory frontier; every
+    probe and then the frontier reach the caller in this process (`on_probe(num_workers, result)`,
+    `on_frontier(num_workers, result)`, its `status` ok or failed). Searches run one after another:
+    a probe's peak must not share the device with another's."""
+    from sweeper.cluster import entry, launch
+
+    by_workers = {f.num_workers: replace(f, template=replace(f.template, use_gpu=resources.use_gpu)) for f in fspecs}
+    launch.launch(
+        experiment,
+        entry.frontier_trial,
+        dict(fspecs=by_workers, resources=resources, storage_path=cluster.results_dir, experiment=experiment),
+        {"CPU": resources.cpus_per_trial},
+        {"num_workers": _grid(sorted(by_workers))},
+        cluster.results_dir,
+        FrontierSink(on_probe, on_frontier),
+    )
+
+
+class InferenceSink(Sink):
+    """Each batch size's result as it is measured, then the device's facts; the batch sizes a failed
+    trial never reached are recorded failed."""
+
+    def __init__(self, groups: List[List["InferenceSpec"]], on_result, on_device):
+        self.groups, self.on_result, self.on_device = groups, on_result, on_device
+        self.reported: Dict[str, int] = {}
+
+    def result(self, trial_id, config, result):
+        if result.get("role") == "device":
+            self.on_device(result)
+        elif result.get("trial_key"):
+            self.reported[trial_id] = self.reported.get(trial_id, 0) + 1
+            self.on_result(InferenceResult.from_flat(result))
+
+    def ended(self, trial_id, config, error):
+        if error is None:
+            return
+        for spec in self.groups[config["group"]][self.reported.get(trial_id, 0):]:
+            self.on_result(InferenceResult(trial_key=spec.key, status="failed", batch_size=spec.batch_size,
+                                           error=f"the inference trial failed: {error}"))
+
+
+def run_inference(
+    experiment: str,
+    groups: List[List["InferenceSpec"]],
+    resources: Resources,
+    cluster: Cluster,
+    on_result: Callable[[InferenceResult], None],
+    on_device: Callable[[Dict[str, Any]], None],
+) -> None:
+    """One Ray Tune trial per model (no worker group: inference runs in the trial's own process, with
+    one worker's resources), timing its batch sizes smallest first; each result reaches
+    `on_result` in this process as it is measured, then the device's facts reach `on_device`.
+    Trials run one after another: two would share the device and distort each other's latency."""
+    from sweeper.cluster import entry, launch
+
+    per_trial = {"CPU": resources.cpus_per_worker + resources.cpus_per_trial}
+    if resources.use_gpu:
+        per_trial["GPU"] = 1
+    groups = [[replace(s, use_gpu=resources.use_gpu) for s in group] for group in groups]
+    launch.launch(
+        experiment,
+        entry.inference_trial,
+        dict(groups=groups, threads=resources.threads_per_worker),
+        per_trial,
+        {"group": _grid(list(range(len(groups))))},
+        cluster.results_dir,
+        InferenceSink(groups, on_result, on_device),
+    )
+
+
+def _grid(values: List[Any]) -> Any:
+    from ray import tune
+
+    return tune.grid_search(values)

@@ -1,0 +1,94 @@
+"""sweep.micro_batch_sizes=auto, the driver's side: a frontier search per worker count on the cluster,
+every probe recorded as it ends, each frontier set beside its fake-tensor prediction, and the grid
+built from what was found.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Dict, List, Optional, Tuple
+
+from sweeper.cluster import runs
+from sweeper.config import SweeperConfig, budget_bytes
+from sweeper.driver import console
+from sweeper.driver.preflight import Prepared
+from sweeper.driver.skeleton import Session
+from sweeper.errors import first_line
+from sweeper.measure import estimate
+from sweeper.plan import GridPoint
+from sweeper.report import build as report_build
+from sweeper.schema import FrontierResult, PointResult
+from sweeper.worker.spec import FrontierSpec, PointSpec
+
+Frontiers = Dict[int, Tuple[int, Optional[int]]]  # workers -> (largest micro-batch, with accumulation)
+
+
+def search_frontiers(cfg: SweeperConfig, prepared: Prepared, session: Session, name: str) -> Frontiers:
+    """Each worker count's largest micro-batch under the budget, without and (when the grid
+    accumulates) with gradient accumulation; a worker count whose search failed is left out."""
+    workers = sorted(set(cfg.sweep.num_workers))
+    probes: Dict[int, List[PointResult]] = {w: [] for w in workers}
+    found: Dict[int, FrontierResult] = {}
+
+    def on_probe(w: int, result: PointResult) -> None:
+        params = {
+            "model": cfg.model.name,
+            "dataset": cfg.data.name,
+            "micro_batch_size": result.micro_batch_size,
+            "accumulation_steps": result.accumulation_steps,
+            "num_workers": w,
+            "probe_role": result.probe_role,
+        }
+        session.tracker.log_probe(params, result)
+        probes[w].append(result)
+        console.print_probe(w, result)
+
+    console.print_frontier_start(workers, cfg.device.memory_budget_gb)
+    runs.run_frontiers(f"{name}-frontier", frontier_specs(cfg, prepared, workers), session.resources,
+                       session.cluster, on_probe, found.__setitem__)
+    out: Frontiers = {}
+    for w in workers:
+        result = found.get(w) or FrontierResult(status="failed", error="the frontier search reported nothing")
+        if result.status == "ok":
+            add_estimates(cfg, prepared, w, result)
+        folder = report_build.frontier_files(report_build.default_folder(session.uri, name), w, probes[w], result)
+        session.tracker.log_frontier(w, result, folder)
+        console.print_frontier(w, result)
+        if result.status == "ok" and result.plain is not None:  # a failed search leaves its workers unmeasured
+            accumulating = result.accumulating.micro_batch_size if result.accumulating else None
+            out[w] = (int(result.plain.micro_batch_size), None if accumulating is None else int(accumulating))
+    return out
+
+
+def frontier_specs(cfg: SweeperConfig, prepared: Prepared, workers: List[int]) -> List[FrontierSpec]:
+    measure = cfg.measure
+    fspecs = []
+    for w in workers:
+        template = PointSpec(
+            model=cfg.model, data=cfg.data, train=cfg.train, measure=measure, point=GridPoint(1, 1, w),
+            lr=cfg.train.lr, steps=measure.warmup_steps,
+        )
+        # A frontier the points could not time is no use: cap it where a point still gets its
+        # warm-up and stability windows from the data (one micro-batch per worker per step).
+        upper = prepared.num_train * cfg.train.epochs // (w * (measure.warmup_steps + measure.stable_windows))
+        fspecs.append(FrontierSpec(
+            # No budget on GPU: the device's whole memory, read by the worker.
+            template, budget_bytes(cfg.device), asdict(cfg.frontier), max(1, upper),
+            accumulation_steps=list(cfg.sweep.accumulation_steps),
+            global_batch_sizes=list(cfg.sweep.global_batch_sizes) if cfg.sweep.global_batch_sizes else None,
+        ))
+    return fspecs
+
+
+def add_estimates(cfg: SweeperConfig, prepared: Prepared, num_workers: int, result: FrontierResult) -> None:
+    """What a laptop would have predicted (fake tensors), set beside what the device measured."""
+    try:
+        for accumulation, found in ((1, result.plain), (2, result.accumulating)):
+            if found is None:
+                continue
+            predicted = estimate.predicted_frontier(
+                cfg, prepared.num_classes, num_workers, int(result.memory_budget_bytes), accumulation
+            )
+            found.estimated_micro_batch_size = predicted.micro_batch_size
+    except Exception as exc:  # noqa: BLE001 - the estimate is extra
+        console.warn(f"frontier not estimated on fake tensors: {first_line(exc)}")

@@ -1,0 +1,132 @@
+"""Everything checked and prepared before Ray starts: the config's values, the model and data, the
+store, the grid, and a PointSpec per point (with the model's FLOPs and memory estimated once).
+
+All problems are collected into one ConfigError, so a bad sweep stops with one `error:` line each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+from sweeper import data as data_mod
+from sweeper import models, plan, tracking
+from sweeper.config import SweeperConfig, budget_bytes, is_auto, tracking_uri, validate
+from sweeper.driver import console
+from sweeper.errors import ConfigError, first_line
+from sweeper.measure import estimate, flops
+from sweeper.plan import GridPoint
+from sweeper.worker.spec import PointSpec
+
+NEEDS_BUDGET = (
+    "sweep.micro_batch_sizes=auto on CPU needs device.memory_budget_gb: the memory to plan for, "
+    "e.g. device.memory_budget_gb=16 for a 16 GB card"
+)
+
+
+@dataclass
+class Prepared:
+    """What the checks before any point found out: the grid (empty until the frontier search when
+    sweep.micro_batch_sizes=auto) and the facts of the data and model it is built from."""
+
+    points: List[GridPoint]
+    num_train: int
+    num_classes: int
+    flop_count: Optional[flops.FlopCount]
+
+    @property
+    def auto(self) -> bool:
+        return not self.points
+
+
+def preflight(cfg: SweeperConfig) -> Tuple[Prepared, Dict[GridPoint, PointSpec]]:
+    """Every check that needs no cluster, all problems collected into one ConfigError."""
+    problems = validate(cfg) + models.check(cfg.model) + data_mod.check(cfg.data)
+    problems += tracking.check(tracking_uri(cfg.tracking))
+    auto = is_auto(cfg.sweep.micro_batch_sizes)
+    if auto and cfg.device.memory_budget_gb is None and cfg.cluster.use_gpu == "auto" and cfg.cluster.address is None:
+        import torch
+
+        if not torch.cuda.is_available():  # a local Ray on a machine without a GPU: CPU workers
+            problems.append(NEEDS_BUDGET)
+    points = [] if auto or problems else grid(cfg, problems)
+    if problems:
+        raise ConfigError(problems)
+    splits = data_mod.load(cfg.data, cfg.model.input_shape)
+    flop_count = count_flops(cfg, splits.num_classes) if cfg.measure.flops else None
+    prepared = Prepared(points, len(splits.train), splits.num_classes, flop_count)
+    return prepared, (build_specs(cfg, prepared, points) if points else {})
+
+
+def grid(cfg: SweeperConfig, problems: List[str]) -> List[GridPoint]:
+    """The grid's points; a problem when sweep.global_batch_sizes keeps none of them."""
+    sweep = cfg.sweep
+    points = plan.expand_grid(
+        sweep.micro_batch_sizes, sweep.accumulation_steps, sweep.num_workers, sweep.global_batch_sizes
+    )
+    if not points:
+        unfiltered = plan.expand_grid(sweep.micro_batch_sizes, sweep.accumulation_steps, sweep.num_workers)
+        available = sorted({p.global_batch_size for p in unfiltered})
+        problems.append(
+            f"sweep.global_batch_sizes={list(sweep.global_batch_sizes or [])} keeps no grid point "
+            f"(micro x accumulation x workers gives {available}): choose from those or set it to null"
+        )
+    return points
+
+
+def build_specs(cfg: SweeperConfig, prepared: Prepared, points: List[GridPoint]) -> Dict[GridPoint, PointSpec]:
+    """A PointSpec per point, or a ConfigError naming every point too large for the data to time."""
+    problems: List[str] = []
+    estimates = estimate_memory(cfg, points, prepared.num_classes)
+    specs: Dict[GridPoint, PointSpec] = {}
+    for point in points:
+        steps = plan.optimizer_steps(prepared.num_train, cfg.train.epochs, point.global_batch_size)
+        spec = PointSpec(
+            model=cfg.model,
+            data=cfg.data,
+            train=cfg.train,
+            measure=cfg.measure,
+            point=point,
+            lr=plan.scaled_lr(cfg.train.lr, point.global_batch_size, cfg.train.base_batch_size, cfg.train.lr_scaling),
+            steps=steps,
+            profile=cfg.profile,
+            flop_count=prepared.flop_count,
+            memory_budget_bytes=budget_bytes(cfg.device),
+            memory_estimate_bytes=estimates.get(point),
+        )
+        # Enough timed windows for the stability rule to be met at all.
+        need = spec.first_timed_step + cfg.measure.stable_windows
+        if steps < need:
+            untimed = "measure.warmup_steps" + (" + measure.profile_steps + 1" if cfg.profile else "")
+            problems.append(
+                f"train.epochs={cfg.train.epochs}: {point.key} (global batch {point.global_batch_size}) "
+                f"gets {steps} optimizer steps from {prepared.num_train} training samples, fewer than "
+                f"{untimed} + measure.stable_windows = {need}; raise train.epochs or lower those"
+            )
+        specs[point] = spec
+    if problems:
+        raise ConfigError(problems)
+    return specs
+
+
+def estimate_memory(cfg: SweeperConfig, points: List[GridPoint], num_classes: int) -> Dict[GridPoint, int]:
+    """Each point's fake-tensor estimate of its tracked peak, checked against the measured one in its
+    worker (memory_estimate_error); nothing when the points do not track memory or the model cannot
+    be traced on fake tensors."""
+    if not cfg.measure.memory_breakdown:
+        return {}
+    try:
+        return estimate.point_estimates(cfg, points, num_classes)
+    except Exception as exc:  # noqa: BLE001 - an estimate is extra; the points measure regardless
+        console.warn(f"memory not estimated for model {cfg.model.name!r}: {first_line(exc)}")
+        return {}
+
+
+def count_flops(cfg: SweeperConfig, num_classes: int) -> Optional[flops.FlopCount]:
+    """FLOPs per sample, counted once for the sweep on a model traced with fake tensors (nothing is
+    computed or allocated); a model that cannot be counted is measured without FLOPs and MFU."""
+    try:
+        return flops.count_flops(lambda: models.build(cfg.model, num_classes), cfg.model.input_shape, num_classes)
+    except Exception as exc:  # the points themselves will say whether the model works
+        console.warn(f"FLOPs not counted for model {cfg.model.name!r}: {first_line(exc)}")
+        return None

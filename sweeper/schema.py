@@ -1,0 +1,456 @@
+"""What a measured point is: the typed results workers return, and the MLflow name of each figure.
+
+One home for the recorded schema (docs/mlflow.md): a field's name IS its MLflow metric name, and its
+metadata says how it is recorded (a metric, a per-step series, a tag, or a note that travels with the
+result but is not a figure). A worker fills a result; it crosses to the driver as a flat dict (Ray
+reports numbers by name) and is rebuilt there with `from_flat`, which refuses a name it does not know:
+a figure the code produces but the schema lacks fails loudly instead of vanishing on its way to MLflow.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import Field, dataclass, field, fields
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+
+METRIC, SERIES, TAG, NOTE = "metric", "series", "tag", "note"
+
+
+def metric() -> Any:
+    """A number, one MLflow metric under the field's name."""
+    return field(default=None, metadata={"kind": METRIC})
+
+
+def series() -> Any:
+    """A list of numbers, one MLflow metric under the field's name with the index as its step."""
+    return field(default=None, metadata={"kind": SERIES})
+
+
+def tag(name: str) -> Any:
+    """Text (or a bool, as "true"/"false"), the run tag `name`."""
+    return field(default=None, metadata={"kind": TAG, "tag": name})
+
+
+def note(default: Any = None) -> Any:
+    """Travels with the result (identity, clocks, paths) but is not a recorded figure."""
+    return field(default=default, metadata={"kind": NOTE})
+
+
+class Record:
+    """A dataclass of schema fields, some of them nested Records (the sections)."""
+
+    def leaves(self) -> Iterator[Tuple[Field, Any]]:
+        """(field, value) of every non-section field, sections flattened in order."""
+        for f in fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if _is_section(f):
+                if value is not None:
+                    yield from value.leaves()
+            else:
+                yield f, value
+
+    def to_flat(self) -> Dict[str, Any]:
+        """Every set field by name (None left out): what a worker reports."""
+        return {f.name: value for f, value in self.leaves() if value is not None}
+
+    @classmethod
+    def from_flat(cls, values: Mapping[str, Any]) -> "Record":
+        """The record of a flat dict; ValueError naming any key the schema does not know."""
+        unknown = set(values) - set(cls.names())
+        if unknown:
+            raise ValueError(f"{cls.__name__} has no field for {sorted(unknown)}: add it to sweeper/schema.py")
+        return cls._build(values)
+
+    @classmethod
+    def _build(cls, values: Mapping[str, Any]) -> "Record":
+        kwargs: Dict[str, Any] = {}
+        for f in fields(cls):  # type: ignore[arg-type]
+            if _is_section(f):
+                kwargs[f.name] = f.metadata["section"]._build(values)
+            elif f.name in values:
+                kwargs[f.name] = values[f.name]
+        return cls(**kwargs)
+
+    @classmethod
+    def names(cls, kind: Optional[str] = None) -> List[str]:
+        """Field names (all, or of one kind), sections flattened: the recorded names of the schema."""
+        out: List[str] = []
+        for f in fields(cls):  # type: ignore[arg-type]
+            if _is_section(f):
+                out += f.metadata["section"].names(kind)
+            elif kind is None or f.metadata.get("kind") == kind:
+                out.append(f.name)
+        return out
+
+    def update(self, values: Mapping[str, Any]) -> None:
+        """Set fields of this record or its sections by name; ValueError for an unknown one."""
+        owners = {f.name: owner for owner, f in self._owners()}
+        unknown = set(values) - set(owners)
+        if unknown:
+            raise ValueError(f"{type(self).__name__} has no field for {sorted(unknown)}: add it to sweeper/schema.py")
+        for name, value in values.items():
+            setattr(owners[name], name, value)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """A field by its recorded name, wherever its section is; `default` when unset. KeyError for a
+        name the schema does not have (a typo, not an absent figure)."""
+        for owner, f in self._owners():
+            if f.name == name:
+                value = getattr(owner, name)
+                return default if value is None else value
+        raise KeyError(f"{type(self).__name__} has no field {name!r}")
+
+    # The flat view by recorded name, as MLflow holds it: result["val_accuracy"], "mfu" in result.
+    def __getitem__(self, name: str) -> Any:
+        value = self.get(name)
+        if value is None:
+            raise KeyError(f"{name!r} is not set")
+        return value
+
+    def __contains__(self, name: str) -> bool:
+        try:
+            return self.get(name) is not None
+        except KeyError:
+            return False
+
+    def metrics(self) -> Dict[str, float]:
+        """The MLflow metrics: every set number that is finite (MLflow stores NaN, but a NaN figure
+        is a measurement that did not happen; the status says why)."""
+        return {
+            f.name: float(v)
+            for f, v in self.leaves()
+            if f.metadata.get("kind") == METRIC and v is not None and math.isfinite(float(v))
+        }
+
+    def series(self) -> Dict[str, List[float]]:
+        return {f.name: [float(x) for x in v] for f, v in self.leaves() if f.metadata.get("kind") == SERIES and v}
+
+    def tags(self) -> Dict[str, str]:
+        out: Dict[str, str] = {}
+        for f, value in self.leaves():
+            if f.metadata.get("kind") != TAG or value is None or value == "":
+                continue
+            out[f.metadata["tag"]] = str(value).lower() if isinstance(value, bool) else str(value)[:5000]
+        return out
+
+    def _owners(self) -> Iterator[Tuple["Record", Field]]:
+        for f in fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if _is_section(f):
+                yield from value._owners()
+            else:
+                yield self, f
+
+
+def section(cls: type) -> Any:
+    """A nested record, always present (its fields None until measured)."""
+    return field(default_factory=cls, metadata={"kind": "section", "section": cls})
+
+
+def _is_section(f: Field) -> bool:
+    return f.metadata.get("kind") == "section"
+
+
+# ---------------------------------------------------------------------------------------------------
+# A training point (also a frontier probe: the same step, run for its warm-up only)
+
+
+@dataclass
+class Throughput(Record):
+    """Timed windows of whole optimizer steps, warm-up excluded (measure.timing)."""
+
+    samples_per_second: Optional[float] = metric()
+    samples_per_second_cv: Optional[float] = metric()
+    step_time_seconds: Optional[float] = metric()
+    window_samples_per_second: Optional[List[float]] = series()
+    timing_windows: Optional[int] = metric()
+    stable_windows_used: Optional[int] = metric()
+    throughput_stable: Optional[bool] = tag("sweeper.throughput_stable")
+    # where a step's time went (measure.timing.phase_split)
+    data_seconds_per_step: Optional[float] = metric()
+    forward_backward_seconds_per_step: Optional[float] = metric()
+    optimizer_seconds_per_step: Optional[float] = metric()
+
+
+@dataclass
+class Memory(Record):
+    """The largest worker's memory, each figure named for what it counts (measure.telemetry,
+    measure.memory)."""
+
+    peak_memory_bytes: Optional[int] = metric()
+    memory_measure: Optional[str] = tag("sweeper.memory_measure")
+    # one training step's tensors by category (torch MemTracker, measure.memory.MemoryBreakdown)
+    memory_parameters_bytes: Optional[int] = metric()
+    memory_buffers_bytes: Optional[int] = metric()
+    memory_gradients_bytes: Optional[int] = metric()
+    memory_optimizer_state_bytes: Optional[int] = metric()
+    memory_activations_bytes: Optional[int] = metric()
+    memory_temporaries_bytes: Optional[int] = metric()
+    memory_other_bytes: Optional[int] = metric()
+    memory_tracked_peak_bytes: Optional[int] = metric()
+    memory_forward_activations_bytes: Optional[int] = metric()
+    # the budget the step ran under, and the fake-tensor estimate of the tracked peak against it
+    memory_budget_bytes: Optional[int] = metric()
+    memory_budget_mode: Optional[str] = tag("sweeper.memory_budget")
+    memory_estimated_peak_bytes: Optional[int] = metric()
+    memory_estimate_error: Optional[float] = metric()
+    # the device's own figures (measure.telemetry.Device.memory_metrics)
+    cuda_max_memory_allocated_bytes: Optional[int] = metric()
+    cuda_max_memory_reserved_bytes: Optional[int] = metric()
+    cpu_rss_peak_above_baseline_bytes: Optional[int] = metric()
+    cpu_rss_peak_bytes: Optional[int] = metric()
+
+
+@dataclass
+class Utilization(Record):
+    """How busy the process, the machine and the GPU were in the timed windows: means over workers,
+    maxima over workers (measure.telemetry.Utilization)."""
+
+    process_cpu_percent_mean: Optional[float] = metric()
+    process_cpu_percent_max: Optional[float] = metric()
+    system_cpu_percent_mean: Optional[float] = metric()
+    system_cpu_percent_max: Optional[float] = metric()
+    gpu_utilization_percent_mean: Optional[float] = metric()
+    gpu_utilization_percent_max: Optional[float] = metric()
+    gpu_device_memory_used_bytes_max: Optional[int] = metric()
+    gpu_telemetry_note: Optional[str] = tag("sweeper.gpu_telemetry")
+
+
+@dataclass
+class Flops(Record):
+    """FLOPs per sample counted on fake tensors, against the device's peak (measure.flops)."""
+
+    flops_per_sample_forward: Optional[float] = metric()
+    flops_per_sample_train: Optional[float] = metric()
+    achieved_flops_per_second: Optional[float] = metric()
+    peak_flops_per_second: Optional[float] = metric()
+    mfu: Optional[float] = metric()
+    peak_flops_source: Optional[str] = tag("sweeper.peak_flops_source")
+
+
+@dataclass
+class Accuracy(Record):
+    val_accuracy: Optional[float] = metric()
+    # BatchNorm statistics re-estimated over these samples before validation (absent without BatchNorm)
+    bn_recalibration_samples: Optional[int] = metric()
+    # why there is no accuracy (e.g. synthetic data), set by the driver
+    accuracy_note: Optional[str] = tag("sweeper.accuracy")
+
+
+@dataclass
+class Cost(Record):
+    """Where the point's time, and its worker group's, went; what it trained."""
+
+    trial_seconds: Optional[float] = metric()  # the point's wall time in its worker
+    train_seconds: Optional[float] = metric()  # its optimizer steps alone
+    startup_seconds: Optional[float] = metric()  # point start to its first optimizer step done
+    optimizer_steps: Optional[int] = metric()
+    samples_seen: Optional[int] = metric()
+    # paid once per worker group, logged on its first point (worker.points.startup_split)
+    worker_group_startup_seconds: Optional[float] = metric()
+    worker_group_launch_seconds: Optional[float] = metric()
+    worker_group_init_seconds: Optional[float] = metric()
+    worker_group_setup_seconds: Optional[float] = metric()
+    between_points_seconds: Optional[float] = metric()  # the harness's gap since the previous point
+    worker_group_points: Optional[int] = metric()
+    # faults and placement: restarts of the worker group before this point, nodes its workers spanned
+    worker_group_restarts: Optional[int] = metric()
+    num_nodes: Optional[int] = metric()
+
+
+@dataclass
+class PointResult(Record):
+    """One measured grid point (or frontier probe), the same on every rank of its process group."""
+
+    trial_key: str = note("")  # the point's key, e.g. mb32-acc2-w1 (MLflow tag sweeper.trial_key)
+    status: str = note("ok")  # ok | oom | failed (| idle: a rank outside a smaller point's sub-group)
+    error: Optional[str] = tag("sweeper.error")
+    oom_implied_by: Optional[str] = tag("sweeper.oom_implied_by")
+    oom_simulated: Optional[bool] = note()  # the out-of-memory was a simulated CPU budget's
+    probe_role: Optional[str] = tag("sweeper.probe_role")  # frontier probes: fit | verify
+    micro_batch_size: Optional[int] = note()  # a frontier probe's size (a grid point's is its key)
+    accumulation_steps: Optional[int] = note()
+    started_at: Optional[float] = note()  # epoch seconds in the worker: the MLflow run's start
+    device: Optional[str] = note()
+    profile_trace_dir: Optional[str] = note()  # profile=true: logged as the run's `profile/` artifacts
+    train_loss: Optional[List[float]] = series()  # the global batch's loss at every optimizer step
+    throughput: Throughput = section(Throughput)
+    memory: Memory = section(Memory)
+    utilization: Utilization = section(Utilization)
+    flops: Flops = section(Flops)
+    accuracy: Accuracy = section(Accuracy)
+    cost: Cost = section(Cost)
+
+    @property
+    def oom_source(self) -> Optional[str]:
+        """Where an out-of-memory came from (MLflow tag sweeper.oom): never run, implied by a smaller
+        point's; a budget simulated on CPU; or the device's own allocator."""
+        if self.status != "oom":
+            return None
+        return "implied" if self.oom_implied_by else "simulated" if self.oom_simulated else "device"
+
+
+# ---------------------------------------------------------------------------------------------------
+# An inference point (task=inference)
+
+
+@dataclass
+class Latency(Record):
+    """Timed forward passes at one batch size (inference.timing.summarize_latency)."""
+
+    latency_p50_seconds: Optional[float] = metric()
+    latency_p95_seconds: Optional[float] = metric()
+    latency_p99_seconds: Optional[float] = metric()
+    latency_mean_seconds: Optional[float] = metric()
+    latency_min_seconds: Optional[float] = metric()
+    latency_max_seconds: Optional[float] = metric()
+    latency_cv: Optional[float] = metric()
+    timed_runs: Optional[int] = metric()
+    samples_per_second: Optional[float] = metric()  # batch size / median latency: the headline
+    samples_per_second_overall: Optional[float] = metric()  # batch size / mean latency
+    latency_samples_seconds: Optional[List[float]] = note()  # every run; summarized, not recorded
+    warmup_runs: Optional[int] = note()
+    timed_seconds: Optional[float] = note()
+
+
+@dataclass
+class InferenceFlops(Record):
+    forward_flops_per_sample: Optional[float] = metric()
+    achieved_flops_per_second: Optional[float] = metric()
+    peak_flops_per_second: Optional[float] = metric()
+    mfu: Optional[float] = metric()
+    peak_flops_source: Optional[str] = tag("sweeper.peak_flops_source")
+
+
+@dataclass
+class InferenceResult(Record):
+    trial_key: str = note("")  # e.g. bs64, or mlp1024-bs64
+    status: str = note("ok")
+    role: str = note("inference")
+    batch_size: Optional[int] = metric()
+    error: Optional[str] = tag("sweeper.error")
+    oom_implied_by: Optional[str] = tag("sweeper.oom_implied_by")
+    oom_simulated: Optional[bool] = note()
+    device: Optional[str] = note()
+    started_at: Optional[float] = note()  # epoch seconds: the MLflow run's start
+    trial_seconds: Optional[float] = metric()
+    latency: Latency = section(Latency)
+    memory: Memory = section(Memory)
+    flops: InferenceFlops = section(InferenceFlops)
+
+
+# ---------------------------------------------------------------------------------------------------
+# A worker count's memory frontier (sweep.micro_batch_sizes=auto), on the parent run
+
+
+@dataclass
+class FrontierSearch(Record):
+    """One search (without, or with, gradient accumulation): its answer and the line it fitted.
+    Recorded on the parent run as `frontier_<name>_w<workers>` (with accumulation:
+    `frontier_accumulating_<name>_w<workers>`)."""
+
+    micro_batch_size: Optional[int] = metric()
+    predicted_micro_batch_size: Optional[int] = metric()
+    estimated_micro_batch_size: Optional[int] = metric()  # the fake-tensor prediction, set by the driver
+    fit_probes: Optional[int] = metric()
+    verifications: Optional[int] = metric()
+    fixed_bytes: Optional[float] = metric()
+    per_sample_bytes: Optional[float] = metric()
+    fit_r_squared: Optional[float] = metric()
+    fit_max_relative_residual: Optional[float] = metric()
+    fit_points: Optional[int] = metric()
+    reason: Optional[str] = note()  # a tag sweeper.frontier[_accumulating]_w<workers>
+
+
+FRONTIER_PREFIXES = {"plain": "frontier_", "accumulating": "frontier_accumulating_"}
+
+
+@dataclass
+class FrontierResult:
+    """A worker count's frontier search: the plain search always, the accumulating one when the grid
+    accumulates. Crosses to the driver flat, its searches' fields prefixed (FRONTIER_PREFIXES)."""
+
+    trial_key: str = ""  # frontier-w<workers>
+    status: str = "ok"
+    error: Optional[str] = None
+    memory_budget_bytes: Optional[int] = None
+    plain: Optional[FrontierSearch] = None
+    accumulating: Optional[FrontierSearch] = None
+
+    def searches(self) -> Iterator[Tuple[str, FrontierSearch]]:
+        for name, prefix in FRONTIER_PREFIXES.items():
+            found = getattr(self, name)
+            if found is not None:
+                yield prefix, found
+
+    def to_flat(self) -> Dict[str, Any]:
+        out = {k: v for k, v in (("trial_key", self.trial_key), ("status", self.status), ("error", self.error),
+                                 ("memory_budget_bytes", self.memory_budget_bytes)) if v is not None}
+        for prefix, found in self.searches():
+            out.update({prefix + k: v for k, v in found.to_flat().items()})
+        return out
+
+    @classmethod
+    def from_flat(cls, values: Mapping[str, Any]) -> "FrontierResult":
+        own = {k: values[k] for k in ("trial_key", "status", "error", "memory_budget_bytes") if k in values}
+        # Longest prefix first: "frontier_accumulating_x" is not the plain search's "accumulating_x".
+        prefixes = sorted(FRONTIER_PREFIXES.items(), key=lambda item: -len(item[1]))
+        parts: Dict[str, Dict[str, Any]] = {}
+        for key, value in values.items():
+            if key in own:
+                continue
+            name = next((n for n, p in prefixes if key.startswith(p)), None)
+            if name is None:
+                raise ValueError(f"FrontierResult has no field for {key!r}: add it to sweeper/schema.py")
+            parts.setdefault(name, {})[key[len(FRONTIER_PREFIXES[name]):]] = value
+        searches = {name: FrontierSearch.from_flat(part) for name, part in parts.items()}
+        return cls(**own, **searches)  # type: ignore[arg-type]
+
+    def metrics(self, num_workers: int) -> Dict[str, float]:
+        """Its figures on the parent run, each suffixed with the worker count."""
+        out = {
+            f"{prefix}{k}_w{num_workers}": v for prefix, found in self.searches() for k, v in found.metrics().items()
+        }
+        if self.memory_budget_bytes is not None:
+            out[f"memory_budget_bytes_w{num_workers}"] = float(self.memory_budget_bytes)
+        return out
+
+    @staticmethod
+    def metric_names() -> List[str]:
+        """Every recorded name, before the `_w<workers>` suffix."""
+        names = [p + n for p in FRONTIER_PREFIXES.values() for n in FrontierSearch.names(METRIC)]
+        return names + ["memory_budget_bytes"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# The sweep's parent run
+
+
+@dataclass
+class SweepSummary(Record):
+    """Counted and timed once the grid is done: how its points ended and where its wall time went."""
+
+    num_trials_ok: Optional[int] = metric()
+    num_trials_oom: Optional[int] = metric()
+    num_trials_failed: Optional[int] = metric()
+    # the sweep's wall time in phases that add up to it
+    sweep_wall_seconds: Optional[float] = metric()
+    sweep_setup_seconds: Optional[float] = metric()
+    sweep_ray_start_seconds: Optional[float] = metric()
+    sweep_tracking_seconds: Optional[float] = metric()
+    sweep_frontier_seconds: Optional[float] = metric()
+    sweep_grid_seconds: Optional[float] = metric()
+    sweep_report_seconds: Optional[float] = metric()
+    # against its points' own time (trial_seconds) and their optimizer steps alone (train_seconds)
+    sum_trial_seconds: Optional[float] = metric()
+    sweep_wall_over_trial_seconds: Optional[float] = metric()
+    sum_train_seconds: Optional[float] = metric()
+    sweep_wall_over_train_seconds: Optional[float] = metric()
+
+
+def recorded_metric_names() -> List[str]:
+    """Every metric name a sweep records (frontier names before their `_w<workers>` suffix)."""
+    names = PointResult.names(METRIC) + PointResult.names(SERIES) + InferenceResult.names(METRIC)
+    names += FrontierResult.metric_names() + SweepSummary.names(METRIC)
+    return sorted(set(names))

@@ -1,0 +1,216 @@
+"""The point loop of a worker group: its points measured one after another, each one's failure agreed
+by every rank, smaller points trained on the group's first ranks.
+
+Knows torch only and reports through a callable (the cluster layer passes Ray Train's report).
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from sweeper import data as data_mod
+from sweeper import errors
+from sweeper.measure import flops as flops_mod
+from sweeper.measure import telemetry
+from sweeper.plan import GridPoint
+from sweeper.schema import PointResult
+from sweeper.worker import collectives as comm
+from sweeper.worker.spec import GroupFacts, PointSpec, WorkerContext
+from sweeper.worker.step import train_point
+
+STATUS_ORDER = ("ok", "oom", "failed")  # the worst status over ranks wins
+# Ranks that failed together reach the status exchange within seconds of each other; a rank still
+# training after this long means the failure was one rank's alone.
+STATUS_TIMEOUT = datetime.timedelta(seconds=120)
+
+Report = Callable[[PointResult], None]
+
+
+def run_points(
+    specs: Sequence[PointSpec],
+    ctx: WorkerContext,
+    report: Report,
+    group_start_time: Optional[float] = None,
+    threads: int = 1,
+    status_timeout: datetime.timedelta = STATUS_TIMEOUT,
+) -> None:
+    """Measure grid points one after another in this worker group, calling `report(result)` on every
+    rank after each. The data and the per-group facts are loaded and measured once.
+
+    A point with fewer workers than the group trains on ranks 0..n-1 (a sub-group) while the other
+    ranks wait in `report`, Ray Train's own barrier: they hold no model and use no CPU meanwhile.
+
+    Where a group's start-up goes (from `group_start_time`, the Tune trial's start) is logged on
+    its first point; on every later point, the harness's gap since the previous one
+    (`between_points_seconds`: reporting it, the checkpoint, Ray Train's report barrier).
+    """
+    entered = time.time()
+    first = specs[0]
+    device = telemetry.select(first.use_gpu, ctx.local_rank)
+    splits = data_mod.load(first.data, first.model.input_shape)
+    facts = group_facts(first, device, ctx, threads)
+    subgroups = comm.subgroups(sorted({s.point.num_workers for s in specs}), ctx, status_timeout)
+    nodes = comm.gather_objects(ctx.node, ctx) if ctx.node else []
+    freeze_long_lived_objects()
+    ready = time.time()
+    out_of_memory: List[GridPoint] = []
+    previous_end: Optional[float] = None
+    for i, spec in enumerate(specs):
+        point_start = time.time()
+        members = spec.point.num_workers
+        cause = implied_oom(spec.point, out_of_memory)
+        if cause is not None:
+            # Every member saw the same agreed oom, so every member skips the same points.
+            result = PointResult(
+                trial_key=spec.point.key, status="oom", oom_implied_by=cause.key,
+                error=f"oom (implied): {cause.key} ran out of memory and this point needs at least as much",
+            )
+        elif ctx.rank < members:
+            group, status_group = subgroups.get(members, (ctx.group, None))
+            member = WorkerContext(ctx.rank, members, ctx.local_rank, group, status_group)
+            result = run_point(spec, member, device, splits, facts)
+            if result.status == "oom":
+                out_of_memory.append(spec.point)
+        else:
+            result = PointResult(trial_key=spec.point.key, status="idle")  # rank 0's result is the one used
+        result.cost.worker_group_points = len(specs)
+        if nodes:
+            result.cost.num_nodes = len(set(nodes[:members]))
+        if i == 0 and group_start_time is not None:
+            # Paid once by the group (Ray trial start to a worker ready to train): logged on the
+            # group's first point only, so summing it over points does not count it twice.
+            result.cost.update(startup_split(group_start_time, telemetry.process_start_time(), entered, ready))
+        if previous_end is not None:
+            result.cost.between_points_seconds = point_start - previous_end
+        # Stamped before reporting: the report's round trip is the harness's cost between points.
+        previous_end = time.time()
+        report(result)
+
+
+def startup_split(group_start: float, process_start: Optional[float], entered: float, ready: float) -> Dict[str, float]:
+    """A worker group's start-up, from the Tune trial's start to a worker ready to train, in its
+    parts (wall-clock seconds; the clocks are one machine's when the trial and rank 0 share a node):
+    launch, the Ray Train controller and worker actors up to the worker's process (0 when Ray reused
+    a process it had started before the trial); init, that process's imports (torch, Ray Train)
+    and Ray Train's process-group setup, up to the training function; setup, the group's own
+    work: the dataset, the peak FLOP/s measurement, the sub-groups."""
+    launched = min(max(process_start, group_start), entered) if process_start is not None else group_start
+    split = {
+        "worker_group_startup_seconds": ready - group_start,
+        "worker_group_init_seconds": entered - launched,
+        "worker_group_setup_seconds": ready - entered,
+    }
+    if process_start is not None:
+        split["worker_group_launch_seconds"] = launched - group_start
+    return split
+
+
+def freeze_long_lived_objects() -> None:
+    # The collection after each point (its model and optimizer must go) would otherwise walk every
+    # object torch, Ray and the data left behind: ~0.2 s a point here. They live as long as the
+    # process, so move them out of the collector's sight.
+    gc.collect()
+    gc.freeze()
+
+
+def implied_oom(point: GridPoint, out_of_memory: Sequence[GridPoint]) -> Optional[GridPoint]:
+    """The point already out of memory that implies `point` is too: same workers, a micro-batch at
+    least as large, and accumulation if it accumulated (from the second micro-step on, the
+    accumulated gradients are alive beside the next micro-batch's activations)."""
+    for seen in out_of_memory:
+        if seen.num_workers != point.num_workers or seen == point:
+            continue
+        # Accumulating (any number of steps > 1) holds gradients beside the activations: more memory
+        # than one micro-batch per step, the same whatever the number of steps.
+        if point.micro_batch_size >= seen.micro_batch_size and (
+            (point.accumulation_steps > 1) >= (seen.accumulation_steps > 1)
+        ):
+            return seen
+    return None
+
+
+def group_facts(spec: PointSpec, device: telemetry.Device, ctx: WorkerContext, threads: int) -> GroupFacts:
+    if spec.flop_count is None:
+        return GroupFacts()
+    if device.is_cuda:
+        peak = flops_mod.device_peak(device.name, True, spec.flop_count, threads)
+    else:
+        # Every worker gets the same CPU share; one measurement on rank 0 stands for all of them.
+        peak = flops_mod.device_peak(device.name, False, spec.flop_count, threads) if ctx.rank == 0 else None
+        peak = comm.broadcast_object(peak, ctx)
+    return GroupFacts(peak=peak)
+
+
+def run_point(
+    spec: PointSpec,
+    ctx: WorkerContext,
+    device: Optional[telemetry.Device] = None,
+    splits: Optional[data_mod.Splits] = None,
+    facts: Optional[GroupFacts] = None,
+) -> PointResult:
+    """One grid point, its failure included: every rank agrees on the status (ok | oom | failed).
+
+    A point that raises on every rank (bad model code, an OOM of the same size everywhere) is
+    recorded and the group goes on to the next point. A rank that fails alone cannot agree with
+    ranks still inside the step: the status exchange times out and the failure is re-raised, so
+    Ray Train ends the worker group instead of leaving it hung in a collective.
+    """
+    start = time.time()
+    raised: Optional[BaseException] = None
+    try:
+        result = train_point(spec, ctx, device, splits)
+    except Exception as exc:  # recorded as the point's result, never silently dropped
+        result, raised = failure(exc), exc
+    finally:
+        gc.collect()  # the point's model and optimizer go before the next point is measured
+        if device is not None:
+            device.release_cached_memory()
+    try:
+        outcomes = comm.gather_objects((result.status, result.error), ctx, ctx.status_group)
+    except Exception:
+        if raised is not None:
+            raise raised from None
+        raise
+    worst = max(outcomes, key=lambda o: STATUS_ORDER.index(o[0]))
+    if worst[0] != "ok":
+        result = PointResult(status=worst[0], error=worst[1] or "failed on another rank",
+                             oom_simulated=result.oom_simulated)
+    else:
+        result.flops.update(_flops_metrics(spec, result, facts or GroupFacts()))
+        tracked = result.memory.memory_tracked_peak_bytes
+        if spec.memory_estimate_bytes is not None and tracked:
+            result.memory.memory_estimated_peak_bytes = spec.memory_estimate_bytes
+            result.memory.memory_estimate_error = spec.memory_estimate_bytes / tracked - 1.0
+    result.trial_key = spec.point.key
+    result.started_at = start  # epoch seconds: the MLflow run's start, so its duration is the point's
+    result.cost.trial_seconds = time.time() - start
+    return result
+
+
+def failure(exc: BaseException) -> PointResult:
+    status, error, simulated = errors.failure(exc)
+    return PointResult(status=status, error=error, oom_simulated=simulated or None)
+
+
+def _flops_metrics(spec: PointSpec, result: PointResult, facts: GroupFacts) -> Dict[str, Any]:
+    count, rate = spec.flop_count, result.throughput.samples_per_second
+    if count is None or rate is None:
+        return {}
+    achieved = count.train_per_sample * rate
+    out: Dict[str, Any] = {
+        "flops_per_sample_forward": count.forward_per_sample,
+        "flops_per_sample_train": count.train_per_sample,
+        "achieved_flops_per_second": achieved,
+    }
+    if facts.peak is not None:
+        # Every worker has the same device: the point's peak is one device's times the workers,
+        # and its utilization is each device's share of the work against one device's peak.
+        out.update(
+            peak_flops_per_second=facts.peak.flops_per_second * spec.point.num_workers,
+            peak_flops_source=facts.peak.source,
+            mfu=flops_mod.mfu(achieved / spec.point.num_workers, facts.peak),
+        )
+    return out

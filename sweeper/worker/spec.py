@@ -1,0 +1,90 @@
+"""What a worker is told to do (picklable specs, sent to every worker) and where it stands in its group.
+
+Knows torch only through the specs' types; no Ray, no MLflow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from sweeper.config import DataConfig, MeasureConfig, ModelConfig, TrainConfig
+from sweeper.measure.flops import FlopCount, PeakFlops
+from sweeper.plan import GridPoint
+
+
+@dataclass
+class PointSpec:
+    """Everything a worker needs to measure one grid point."""
+
+    model: ModelConfig
+    data: DataConfig
+    train: TrainConfig
+    point: GridPoint
+    lr: float
+    steps: int
+    measure: MeasureConfig = field(default_factory=MeasureConfig)
+    use_gpu: bool = False
+    # FLOPs per sample of this model, counted once per sweep by the driver (None: not counted).
+    flop_count: Optional[FlopCount] = None
+    # profile=true: a torch.profiler trace of `measure.profile_steps` untimed steps, written under
+    # `profile_dir` (the driver sets it once it knows where Ray keeps results).
+    profile: bool = False
+    profile_dir: Optional[str] = None
+    # device.memory_budget_gb in bytes: enforced on GPU, simulated against the tracked step on CPU.
+    memory_budget_bytes: Optional[int] = None
+    # The fake-tensor estimate of this point's tracked peak (measure.memory.estimate_step), to report its error.
+    memory_estimate_bytes: Optional[int] = None
+    # False for frontier probes: memory only, no validation pass.
+    evaluate: bool = True
+
+    @property
+    def profile_steps(self) -> int:
+        """Steps the profiler records (0: not profiling)."""
+        return self.measure.profile_steps if self.profile else 0
+
+    @property
+    def first_timed_step(self) -> int:
+        """Warm-up steps, then (when profiling) one profiler warm-up step and the profiled steps."""
+        return self.measure.warmup_steps + (self.profile_steps + 1 if self.profile else 0)
+
+
+@dataclass
+class FrontierSpec:
+    """A frontier search on one worker count: probes are `template` at another micro-batch, run for
+    its warm-up steps only (the last one memory-tracked, under the budget)."""
+
+    template: PointSpec
+    budget_bytes: Optional[int]  # None: the device's whole memory (GPU only)
+    search: Dict[str, int]  # measure.frontier.FrontierSearch's knobs (frontier.* in the config)
+    upper: int  # the largest micro-batch the data allows: one worker's share of the training set
+    # The grid the frontier is for: whether it will accumulate decides if that frontier is searched too.
+    accumulation_steps: List[int] = field(default_factory=lambda: [1])
+    global_batch_sizes: Optional[List[int]] = None
+
+    @property
+    def num_workers(self) -> int:
+        return self.template.point.num_workers
+
+
+@dataclass
+class WorkerContext:
+    """This worker's place in the process group a point trains with: the whole worker group, or
+    (for a point with fewer workers than the group) the sub-group of its first ranks."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    group: Any = None  # a torch.distributed ProcessGroup; None: the default (whole) group
+    # A gloo group of the same ranks with a short timeout, for agreeing on a point's status.
+    status_group: Any = None
+    # The node this worker runs on (Ray's node id), to record how many nodes a point spanned.
+    node: str = ""
+
+
+@dataclass(frozen=True)
+class GroupFacts:
+    """Measured once per worker group and shared by its points: the device's peak FLOP/s (a table
+    entry on GPU, the faster of a matmul and a convolution measured on this worker's CPU share)."""
+
+    peak: Optional[PeakFlops] = None
