@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import os
 from collections import defaultdict
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -48,56 +48,20 @@ def throughput_vs_micro_batch(
     if not ok:
         return _placeholder(path, "Throughput vs micro-batch size", trials, "no ok trials with a throughput")
     fig, ax = _figure()
-    ok_ids = {id(t) for t in ok}
     by_series = _by_series(trials)
-    top = 0.0
-    knee_marks: List[Tuple[int, float, str]] = []
-    for i, (series, members) in enumerate(by_series.items()):
-        points = sorted((t for t in members if id(t) in ok_ids), key=lambda t: t.micro_batch_size)
-        if not points:
-            continue
-        color = _color(i)
-        x = [t.micro_batch_size for t in points]
-        y = [t.samples_per_second for t in points]
-        err = [(t.samples_per_second_cv or 0.0) * t.samples_per_second for t in points]
-        ax.errorbar(x, y, yerr=err, color=color, marker=_MARKERS[i % len(_MARKERS)], markersize=5,
-                    capsize=3, linewidth=1.5, label=_series_label(series))
-        top = max(top, max(a + b for a, b in zip(y, err)))
-        knee = knees.get(series)
-        knee_trial = next((t for t in points if t.micro_batch_size == knee), None)
-        if knee_trial is not None:
-            knee_marks.append((knee_trial.micro_batch_size, knee_trial.samples_per_second, color))
-    top = top or 1.0
+    lines = _lines(by_series, ok)
+    top, knee_marks = _draw_throughput(ax, lines, knees)
     ax.set_ylim(0, top * 1.15)
-
-    annotated: List[Tuple[int, float]] = []
-    for x0, y0, color in knee_marks:
-        ax.scatter([x0], [y0], s=230, facecolors="none", edgecolors=color, linewidths=1.8, zorder=4)
-        # One "knee" word per spot: series that bend at the same place would stack identical labels.
-        if any(x0 == xa and abs(y0 - ya) < 0.06 * top for xa, ya in annotated):
-            continue
-        annotated.append((x0, y0))
-        ax.annotate("knee", (x0, y0), xytext=(0, 11), textcoords="offset points", ha="center", va="bottom",
-                    fontsize=8, color=color, fontweight="bold")
-
-    extra = []
-    rule = "" if min_gain is None else f": next doubling gains < {min_gain:.0%}"
-    if knee_marks:
-        extra.append(Line2D([], [], linestyle="none", marker="o", markersize=11, markerfacecolor="none",
-                            markeredgecolor="0.3", markeredgewidth=1.8, label=f"knee{rule}"))
-    elif any(len({t.micro_batch_size for t in members if id(t) in ok_ids}) > 1 for members in by_series.values()):
-        # Every doubling measured still paid: say so, rather than leave the reader looking for a ring.
-        gained = "" if min_gain is None else f": every doubling gained >= {min_gain:.0%}"
-        extra.append(Line2D([], [], linestyle="none", label=f"no knee yet{gained};\n  try larger micro-batches"))
+    _ring_knees(ax, knee_marks, top)
+    extra = _knee_key(knee_marks, lines, min_gain)
     extra.append(Line2D([], [], color="0.3", marker="|", linestyle="none", markersize=10,
                         label="error bar: \u00b1 cv of the windows behind the figure"))
     if _mark_not_ok_on_floor(ax, trials, by_series):
         extra.append(Line2D([], [], linestyle="none", marker="x", color=OOM_COLOR, markersize=8,
                             markeredgewidth=2, label="oom / failed (no throughput)"))
     _size_axis(ax, [t.micro_batch_size for t in trials])
-    ax.set_title("Throughput vs micro-batch size")
-    ax.set_xlabel("micro-batch size (samples per worker per step, log2)")
-    ax.set_ylabel("throughput (samples/s)")
+    _titles(ax, "Throughput vs micro-batch size", "micro-batch size (samples per worker per step, log2)",
+            "throughput (samples/s)")
     _legend(ax, extra)
     return _save(fig, path)
 
@@ -119,54 +83,22 @@ def memory_vs_micro_batch(
     if not ok:
         return _placeholder(path, "Peak memory vs micro-batch size", trials, "no ok trials with a peak memory")
     fig, ax = _figure()
-    ok_ids = {id(t) for t in ok}
-    by_series = _by_series(trials)
-    all_micro = sorted({t.micro_batch_size for t in trials})
-    top = max(t.peak_memory_bytes for t in ok)
-    for i, (series, members) in enumerate(by_series.items()):
-        points = sorted((t for t in members if id(t) in ok_ids), key=lambda t: t.micro_batch_size)
-        if not points:
-            continue
-        color = _color(i)
-        x = np.array([t.micro_batch_size for t in points], dtype=float)
-        y = np.array([t.peak_memory_bytes for t in points], dtype=float)
-        label = _series_label(series)
-        if fit is None and len(set(x)) >= 2:
-            slope, intercept = np.polyfit(x, y, 1)
-            # Drawn over the series' whole range, oom sizes included: it shows what they would have needed.
-            span = _fit_span(t.micro_batch_size for t in members)
-            line = intercept + slope * span
-            ax.plot(span, line / MiB, color=color, linestyle="--", linewidth=1, alpha=0.8)
-            top = max(top, float(line.max()))
-            label += f"\n  fit {_mib(intercept)} + {_kib(slope)}/sample"
-        ax.plot(x, y / MiB, color=color, linestyle="none", marker=_MARKERS[i % len(_MARKERS)], markersize=6,
-                markerfacecolor="none", markeredgewidth=1.5, label=label)
+    micro = [t.micro_batch_size for t in trials]
+    top = _draw_memory(ax, _lines(_by_series(trials), ok), fit, max(t.peak_memory_bytes for t in ok))
     if fit is not None:
         fixed, per_sample = fit
-        span = _fit_span(all_micro)
-        line = fixed + per_sample * span
-        ax.plot(span, line / MiB, color="0.25", linestyle="--", linewidth=1.2,
-                label=f"fit: {_mib(fixed)} fixed\n  + {_kib(per_sample)}/sample x micro")
-        top = max(top, float(line.max()))
+        label = f"fit: {_mib(fixed)} fixed\n  + {_kib(per_sample)}/sample x micro"
+        top = max(top, _draw_fit(ax, fixed, per_sample, micro, color="0.25", linewidth=1.2, label=label))
     if budget_bytes is not None:
         ax.axhline(budget_bytes / MiB, color=OOM_COLOR, linewidth=1.2, label=f"budget ({budget_bytes / MiB:.0f} MiB)")
         top = max(top, budget_bytes)
     ax.set_ylim(0, top / MiB * 1.12)
-
-    oom_micro = sorted({t.micro_batch_size for t in trials if t.status == "oom"})
-    if oom_micro:
-        if budget_bytes is not None:
-            ax.plot(oom_micro, [budget_bytes / MiB] * len(oom_micro), linestyle="none", marker="x",
-                    color=OOM_COLOR, markersize=9, markeredgewidth=2, label="oom", zorder=5)
-        else:
-            ax.plot(oom_micro, [0.96] * len(oom_micro), transform=ax.get_xaxis_transform(), linestyle="none",
-                    marker="x", color=OOM_COLOR, markersize=9, markeredgewidth=2, label="oom", zorder=5)
+    _mark_oom(ax, trials, budget_bytes)
     # Linear: memory grows linearly with the micro-batch (seeds 001/004), so the fit is a straight
     # line meeting the axis at the fixed memory; on a log axis it would bend like super-linear growth.
-    _size_axis(ax, [t.micro_batch_size for t in trials], log=False)
-    ax.set_title("Peak memory vs micro-batch size")
-    ax.set_xlabel("micro-batch size (samples per worker per step)")
-    ax.set_ylabel("peak memory, largest worker (MiB)")
+    _size_axis(ax, micro, log=False)
+    _titles(ax, "Peak memory vs micro-batch size", "micro-batch size (samples per worker per step)",
+            "peak memory, largest worker (MiB)")
     _legend(ax)
     return _save(fig, path)
 
@@ -188,7 +120,7 @@ def accuracy_vs_global_batch(trials: Sequence[Trial], path: str | os.PathLike, l
     for i, (series, members) in enumerate(by_series.items()):
         shift = 2 ** ((i - (n - 1) / 2) * step)
         ax.plot([t.global_batch_size * shift for t in members], [t.val_accuracy for t in members],
-                linestyle="none", marker=_MARKERS[i % len(_MARKERS)], markersize=7, color=_color(i), alpha=0.9,
+                linestyle="none", marker=_marker(i), markersize=7, color=_color(i), alpha=0.9,
                 label=_series_label(series), zorder=3)
     per_global: Dict[int, List[float]] = defaultdict(list)
     for t in ok:
@@ -199,9 +131,8 @@ def accuracy_vs_global_batch(trials: Sequence[Trial], path: str | os.PathLike, l
                 label="mean per global batch")
     ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0, decimals=1))
     _size_axis(ax, [t.global_batch_size for t in ok])
-    ax.set_title("Validation accuracy vs global batch size")
-    ax.set_xlabel("global batch size (micro x accumulation x workers, log2)")
-    ax.set_ylabel("validation accuracy")
+    _titles(ax, "Validation accuracy vs global batch size", "global batch size (micro x accumulation x workers, log2)",
+            "validation accuracy")
     _legend(ax, title=lr_label)
     return _save(fig, path)
 
@@ -234,9 +165,8 @@ def pareto_throughput_memory(
     xs = [t.peak_memory_bytes / MiB for t in ok]
     ys = [t.samples_per_second for t in ok]
     _pad_limits(ax, xs, ys)
-    ax.set_title("Throughput vs peak memory (Pareto front)")
-    ax.set_xlabel("peak memory, largest worker (MiB)")
-    ax.set_ylabel("throughput (samples/s)")
+    _titles(ax, "Throughput vs peak memory (Pareto front)", "peak memory, largest worker (MiB)",
+            "throughput (samples/s)")
     labelled = list(on_front)
     if recommended is not None and recommended in ok:
         ax.plot([recommended.peak_memory_bytes / MiB], [recommended.samples_per_second], linestyle="none",
@@ -247,6 +177,155 @@ def pareto_throughput_memory(
     _legend(ax)
     _label_points(fig, ax, [(t.peak_memory_bytes / MiB, t.samples_per_second, t.key) for t in labelled])
     return _save(fig, path)
+
+
+# -- the micro-batch plots' pieces ---------------------------------------------------------------
+
+
+class _Line(NamedTuple):
+    """One (accumulation, workers) series as drawn: its place among all series (its colour and
+    marker), all its trials, and its ok ones by micro-batch size."""
+
+    index: int
+    series: Series
+    members: List[Trial]
+    points: List[Trial]
+
+
+def _lines(by_series: Dict[Series, List[Trial]], ok: Sequence[Trial]) -> List[_Line]:
+    """The series with an ok trial among `ok`. A series keeps its place among all of them, so its
+    colour and marker do not depend on which other series ran."""
+    ok_ids = {id(t) for t in ok}
+    lines = []
+    for i, (series, members) in enumerate(by_series.items()):
+        points = sorted((t for t in members if id(t) in ok_ids), key=lambda t: t.micro_batch_size)
+        if points:
+            lines.append(_Line(i, series, members, points))
+    return lines
+
+
+def _draw_throughput(
+    ax: Axes, lines: Sequence[_Line], knees: Mapping[Series, Optional[int]]
+) -> Tuple[float, List[Tuple[int, float, str]]]:
+    """Each series' samples/s with +- cv x value error bars. Returns the top of the highest bar (1.0
+    with none) and, for each series whose knee it measured, where to ring the knee and in which colour."""
+    top = 0.0
+    knee_marks: List[Tuple[int, float, str]] = []
+    for line in lines:
+        color = _color(line.index)
+        x = [t.micro_batch_size for t in line.points]
+        y = [t.samples_per_second for t in line.points]
+        err = [(t.samples_per_second_cv or 0.0) * t.samples_per_second for t in line.points]
+        ax.errorbar(x, y, yerr=err, color=color, marker=_marker(line.index), markersize=5,
+                    capsize=3, linewidth=1.5, label=_series_label(line.series))
+        top = max(top, max(a + b for a, b in zip(y, err)))
+        knee = knees.get(line.series)
+        knee_trial = next((t for t in line.points if t.micro_batch_size == knee), None)
+        if knee_trial is not None:
+            knee_marks.append((knee_trial.micro_batch_size, knee_trial.samples_per_second, color))
+    return top or 1.0, knee_marks
+
+
+def _ring_knees(ax: Axes, knee_marks: Sequence[Tuple[int, float, str]], top: float) -> None:
+    """A ring round each knee, and the word "knee" above it."""
+    annotated: List[Tuple[int, float]] = []
+    for x0, y0, color in knee_marks:
+        ax.scatter([x0], [y0], s=230, facecolors="none", edgecolors=color, linewidths=1.8, zorder=4)
+        # One "knee" word per spot: series that bend at the same place would stack identical labels.
+        if any(x0 == xa and abs(y0 - ya) < 0.06 * top for xa, ya in annotated):
+            continue
+        annotated.append((x0, y0))
+        ax.annotate("knee", (x0, y0), xytext=(0, 11), textcoords="offset points", ha="center", va="bottom",
+                    fontsize=8, color=color, fontweight="bold")
+
+
+def _knee_key(
+    knee_marks: Sequence[Tuple[int, float, str]], lines: Sequence[_Line], min_gain: Optional[float]
+) -> List[Line2D]:
+    """The legend's entry on knees: the ring and the rule behind it; or, where no series has a knee
+    though one measured a doubling, that none has bent yet; else nothing (no doubling was measured)."""
+    if knee_marks:
+        rule = "" if min_gain is None else f": next doubling gains < {min_gain:.0%}"
+        return [Line2D([], [], linestyle="none", marker="o", markersize=11, markerfacecolor="none",
+                       markeredgecolor="0.3", markeredgewidth=1.8, label=f"knee{rule}")]
+    if any(len({t.micro_batch_size for t in line.points}) > 1 for line in lines):
+        # Every doubling measured still paid: say so, rather than leave the reader looking for a ring.
+        gained = "" if min_gain is None else f": every doubling gained >= {min_gain:.0%}"
+        return [Line2D([], [], linestyle="none", label=f"no knee yet{gained};\n  try larger micro-batches")]
+    return []
+
+
+def _draw_memory(ax: Axes, lines: Sequence[_Line], fit: Optional[Tuple[float, float]], top: float) -> float:
+    """Each series' peak memory as hollow markers; without a given `fit`, each series with two sizes or
+    more also gets its own least-squares line, its equation in the legend. Returns `top` raised to the
+    highest point of those lines."""
+    for line in lines:
+        color = _color(line.index)
+        x = np.array([t.micro_batch_size for t in line.points], dtype=float)
+        y = np.array([t.peak_memory_bytes for t in line.points], dtype=float)
+        label = _series_label(line.series)
+        if fit is None and len(set(x)) >= 2:
+            slope, intercept = np.polyfit(x, y, 1)
+            # Drawn over the series' whole range, oom sizes included: it shows what they would have needed.
+            highest = _draw_fit(ax, intercept, slope, [t.micro_batch_size for t in line.members], color=color,
+                                linewidth=1, alpha=0.8)
+            top = max(top, highest)
+            label += f"\n  fit {_mib(intercept)} + {_kib(slope)}/sample"
+        ax.plot(x, y / MiB, color=color, linestyle="none", marker=_marker(line.index), markersize=6,
+                markerfacecolor="none", markeredgewidth=1.5, label=label)
+    return top
+
+
+def _draw_fit(ax: Axes, fixed: float, per_sample: float, micro_sizes: Iterable[int], **style) -> float:
+    """The memory line fixed + per_sample x micro-batch, dashed over _fit_span(micro_sizes); returns
+    its highest point in bytes."""
+    span = _fit_span(micro_sizes)
+    line = fixed + per_sample * span
+    ax.plot(span, line / MiB, linestyle="--", **style)
+    return float(line.max())
+
+
+def _mark_oom(ax: Axes, trials: Sequence[Trial], budget_bytes: Optional[float]) -> None:
+    """A red x at each micro-batch size that ran out of memory: on the budget line, or near the top of
+    the axes without one."""
+    oom_micro = sorted({t.micro_batch_size for t in trials if t.status == "oom"})
+    if not oom_micro:
+        return
+    if budget_bytes is not None:
+        y, where = budget_bytes / MiB, {}
+    else:
+        y, where = 0.96, {"transform": ax.get_xaxis_transform()}  # a fraction of the axes' height
+    ax.plot(oom_micro, [y] * len(oom_micro), linestyle="none", marker="x", color=OOM_COLOR, markersize=9,
+            markeredgewidth=2, label="oom", zorder=5, **where)
+
+
+def _fit_span(micro_sizes: Iterable[int]) -> np.ndarray:
+    """Where a fitted memory line is drawn: from 0, where it meets the fixed memory, to the largest size."""
+    return np.array([0.0, float(max(micro_sizes))])
+
+
+def _mark_not_ok_on_floor(ax: Axes, trials: Sequence[Trial], by_series: Dict[Series, List[Trial]]) -> bool:
+    """A red x near the bottom at each micro-batch size where some series has no throughput, labelled
+    with what happened, and with which series when others did run at that size."""
+    not_ok: Dict[int, List[Trial]] = defaultdict(list)
+    for t in trials:
+        if t.status != "ok":
+            not_ok[t.micro_batch_size].append(t)
+    if not not_ok:
+        return False
+    floor = ax.get_xaxis_transform()  # x in data units, y as a fraction of the axes' height
+    for micro, failed in sorted(not_ok.items()):
+        ax.plot([micro], [0.035], transform=floor, linestyle="none", marker="x", color=OOM_COLOR, markersize=9,
+                markeredgewidth=2, zorder=5, clip_on=False)
+        text = " / ".join(sorted({t.status for t in failed}))
+        everyone = {s for s, members in by_series.items() if any(t.micro_batch_size == micro for t in members)}
+        who = sorted({(t.accumulation_steps, t.num_workers) for t in failed})
+        if set(who) != everyone:  # only some series failed here: say which, or how many
+            names = [_series_label(s) for s in who] if len(who) <= 2 else [f"{len(who)} of {len(everyone)} series"]
+            text += "\n" + "\n".join(names)
+        ax.text(micro, 0.075, _plain(text), transform=floor, ha="center", va="bottom", fontsize=7,
+                color=OOM_COLOR)
+    return True
 
 
 # -- helpers -------------------------------------------------------------------------------------
@@ -299,6 +378,10 @@ def _color(i: int) -> str:
     return f"C{i % 10}"
 
 
+def _marker(i: int) -> str:
+    return _MARKERS[i % len(_MARKERS)]
+
+
 def _plain(text: str) -> str:
     # A pair of "$" in a trial key or label would otherwise be typeset as mathtext.
     return str(text).replace("$", r"\$")
@@ -345,35 +428,6 @@ def _label_points(fig: Figure, ax: Axes, points: Sequence[Tuple[float, float, st
             label.remove()
 
 
-def _fit_span(micro_sizes: Iterable[int]) -> np.ndarray:
-    """Where a fitted memory line is drawn: from 0, where it meets the fixed memory, to the largest size."""
-    return np.array([0.0, float(max(micro_sizes))])
-
-
-def _mark_not_ok_on_floor(ax: Axes, trials: Sequence[Trial], by_series: Dict[Series, List[Trial]]) -> bool:
-    """A red x near the bottom at each micro-batch size where some series has no throughput, labelled
-    with what happened, and with which series when others did run at that size."""
-    not_ok: Dict[int, List[Trial]] = defaultdict(list)
-    for t in trials:
-        if t.status != "ok":
-            not_ok[t.micro_batch_size].append(t)
-    if not not_ok:
-        return False
-    floor = ax.get_xaxis_transform()  # x in data units, y as a fraction of the axes' height
-    for micro, failed in sorted(not_ok.items()):
-        ax.plot([micro], [0.035], transform=floor, linestyle="none", marker="x", color=OOM_COLOR, markersize=9,
-                markeredgewidth=2, zorder=5, clip_on=False)
-        text = " / ".join(sorted({t.status for t in failed}))
-        everyone = {s for s, members in by_series.items() if any(t.micro_batch_size == micro for t in members)}
-        who = sorted({(t.accumulation_steps, t.num_workers) for t in failed})
-        if set(who) != everyone:  # only some series failed here: say which, or how many
-            names = [_series_label(s) for s in who] if len(who) <= 2 else [f"{len(who)} of {len(everyone)} series"]
-            text += "\n" + "\n".join(names)
-        ax.text(micro, 0.075, _plain(text), transform=floor, ha="center", va="bottom", fontsize=7,
-                color=OOM_COLOR)
-    return True
-
-
 def _size_axis(ax: Axes, sizes: Iterable[Optional[int]], log: bool = True) -> None:
     """Log2 x axis (or, with `log=False`, a linear one from 0) whose ticks are the sizes actually
     swept, labelled with their values; labels that would touch a neighbour are left off (the tick stays)."""
@@ -413,6 +467,12 @@ def _pad_limits(ax: Axes, xs: Sequence[float], ys: Sequence[float]) -> None:
     ax.set_xlim(*around(min(xs), max(xs), 0.12))
     ylo, yhi = around(min(ys), max(ys), 0.12)
     ax.set_ylim(max(0.0, ylo) if min(ys) >= 0 else ylo, yhi)
+
+
+def _titles(ax: Axes, title: str, xlabel: str, ylabel: str) -> None:
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
 
 
 def _legend(ax: Axes, extra: Sequence[Line2D] = (), title: Optional[str] = None) -> None:
