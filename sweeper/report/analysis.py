@@ -10,11 +10,13 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import yaml
 
-OBJECTIVES = ("throughput", "accuracy", "time_to_accuracy")
+from sweeper.errors import ConfigError
+from sweeper.report.settings import LR_SCALING_RULES, OBJECTIVES, ReportConfig, check, invalid_choice
+
+GiB = 2**30
 # Accuracies this close (absolute, as fractions) are one result: a few held-out samples, not a real
 # difference, so throughput decides between them.
 ACCURACY_TIE = 0.005
-LR_SCALING_RULES = ("none", "linear", "sqrt")
 MAX_RUNNERS_UP = 3
 
 
@@ -171,26 +173,12 @@ def _check_inputs(
     memory_budget_bytes: Optional[float],
     max_accuracy_drop: Optional[float] = None,
 ) -> None:
-    if objective not in OBJECTIVES:
-        raise ValueError(f"objective {objective!r} is invalid. Should be one of {OBJECTIVES}.")
-    if objective == "time_to_accuracy" and min_accuracy is None:
-        raise ValueError(
-            "objective 'time_to_accuracy' needs report.min_accuracy: accuracy is measured once, after "
-            "training, so the fastest configuration is the one that trains its budget soonest among those "
-            "reaching a target. Set report.min_accuracy (a fraction, e.g. report.min_accuracy=0.9)."
-        )
-    if min_accuracy is not None and not 0.0 <= min_accuracy <= 1.0:
-        raise ValueError(
-            f"report.min_accuracy={min_accuracy} must be a fraction in [0, 1] (val_accuracy is a fraction): "
-            f"use e.g. {min_accuracy / 100:g} for {min_accuracy:g} %"
-        )
-    if memory_budget_bytes is not None and memory_budget_bytes <= 0:
-        raise ValueError(f"memory budget {memory_budget_bytes} bytes: must be positive (report.memory_budget_gb)")
-    if max_accuracy_drop is not None and not 0.0 <= max_accuracy_drop <= 1.0:
-        raise ValueError(
-            f"report.max_accuracy_drop={max_accuracy_drop} must be a fraction in [0, 1] (e.g. 0.02 for 2 points "
-            "of accuracy), or null to recommend on the objective alone"
-        )
+    budget_gb = None if memory_budget_bytes is None else memory_budget_bytes / GiB
+    settings = ReportConfig(objective, min_accuracy, max_accuracy_drop, budget_gb)
+    # The objective is named as this function's argument, the limits as the report.* settings users give.
+    problems = check(settings, key=lambda name: name if name == "objective" else f"report.{name}")
+    if problems:
+        raise ConfigError(problems)
 
 
 def recommend(
@@ -488,8 +476,9 @@ def override_line(best: Trial, lr_scaling: Optional[str] = None) -> str:
     "none" (`lr_scaling`; None: unknown) the line also sets `train.lr_scaling=none`. The LR is left
     out when the trial did not record one.
     """
-    if lr_scaling is not None and lr_scaling not in LR_SCALING_RULES:
-        raise ValueError(f"lr_scaling {lr_scaling!r} is invalid. Should be one of {LR_SCALING_RULES}.")
+    problem = None if lr_scaling is None else invalid_choice("lr_scaling", lr_scaling, LR_SCALING_RULES)
+    if problem:
+        raise ValueError(problem)
     parts = [
         f"sweep.micro_batch_sizes=[{best.micro_batch_size}]",
         f"sweep.accumulation_steps=[{best.accumulation_steps}]",

@@ -250,6 +250,8 @@ def _optional_float(text: str) -> Optional[float]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    from sweeper.report import settings as report_settings
+
     parser = argparse.ArgumentParser(
         prog="python -m sweeper.report",
         description="Rebuild a sweep's report (plots, HTML, recommendation) from MLflow alone. Every setting "
@@ -260,7 +262,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--tracking-uri", default=None, help="default: sqlite:///<cwd>/mlflow.db")
     # SUPPRESS: an option not given is absent, so the sweep's own setting applies ("none" clears one).
     keep = argparse.SUPPRESS
-    parser.add_argument("--objective", default=keep, choices=analysis.OBJECTIVES)
+    parser.add_argument("--objective", default=keep, choices=report_settings.OBJECTIVES)
     parser.add_argument("--min-accuracy", type=_optional_float, default=keep, help="a fraction, or none")
     parser.add_argument("--memory-budget-gb", type=_optional_float, default=keep,
                         help="GiB per worker; none: the device budget the sweep ran under, if any")
@@ -272,7 +274,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     from mlflow.exceptions import MlflowException
 
-    from sweeper.config import TrackingConfig, check_report, tracking_uri
+    from sweeper.config import TrackingConfig, tracking_uri
 
     uri = args.tracking_uri or tracking_uri(TrackingConfig())
     problems = tracking.check(uri, must_exist=True)
@@ -285,7 +287,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         sweep = tracker.load_sweep(parent)
         given = {f.name: getattr(args, f.name) for f in fields(ReportConfig) if hasattr(args, f.name)}
         cfg = replace(recorded_settings(sweep.params), **given)
-        problems = check_report(cfg, key=lambda name: "--" + name.replace("_", "-"))
+        problems = report_settings.check(cfg, key=lambda name: "--" + name.replace("_", "-"))
         if problems:
             for problem in problems:
                 print(f"error: {problem}", file=sys.stderr)

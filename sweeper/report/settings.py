@@ -1,0 +1,65 @@
+"""The report's settings (what the recommendation optimizes, under which limits) and their one set of
+rules, shared by the sweep's config, `recommend()` and `python -m sweeper.report`. Standard library only:
+the report and its analysis run without Hydra."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, List, Optional, Sequence
+
+OBJECTIVES = ("throughput", "accuracy", "time_to_accuracy")
+# How train.lr moves with the global batch (sweeper.plan.scaled_lr); the report pins the LR it used.
+LR_SCALING_RULES = ("none", "linear", "sqrt")
+
+
+@dataclass
+class ReportConfig:
+    # What "best" means: throughput | accuracy | time_to_accuracy (needs min_accuracy).
+    objective: str = "throughput"
+    # Trials under this validation accuracy are not recommended (null: no minimum).
+    min_accuracy: Optional[float] = None
+    # Objectives throughput and time_to_accuracy: trials whose validation accuracy is more than this
+    # below the best trial's are not recommended, so a fast layout that learns less never wins
+    # (a fraction: 0.02 is 2 points; null: the objective alone decides).
+    max_accuracy_drop: Optional[float] = 0.02
+    # Trials whose peak_memory_bytes exceeds this are not recommended (null: no budget).
+    memory_budget_gb: Optional[float] = None
+    # The knee of a throughput curve: the first micro-batch after which doubling gains less.
+    knee_min_gain: float = 0.10
+
+
+def invalid_choice(key: str, value: Any, choices: Sequence[str]) -> Optional[str]:
+    """The problem with a setting that must be one of `choices`, or None."""
+    return None if value in choices else f"{key} {value!r} is invalid. Should be one of {tuple(choices)}."
+
+
+def check(report: ReportConfig, key: Callable[[str], str] = lambda name: f"report.{name}") -> List[str]:
+    """Every problem with the report's settings, each naming the setting by `key(field name)`: the
+    sweep's `report.*` by default, `python -m sweeper.report` passes its option names. NaN and
+    infinity break every rule (each range below is written so that they fall outside it)."""
+    problems = [invalid_choice(key("objective"), report.objective, OBJECTIVES)]
+    if report.objective == "time_to_accuracy" and report.min_accuracy is None:
+        problems.append(
+            f"{key('objective')}=time_to_accuracy needs {key('min_accuracy')} (the accuracy to reach), e.g. "
+            f"{key('min_accuracy')}=0.9: accuracy is measured once, after training, so the fastest configuration "
+            "is the one that trains its budget soonest among those reaching a target"
+        )
+    if report.min_accuracy is not None and not 0.0 <= report.min_accuracy <= 1.0:
+        percent = f"use e.g. {report.min_accuracy / 100:g} for {report.min_accuracy:g} %" \
+            if math.isfinite(report.min_accuracy) else "e.g. 0.9"
+        problems.append(
+            f"{key('min_accuracy')}={report.min_accuracy} must be a fraction between 0 and 1 (val_accuracy is a "
+            f"fraction), or null: {percent}"
+        )
+    if report.max_accuracy_drop is not None and not 0.0 <= report.max_accuracy_drop <= 1.0:
+        problems.append(
+            f"{key('max_accuracy_drop')}={report.max_accuracy_drop}: must be between 0 and 1 (0.02 is 2 points "
+            "of accuracy), or null to recommend on the objective alone"
+        )
+    budget = report.memory_budget_gb
+    if budget is not None and not (math.isfinite(budget) and budget > 0):
+        problems.append(f"{key('memory_budget_gb')}={budget}: must be a positive number of GiB, or null")
+    if not 0.0 < report.knee_min_gain < 1.0:
+        problems.append(f"{key('knee_min_gain')}={report.knee_min_gain}: must be between 0 and 1, e.g. 0.1")
+    return [p for p in problems if p]
