@@ -42,7 +42,7 @@ tests/test_roofline.py holds these numbers as known answers.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, Optional, Sequence
 
 from sweeper.report.analysis import knee as _analysis_knee
@@ -200,6 +200,36 @@ def predict_knee(
     peak_flops_per_second / bandwidth_bytes_per_second in FLOPs per byte, FLOPs counting a multiply-add
     as 2 (torch's FlopCounterMode convention). No knee when flops_per_sample <= ridge * a.
     """
+    _check_knee_inputs(flops_per_sample, weight_bytes, activation_bytes_per_sample, peak_flops_per_second,
+                       bandwidth_bytes_per_second)
+    ridge = peak_flops_per_second / bandwidth_bytes_per_second
+    denominator = flops_per_sample - ridge * activation_bytes_per_sample
+    knee = ridge * weight_bytes / denominator if denominator > 0 else None
+    ceiling = flops_per_sample / activation_bytes_per_sample if activation_bytes_per_sample else math.inf
+    numbers = KneePrediction(
+        flops_per_sample=float(flops_per_sample),
+        weight_bytes=float(weight_bytes),
+        activation_bytes_per_sample=float(activation_bytes_per_sample),
+        peak_flops_per_second=float(peak_flops_per_second),
+        bandwidth_bytes_per_second=float(bandwidth_bytes_per_second),
+        ridge_flops_per_byte=ridge,
+        intensity_at_batch_1=arithmetic_intensity(1, flops_per_sample, weight_bytes, activation_bytes_per_sample),
+        max_intensity_flops_per_byte=ceiling,
+        knee_batch_size=knee,
+        knee_batch_size_pow2=None if knee is None else 1 if knee <= 1 else 2 ** math.ceil(math.log2(knee)),
+        explanation="",
+    )
+    return replace(numbers, explanation=_explanation(numbers))
+
+
+def _check_knee_inputs(
+    flops_per_sample: float,
+    weight_bytes: float,
+    activation_bytes_per_sample: float,
+    peak_flops_per_second: float,
+    bandwidth_bytes_per_second: float,
+) -> None:
+    """ValueError naming the first argument of predict_knee that no roofline can have."""
     for name, value in (
         ("flops_per_sample", flops_per_sample),
         ("peak_flops_per_second", peak_flops_per_second),
@@ -213,49 +243,33 @@ def predict_knee(
     if weight_bytes == 0 and activation_bytes_per_sample == 0:
         raise ValueError("weight_bytes and activation_bytes_per_sample are both 0: a forward pass moves some bytes")
 
-    ridge = peak_flops_per_second / bandwidth_bytes_per_second
-    at_1 = arithmetic_intensity(1, flops_per_sample, weight_bytes, activation_bytes_per_sample)
-    ceiling = flops_per_sample / activation_bytes_per_sample if activation_bytes_per_sample else math.inf
-    denominator = flops_per_sample - ridge * activation_bytes_per_sample
+
+def _explanation(p: KneePrediction) -> str:
+    """The prediction in words, with the arithmetic behind it: memory-bound at every batch size,
+    compute-bound from batch 1, or the knee between."""
     device = (
-        f"ridge {ridge:.1f} FLOP/B ({peak_flops_per_second / 1e12:.3g} TFLOP/s / "
-        f"{bandwidth_bytes_per_second / 1e9:.3g} GB/s)"
+        f"ridge {p.ridge_flops_per_byte:.1f} FLOP/B ({p.peak_flops_per_second / 1e12:.3g} TFLOP/s / "
+        f"{p.bandwidth_bytes_per_second / 1e9:.3g} GB/s)"
     )
-    if denominator <= 0:
-        knee, pow2 = None, None
-        text = (
-            f"Memory-bound at every batch size: the intensity rises from {at_1:.2f} FLOP/B at batch 1 towards "
-            f"{ceiling:.1f} FLOP/B, the activations' own ({flops_per_sample:.4g} FLOPs per "
-            f"{activation_bytes_per_sample:.4g} bytes per sample), and never reaches the {device}."
+    if p.knee_batch_size is None:
+        return (
+            f"Memory-bound at every batch size: the intensity rises from {p.intensity_at_batch_1:.2f} FLOP/B at "
+            f"batch 1 towards {p.max_intensity_flops_per_byte:.1f} FLOP/B, the activations' own "
+            f"({p.flops_per_sample:.4g} FLOPs per {p.activation_bytes_per_sample:.4g} bytes per sample), and "
+            f"never reaches the {device}."
         )
-    else:
-        knee = ridge * weight_bytes / denominator
-        pow2 = 1 if knee <= 1 else 2 ** math.ceil(math.log2(knee))
-        if knee <= 1:
-            text = (
-                f"Compute-bound from batch 1: its intensity of {at_1:.1f} FLOP/B is already above the {device}; "
-                "batching cannot raise throughput past the peak FLOP/s."
-            )
-        else:
-            text = (
-                f"Memory-bound below batch {knee:.1f} (rounded up: {pow2}), compute-bound above: the intensity "
-                f"rises from {at_1:.2f} FLOP/B at batch 1 (the {weight_bytes:.4g} weight bytes read once per "
-                f"batch dominate) and reaches the {device} at B* = ridge x W / (f - ridge x a) = "
-                f"{ridge:.1f} x {weight_bytes:.4g} / ({flops_per_sample:.4g} - {ridge:.1f} x "
-                f"{activation_bytes_per_sample:.4g}) = {knee:.1f}."
-            )
-    return KneePrediction(
-        flops_per_sample=float(flops_per_sample),
-        weight_bytes=float(weight_bytes),
-        activation_bytes_per_sample=float(activation_bytes_per_sample),
-        peak_flops_per_second=float(peak_flops_per_second),
-        bandwidth_bytes_per_second=float(bandwidth_bytes_per_second),
-        ridge_flops_per_byte=ridge,
-        intensity_at_batch_1=at_1,
-        max_intensity_flops_per_byte=ceiling,
-        knee_batch_size=knee,
-        knee_batch_size_pow2=pow2,
-        explanation=text,
+    if p.knee_batch_size <= 1:
+        return (
+            f"Compute-bound from batch 1: its intensity of {p.intensity_at_batch_1:.1f} FLOP/B is already above "
+            f"the {device}; batching cannot raise throughput past the peak FLOP/s."
+        )
+    ridge, knee = p.ridge_flops_per_byte, p.knee_batch_size
+    return (
+        f"Memory-bound below batch {knee:.1f} (rounded up: {p.knee_batch_size_pow2}), compute-bound above: the "
+        f"intensity rises from {p.intensity_at_batch_1:.2f} FLOP/B at batch 1 (the {p.weight_bytes:.4g} weight "
+        f"bytes read once per batch dominate) and reaches the {device} at B* = ridge x W / (f - ridge x a) = "
+        f"{ridge:.1f} x {p.weight_bytes:.4g} / ({p.flops_per_sample:.4g} - {ridge:.1f} x "
+        f"{p.activation_bytes_per_sample:.4g}) = {knee:.1f}."
     )
 
 
