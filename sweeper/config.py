@@ -1,24 +1,31 @@
-"""Typed, validated configuration: the schema Hydra's YAML fills, and the checks run before any trial.
-
-Everything after `load()` works with these dataclasses, never with a `DictConfig`.
+"""Typed, validated configuration: the schema Hydra's YAML fills (every default lives here, once), and
+one checker per section run before any point. Everything after `load()` works with these dataclasses,
+never with a `DictConfig`.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from sweeper.errors import ConfigError, first_line
+from sweeper.report import settings
+from sweeper.report.settings import LR_SCALING_RULES, ReportConfig, invalid_choice
 
-LR_SCALING_RULES = ("none", "linear", "sqrt")
 USE_GPU_CHOICES = ("auto", "true", "false")
-REPORT_OBJECTIVES = ("throughput", "accuracy", "time_to_accuracy")
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 TASKS = ("train", "inference")
+# One sample bigger than this is a typo in model.input_shape (a micro-batch holds many samples and
+# their activations), not a workload: refused before anything allocates it.
+MAX_SAMPLE_BYTES = 2**30
+# The samples data=digits holds in memory (scikit-learn's bundled set); synthetic holds data.num_samples.
+DIGITS_SAMPLES = 1797
 
 
 @dataclass
@@ -30,7 +37,8 @@ class ModelConfig:
     # `kwargs`, plus `num_classes` if the factory accepts it and `kwargs` does not set it.
     _target_: Optional[str] = None
     kwargs: Dict[str, Any] = field(default_factory=dict)
-    # The shape of one sample the model consumes; the dataset is resized to it.
+    # The shape of one sample the model consumes; the dataset is resized to it. One float32 sample
+    # may take at most 1 GiB (MAX_SAMPLE_BYTES).
     input_shape: List[int] = field(default_factory=lambda: [3, 32, 32])
     # MLP only (seed 003's MLP is depth 8, width 1024).
     depth: int = 8
@@ -54,22 +62,27 @@ class DataConfig:
     val_fraction: float = 0.2
     # synthetic: how many random samples.
     num_samples: int = 2048
-    # torch DataLoader worker processes per training worker.
+    # torch DataLoader worker processes per training worker (at most 4 per CPU, see check_data).
     loader_workers: int = 0
 
 
 @dataclass
 class SweepConfig:
-    # A list of sizes, or "auto": the memory frontier search (see `frontier`) finds the largest
-    # micro-batch that fits device.memory_budget_gb for each worker count, and the grid is built
-    # from it (with global_batch_sizes: each global batch with the fewest accumulation steps).
-    micro_batch_sizes: Any = field(default_factory=lambda: [32, 64])
-    accumulation_steps: List[int] = field(default_factory=lambda: [1, 2])
-    num_workers: List[int] = field(default_factory=lambda: [1])
-    # Keep only grid points whose micro x accumulation x workers is one of these.
-    global_batch_sizes: Optional[List[int]] = None
+    # The grid is micro_batch_sizes x accumulation_steps x num_workers. Each of these lists (and
+    # global_batch_sizes, inference.batch_sizes, inference.mlp_widths) also takes one integer, read as a
+    # one-element list: Hydra's multirun `-m sweep.micro_batch_sizes=16,32` hands each job one value.
+    # Typed Any for that reason (OmegaConf has no int-or-list type); to_typed makes them lists.
+    # micro_batch_sizes may also be "auto": the memory frontier search (see `frontier`) finds the
+    # largest micro-batch that fits device.memory_budget_gb for each worker count, and the grid is
+    # built from it (with global_batch_sizes: each global batch with the fewest accumulation steps).
+    micro_batch_sizes: Any = field(default_factory=lambda: [16, 32])
+    accumulation_steps: Any = field(default_factory=lambda: [1, 2])
+    num_workers: Any = field(default_factory=lambda: [1])
+    # Keep only grid points whose micro x accumulation x workers is one of these (null: all of them).
+    global_batch_sizes: Any = None
     # Trials (worker groups) running at once. null: one per node that holds a whole trial (each sized
-    # to fill its node), so co-located trials never distort each other's throughput.
+    # to fill its node, so 1 on a single machine), so co-located trials never distort each other's
+    # throughput.
     max_concurrent_trials: Optional[int] = None
     # Grid points are measured one after another in one Ray Train worker group (one Ray Tune trial)
     # sized to the largest point, so worker start-up (process spawn, torch import, process group
@@ -83,14 +96,15 @@ class SweepConfig:
 
 @dataclass
 class InferenceConfig:
-    # task=inference: batch sizes timed under torch.inference_mode(), smallest first.
-    batch_sizes: List[int] = field(default_factory=lambda: [2**i for i in range(10)])
+    # task=inference: batch sizes timed under torch.inference_mode(), smallest first (1..512).
+    batch_sizes: Any = field(default_factory=lambda: [2**i for i in range(10)])
     # Untimed runs first; then timing goes on until both timed_runs and min_timed_seconds are reached.
     warmup_runs: int = 10
     timed_runs: int = 100
     min_timed_seconds: float = 0.5
-    # model=mlp only: also sweep the width (seed 003's experiment: 256..4096); null: model.width.
-    mlp_widths: Optional[List[int]] = None
+    # model=mlp only: also sweep the width (seed 003's experiment: [256,512,1024,2048,4096]);
+    # null: model.width.
+    mlp_widths: Any = None
 
 
 @dataclass
@@ -106,7 +120,8 @@ class DeviceConfig:
 @dataclass
 class FrontierConfig:
     # sweep.micro_batch_sizes=auto: fit probes at first_probe and first_probe x growth (a third near
-    # the frontier if the line would extrapolate far), then verify the predicted frontier.
+    # the frontier if the line would extrapolate far), at most max_fit_probes of them; then the
+    # predicted frontier is run to verify it, at most max_verifications times (stepping down if needed).
     first_probe: int = 8
     growth: int = 4
     max_fit_probes: int = 3
@@ -117,12 +132,16 @@ class FrontierConfig:
 
 @dataclass
 class TrainConfig:
-    epochs: int = 1
+    # The sample budget: every point trains epochs x train-set size samples, to within one global batch.
+    epochs: int = 2
+    # The LR at base_batch_size; lr_scaling (none | linear | sqrt) moves it with global batch / base.
     lr: float = 0.05
     lr_scaling: str = "none"
     base_batch_size: int = 32
+    # SGD's momentum (in [0, 1)) and weight decay.
     momentum: float = 0.9
     weight_decay: float = 0.0
+    # Seeds the initial weights and the sample order.
     seed: int = 0
     # Before validation, BatchNorm running statistics are re-estimated over this many training
     # samples (torch.optim.swa_utils.update_bn), so val_accuracy judges the trained weights and
@@ -153,22 +172,6 @@ class MeasureConfig:
 
 
 @dataclass
-class ReportConfig:
-    # What "best" means: throughput | accuracy | time_to_accuracy (needs min_accuracy).
-    objective: str = "throughput"
-    # Trials under this validation accuracy are not recommended (null: no minimum).
-    min_accuracy: Optional[float] = None
-    # Objectives throughput and time_to_accuracy: trials whose validation accuracy is more than this
-    # below the best trial's are not recommended, so a fast layout that learns less never wins
-    # (a fraction: 0.02 is 2 points; null: the objective alone decides).
-    max_accuracy_drop: Optional[float] = 0.02
-    # Trials whose peak_memory_bytes exceeds this are not recommended (null: no budget).
-    memory_budget_gb: Optional[float] = None
-    # The knee of a throughput curve: the first micro-batch after which doubling gains less.
-    knee_min_gain: float = 0.10
-
-
-@dataclass
 class TrackingConfig:
     # null: a SQLite store `mlflow.db` in the working directory.
     uri: Optional[str] = None
@@ -178,7 +181,7 @@ class TrackingConfig:
 @dataclass
 class ClusterConfig:
     # null: start a local Ray; "auto" or "host:port": join an existing cluster (the driver runs on one
-    # of its nodes; Ray Client's ray:// is refused, see validate).
+    # of its nodes; Ray Client's ray:// is refused, see check_cluster).
     address: Optional[str] = None
     # auto | true | false
     use_gpu: Any = "auto"
@@ -186,10 +189,11 @@ class ClusterConfig:
     cpus_per_worker: Optional[float] = None
     # CPUs reserved by each trial's own driver (it only waits on its workers).
     cpus_per_trial: float = 0.01
-    # Local Ray only: how many CPUs it may use (null: all of this machine's).
+    # Local Ray only: how many CPUs it may use, at most os.cpu_count() (null: all of this machine's).
     num_cpus: Optional[int] = None
     # Ray's results and the local cluster's auth token go here, not into your home directory.
     ray_dir: str = ".sweeper/ray"
+    # The local Ray's dashboard and its port (1..65535).
     include_dashboard: bool = True
     dashboard_port: int = 8265
     # Where a trial's workers go (Ray placement groups): PACK (fewest nodes, the default), SPREAD
@@ -209,6 +213,7 @@ class SweeperConfig:
     frontier: FrontierConfig = field(default_factory=FrontierConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     measure: MeasureConfig = field(default_factory=MeasureConfig)
+    # Lives with its rules in sweeper/report/settings.py: the report CLI reads it without Hydra.
     report: ReportConfig = field(default_factory=ReportConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
@@ -220,17 +225,36 @@ class SweeperConfig:
     profile: bool = False
 
 
+# (section, key) of the list settings that also take one integer (see SweepConfig).
+LIST_KEYS = (
+    ("sweep", "micro_batch_sizes"),
+    ("sweep", "accumulation_steps"),
+    ("sweep", "num_workers"),
+    ("sweep", "global_batch_sizes"),
+    ("inference", "batch_sizes"),
+    ("inference", "mlp_widths"),
+)
+
+
 def register() -> None:
     """Register the schema so `conf/config.yaml` can list `sweeper_schema` first in its defaults."""
     ConfigStore.instance().store(name="sweeper_schema", node=SweeperConfig)
 
 
 def to_typed(cfg: DictConfig) -> SweeperConfig:
-    """The composed Hydra config as typed objects (types checked by OmegaConf, values not yet)."""
-    typed = OmegaConf.to_object(cfg)
-    if not isinstance(typed, SweeperConfig):  # composed without the schema (e.g. a bare compose)
-        typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(SweeperConfig), cfg))
+    """The composed Hydra config as typed objects (types checked by OmegaConf, values not yet); a
+    ConfigError naming the key when OmegaConf rejects it (a value left ???, a wrong type)."""
+    try:
+        typed = OmegaConf.to_object(cfg)
+        if not isinstance(typed, SweeperConfig):  # composed without the schema (e.g. a bare compose)
+            typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(SweeperConfig), cfg))
+    except OmegaConfBaseException as exc:
+        raise ConfigError([conversion_problem(exc)]) from exc
     typed.cluster.use_gpu = normalize_use_gpu(typed.cluster.use_gpu)
+    for section, key in LIST_KEYS:
+        value = getattr(getattr(typed, section), key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            setattr(getattr(typed, section), key, [value])
     return typed
 
 
@@ -247,213 +271,314 @@ def normalize_use_gpu(value: Any) -> str:
     return str(value).strip().lower()
 
 
-def check_report(report: "ReportConfig", key: Callable[[str], str] = lambda name: f"report.{name}") -> List[str]:
-    """Every problem with the report's settings, each naming the setting by `key(field name)`: the
-    sweep's `report.*` by default, `python -m sweeper.report` passes its option names."""
-    problems: List[str] = []
-    if report.objective not in REPORT_OBJECTIVES:
-        problems.append(
-            f"{key('objective')}={report.objective!r} is invalid: use one of {', '.join(REPORT_OBJECTIVES)}"
-        )
-    elif report.objective == "time_to_accuracy" and report.min_accuracy is None:
-        problems.append(
-            f"{key('objective')}=time_to_accuracy needs {key('min_accuracy')} (the accuracy to reach), "
-            f"e.g. {key('min_accuracy')}=0.9"
-        )
-    if report.min_accuracy is not None and not (0.0 <= report.min_accuracy <= 1.0):
-        problems.append(f"{key('min_accuracy')}={report.min_accuracy}: must be between 0 and 1, or null")
-    if report.max_accuracy_drop is not None and not (0.0 <= report.max_accuracy_drop <= 1.0):
-        problems.append(
-            f"{key('max_accuracy_drop')}={report.max_accuracy_drop}: must be between 0 and 1 (0.02 is 2 points "
-            "of accuracy), or null"
-        )
-    if report.memory_budget_gb is not None and report.memory_budget_gb <= 0:
-        problems.append(f"{key('memory_budget_gb')}={report.memory_budget_gb}: must be positive, or null")
-    if not (0.0 < report.knee_min_gain < 1.0):
-        problems.append(f"{key('knee_min_gain')}={report.knee_min_gain}: must be between 0 and 1, e.g. 0.1")
-    return problems
+def conversion_problem(exc: BaseException) -> str:
+    """One line for Hydra's or OmegaConf's own rejection of the config (an unknown key or option, a
+    wrong type, a value left ???, an override that does not parse), naming the key where it can."""
+    options = getattr(exc, "options", None)  # hydra's MissingConfigException: an unknown group option
+    if options:
+        missing = first_line(exc).removeprefix("In 'config': ")  # Could not find 'model/nope'
+        return f"{missing}: use one of {', '.join(options)}"
+    cause = exc.__cause__ if isinstance(exc.__cause__, OmegaConfBaseException) else exc
+    if getattr(cause, "full_key", None):
+        return f"{cause.full_key}: {first_line(cause)}; fix the override (python -m sweeper --cfg job shows every key)"
+    override = getattr(exc, "override", None)  # hydra's OverrideParseException
+    lines = [line.strip() for line in str(exc).split("Config search path:")[0].splitlines() if line.strip()]
+    text = " ".join(lines) or type(exc).__name__
+    return f"{override}: {text}" if override else text
 
 
 def validate(cfg: SweeperConfig) -> List[str]:
-    """Every problem with the plain values of the config; model/data/cluster reachability are checked
-    by their own modules."""
+    """Every problem with the plain values of the config, section by section, then the rules that
+    join two sections; model/data/cluster reachability are checked by their own modules."""
+    local_cpus = os.cpu_count() if cfg.cluster.address is None else None
+    return [
+        *check_task(cfg.task),
+        *check_sweep(cfg.sweep),
+        *check_train(cfg.train),
+        *check_measure(cfg.measure),
+        *check_device(cfg.device),
+        *check_frontier(cfg.frontier),
+        *check_report(cfg.report),
+        *check_tracking(cfg.tracking),
+        *check_cluster(cfg.cluster),
+        *check_data(cfg.data, local_cpus),
+        *check_model(cfg.model),
+        *check_inference(cfg.inference),
+        *check_combinations(cfg),
+    ]
+
+
+def _check(problems: List[str], key: str, value: Any, ok: Callable[[Any], bool], rule: str) -> None:
+    """Adds `key=value: rule` when a set value breaks `ok` (None: the setting is null, which its rule
+    allows or OmegaConf refused). NaN and infinity break every rule: NaN compares false (`lr <= 0`
+    lets it through) and infinity passes `> 0`, and either would reach torch or Ray as a setting."""
+    if value is None:
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        problems.append(f"{key}={value} is not a finite number: {rule}")
+    elif not ok(value):
+        problems.append(f"{key}={value}: {rule}")
+
+
+def _positive(value: Any) -> bool:
+    return value > 0
+
+
+def _not_negative(value: Any) -> bool:
+    return value >= 0
+
+
+def _sizes(key: str, values: Any, example: str, otherwise: str = "") -> List[str]:
+    """Problems with a list of positive integers (a grid axis, batch sizes, widths); `otherwise` names
+    what else the key accepts."""
+    if not isinstance(values, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        shown = "null" if values is None else repr(values)
+        return [
+            f"{key}={shown} is invalid: give a list of positive integers (or one integer), e.g. "
+            f"{key}={example}{otherwise}"
+        ]
+    if not values:
+        return [f"{key}=[] is empty: give at least one value, e.g. {key}={example}{otherwise}"]
+    return [f"{key} contains {v}: every value must be a positive integer; remove or fix it" for v in values if v <= 0]
+
+
+def check_task(task: str) -> List[str]:
+    problem = invalid_choice("task", task, TASKS)
+    return [problem] if problem else []
+
+
+def check_sweep(sweep: SweepConfig) -> List[str]:
     problems: List[str] = []
-    if cfg.task not in TASKS:
-        problems.append(f"task={cfg.task!r} is invalid: use one of {', '.join(TASKS)}")
-    inference = cfg.inference
-    if not inference.batch_sizes or any(b <= 0 for b in inference.batch_sizes):
-        problems.append(
-            f"inference.batch_sizes={list(inference.batch_sizes)}: give positive batch sizes, e.g. [1,2,4,8]"
-        )
-    for key in ("timed_runs",):
-        if getattr(inference, key) < 1:
-            problems.append(f"inference.{key}={getattr(inference, key)}: must be >= 1")
-    if inference.warmup_runs < 0 or inference.min_timed_seconds < 0:
-        problems.append("inference.warmup_runs and inference.min_timed_seconds must be >= 0")
-    if inference.mlp_widths is not None:
-        if cfg.model.name != "mlp" or cfg.model._target_:
-            problems.append(
-                f"inference.mlp_widths={list(inference.mlp_widths)} needs model=mlp (model is "
-                f"{cfg.model.name!r}); set it to null for other models"
-            )
-        if not inference.mlp_widths or any(w <= 0 for w in inference.mlp_widths):
-            problems.append(f"inference.mlp_widths={list(inference.mlp_widths)}: give positive widths, or null")
-    sweep, train = cfg.sweep, cfg.train
-
-    keys = ["accumulation_steps", "num_workers"]
-    if is_auto(sweep.micro_batch_sizes):
-        if cfg.device.memory_budget_gb is None and cfg.cluster.use_gpu == "false":
-            problems.append(
-                "sweep.micro_batch_sizes=auto on CPU needs device.memory_budget_gb: the memory to plan "
-                "for, e.g. device.memory_budget_gb=16 for a 16 GB card"
-            )
-    elif isinstance(sweep.micro_batch_sizes, str) or not all(
-        isinstance(v, int) and not isinstance(v, bool) for v in sweep.micro_batch_sizes
-    ):
-        problems.append(
-            f"sweep.micro_batch_sizes={sweep.micro_batch_sizes!r} is invalid: give a list of positive "
-            "integers, e.g. [32,64], or auto"
-        )
-    else:
-        keys.insert(0, "micro_batch_sizes")
-    for key in keys:
-        values = getattr(sweep, key)
-        if not values:
-            problems.append(f"sweep.{key}=[] is empty: give at least one value, e.g. sweep.{key}=[1]")
-        for v in values:
-            if v <= 0:
-                problems.append(
-                    f"sweep.{key} contains {v}: every value must be a positive integer; remove or fix it"
-                )
+    if not is_auto(sweep.micro_batch_sizes):
+        problems += _sizes("sweep.micro_batch_sizes", sweep.micro_batch_sizes, "[32,64]", ", or auto")
+    problems += _sizes("sweep.accumulation_steps", sweep.accumulation_steps, "[1,2]")
+    problems += _sizes("sweep.num_workers", sweep.num_workers, "[1,2]")
     if sweep.global_batch_sizes is not None:
-        if not sweep.global_batch_sizes:
-            problems.append(
-                "sweep.global_batch_sizes=[] keeps nothing: set it to null to keep the whole grid"
-            )
-        for v in sweep.global_batch_sizes:
-            if v <= 0:
-                problems.append(
-                    f"sweep.global_batch_sizes contains {v}: global batch sizes must be positive"
-                )
-    if cfg.device.memory_budget_gb is not None and cfg.device.memory_budget_gb <= 0:
-        problems.append(
-            f"device.memory_budget_gb={cfg.device.memory_budget_gb}: must be positive (GiB), or null for no budget"
+        problems += _sizes(
+            "sweep.global_batch_sizes", sweep.global_batch_sizes, "[64,128]", ", or null to keep the whole grid"
         )
-    for key in ("first_probe", "growth", "max_verifications", "multiple_of"):
-        if getattr(cfg.frontier, key) < 1:
-            problems.append(f"frontier.{key}={getattr(cfg.frontier, key)}: must be >= 1")
-    if cfg.frontier.max_fit_probes < 2:
-        problems.append(f"frontier.max_fit_probes={cfg.frontier.max_fit_probes}: a line needs two probes, use >= 2")
-    if sweep.max_concurrent_trials is not None and sweep.max_concurrent_trials <= 0:
+    _check(problems, "sweep.max_concurrent_trials", sweep.max_concurrent_trials, _positive, "must be >= 1, or null")
+    _check(
+        problems, "sweep.points_per_worker_group", sweep.points_per_worker_group, _positive,
+        "must be >= 1, or null for one worker group for the whole grid",
+    )
+    if sweep.resume and is_auto(sweep.micro_batch_sizes):
         problems.append(
-            f"sweep.max_concurrent_trials={sweep.max_concurrent_trials}: must be >= 1"
+            "sweep.resume=true with sweep.micro_batch_sizes=auto: resume needs the grid; give the sizes the "
+            "frontier search chose (the parent run's frontier_* metrics) as a list"
         )
+    return problems
 
-    positive = {
-        "train.epochs": train.epochs,
-        "train.lr": train.lr,
-        "train.base_batch_size": train.base_batch_size,
-        "measure.windows": cfg.measure.windows,
-        "measure.stable_windows": cfg.measure.stable_windows,
-        "measure.stability_tolerance": cfg.measure.stability_tolerance,
-        "measure.utilization_interval_seconds": cfg.measure.utilization_interval_seconds,
-        "measure.profile_steps": cfg.measure.profile_steps,
-    }
-    for key, v in positive.items():
-        if v <= 0:
-            problems.append(f"{key}={v}: must be positive")
-    if train.bn_recalibration_samples < 0:
+
+def check_train(train: TrainConfig) -> List[str]:
+    problems: List[str] = []
+    for key in ("epochs", "lr", "base_batch_size"):
+        _check(problems, f"train.{key}", getattr(train, key), _positive, "must be positive")
+    _check(problems, "train.momentum", train.momentum, lambda m: 0 <= m < 1, "must be in [0, 1), e.g. 0.9")
+    _check(problems, "train.weight_decay", train.weight_decay, _not_negative, "must be >= 0")
+    _check(
+        problems, "train.bn_recalibration_samples", train.bn_recalibration_samples, _not_negative,
+        "must be >= 0 (0 keeps BatchNorm's running statistics as trained)",
+    )
+    problem = invalid_choice("train.lr_scaling", train.lr_scaling, LR_SCALING_RULES)
+    return problems + ([problem] if problem else [])
+
+
+def check_measure(measure: MeasureConfig) -> List[str]:
+    problems: List[str] = []
+    _check(
+        problems, "measure.warmup_steps", measure.warmup_steps, lambda n: n >= 2,
+        "must be >= 2 (the first step builds the optimizer state, the last warm-up step is the one whose "
+        "memory is broken down)",
+    )
+    for key in ("windows", "stable_windows", "stability_tolerance", "utilization_interval_seconds", "profile_steps"):
+        _check(problems, f"measure.{key}", getattr(measure, key), _positive, "must be positive")
+    if 0 < measure.windows < measure.stable_windows:
         problems.append(
-            f"train.bn_recalibration_samples={train.bn_recalibration_samples}: must be >= 0 "
-            "(0 keeps BatchNorm's running statistics as trained)"
+            f"measure.windows={measure.windows} is fewer than measure.stable_windows={measure.stable_windows}: "
+            "the stability rule could never be met; raise measure.windows or lower measure.stable_windows"
         )
-    if cfg.measure.warmup_steps < 2:
+    return problems
+
+
+def check_device(device: DeviceConfig) -> List[str]:
+    problems: List[str] = []
+    _check(
+        problems, "device.memory_budget_gb", device.memory_budget_gb, _positive,
+        "must be positive (GiB), or null for no budget",
+    )
+    return problems
+
+
+def check_frontier(frontier: FrontierConfig) -> List[str]:
+    problems: List[str] = []
+    for key in ("first_probe", "growth", "max_verifications", "multiple_of"):
+        _check(problems, f"frontier.{key}", getattr(frontier, key), _positive, "must be >= 1")
+    _check(
+        problems, "frontier.max_fit_probes", frontier.max_fit_probes, lambda n: n >= 2,
+        "a line needs two probes, use >= 2",
+    )
+    return problems
+
+
+def check_report(report: ReportConfig, key: Callable[[str], str] = lambda name: f"report.{name}") -> List[str]:
+    """The report's settings, by the rules `recommend()` and `python -m sweeper.report` share."""
+    return settings.check(report, key)
+
+
+def check_tracking(tracking: TrackingConfig) -> List[str]:
+    if tracking.experiment_name.strip():
+        return []
+    return [f"tracking.experiment_name={tracking.experiment_name!r} is empty: name the MLflow experiment, e.g. sweeper"]
+
+
+def check_cluster(cluster: ClusterConfig) -> List[str]:
+    problems = [
+        invalid_choice("cluster.use_gpu", cluster.use_gpu, USE_GPU_CHOICES),
+        invalid_choice("cluster.placement_strategy", cluster.placement_strategy, PLACEMENT_STRATEGIES),
+    ]
+    problems = [p for p in problems if p] + _check_cpus(cluster)
+    if cluster.address and cluster.address.startswith("ray://"):
+        # Under Ray Client, Tune runs the experiment in an actor on the head node: results would not
+        # reach this process, which alone writes to MLflow.
         problems.append(
-            f"measure.warmup_steps={cfg.measure.warmup_steps}: must be >= 2 (the first step builds "
-            "the optimizer state, the last warm-up step is the one whose memory is broken down)"
+            f"cluster.address={cluster.address!r}: Ray Client (ray://) is not supported, because Tune "
+            "would run on the head node where sweeper cannot record its results; run the sweep on a "
+            "node of the cluster with cluster.address=auto (or submit it: ray job submit -- python -m sweeper ...)"
         )
-    if (
-        cfg.measure.warmup_steps == 2
-        and cfg.measure.memory_breakdown
-        and any(w > 1 for w in sweep.num_workers)
-    ):
+    _check(problems, "cluster.max_failures", cluster.max_failures, _not_negative, "must be >= 0 (0: no restarts)")
+    _check(
+        problems, "cluster.dashboard_port", cluster.dashboard_port, lambda port: 1 <= port <= 65535,
+        "a TCP port must be between 1 and 65535, e.g. 8265",
+    )
+    return problems
+
+
+def _check_cpus(cluster: ClusterConfig) -> List[str]:
+    problems: List[str] = []
+    _check(
+        problems, "cluster.cpus_per_worker", cluster.cpus_per_worker, _positive, "must be positive, or null for auto"
+    )
+    _check(
+        problems, "cluster.cpus_per_trial", cluster.cpus_per_trial, _positive,
+        "must be positive (Ray rejects an empty resource request), e.g. 0.01",
+    )
+    _check(problems, "cluster.num_cpus", cluster.num_cpus, _positive, "must be positive, or null")
+    cores = os.cpu_count()
+    if cluster.address is None and cores and cluster.num_cpus is not None and cluster.num_cpus > cores:
+        # A local Ray told of CPUs it does not have runs that many workers on fewer cores, and every
+        # throughput it measures is then the oversubscription's.
+        problems.append(
+            f"cluster.num_cpus={cluster.num_cpus}: this machine has {cores} CPUs (os.cpu_count()); a local "
+            f"Ray may use at most those: use cluster.num_cpus<={cores}, or null for all of them"
+        )
+    return problems
+
+
+def check_data(data: DataConfig, local_cpus: Optional[int]) -> List[str]:
+    """`local_cpus`: this machine's CPUs when the points run on it (a local Ray), else None."""
+    problems: List[str] = []
+    _check(problems, "data.val_fraction", data.val_fraction, lambda f: 0 < f < 1, "must be between 0 and 1")
+    _check(problems, "data.num_samples", data.num_samples, _positive, "must be positive")
+    _check(problems, "data.num_classes", data.num_classes, lambda n: n >= 2, "must be at least 2")
+    # Each DataLoader worker is a process with its own copy of the dataset object, per training
+    # worker; torch warns past one per CPU. Four per CPU leaves room for loaders that wait on disk or
+    # network; thousands only exhaust memory and the process limit. A cluster's nodes are not known
+    # before Ray connects: 1024 is four per CPU of a 256-core node.
+    limit = 4 * local_cpus if local_cpus else 1024
+    where = f"4 per CPU of this machine's {local_cpus}" if local_cpus else "4 per CPU of a 256-core node"
+    _check(
+        problems, "data.loader_workers", data.loader_workers, lambda n: 0 <= n <= limit,
+        f"must be between 0 and {limit} ({where}), e.g. 0 for loading in the training process",
+    )
+    return problems
+
+
+def check_model(model: ModelConfig) -> List[str]:
+    problems: List[str] = []
+    shape = list(model.input_shape)
+    if not shape or any(d <= 0 for d in shape):
+        problems.append(f"model.input_shape={shape}: every dimension must be positive, e.g. [3,32,32]")
+    elif sample_bytes(shape) > MAX_SAMPLE_BYTES:
+        problems.append(
+            f"model.input_shape={shape}: one float32 sample would take {sample_bytes(shape) / 2**30:,.1f} GiB "
+            f"({' x '.join(map(str, shape))} x 4 bytes), over the {MAX_SAMPLE_BYTES / 2**30:g} GiB a sample may "
+            "take: give the shape of one sample, e.g. [3,32,32]"
+        )
+    if model.name == "mlp" and not model._target_:
+        for key in ("depth", "width"):
+            _check(problems, f"model.{key}", getattr(model, key), _positive, "must be positive")
+    return problems
+
+
+def check_inference(inference: InferenceConfig) -> List[str]:
+    problems = _sizes("inference.batch_sizes", inference.batch_sizes, "[1,2,4,8]")
+    if inference.mlp_widths is not None:
+        problems += _sizes("inference.mlp_widths", inference.mlp_widths, "[256,1024]", ", or null")
+    _check(problems, "inference.timed_runs", inference.timed_runs, lambda n: n >= 1, "must be >= 1")
+    _check(problems, "inference.warmup_runs", inference.warmup_runs, _not_negative, "must be >= 0")
+    _check(
+        problems, "inference.min_timed_seconds", inference.min_timed_seconds, _not_negative, "must be >= 0 (seconds)"
+    )
+    return problems
+
+
+def check_combinations(cfg: SweeperConfig) -> List[str]:
+    """Rules that join two sections."""
+    problems: List[str] = []
+    if is_auto(cfg.sweep.micro_batch_sizes) and cfg.device.memory_budget_gb is None and cfg.cluster.use_gpu == "false":
+        problems.append(
+            "sweep.micro_batch_sizes=auto on CPU needs device.memory_budget_gb: the memory to plan "
+            "for, e.g. device.memory_budget_gb=16 for a 16 GB card"
+        )
+    workers = cfg.sweep.num_workers if isinstance(cfg.sweep.num_workers, list) else []
+    ddp = any(isinstance(w, int) and w > 1 for w in workers)
+    if cfg.measure.warmup_steps == 2 and cfg.measure.memory_breakdown and ddp:
         problems.append(
             "measure.warmup_steps=2: with more than one worker the memory-tracked (last warm-up) "
             "step would be the one where DDP rebuilds its gradient buckets; use >= 3, or set "
             "measure.memory_breakdown=false"
         )
-    if 0 < cfg.measure.windows < cfg.measure.stable_windows:
+    if cfg.inference.mlp_widths is not None and (cfg.model.name != "mlp" or cfg.model._target_):
         problems.append(
-            f"measure.windows={cfg.measure.windows} is fewer than measure.stable_windows="
-            f"{cfg.measure.stable_windows}: the stability rule could never be met; raise "
-            "measure.windows or lower measure.stable_windows"
+            f"inference.mlp_widths={cfg.inference.mlp_widths!r} needs model=mlp (model is "
+            f"{cfg.model.name!r}); set it to null for other models"
         )
-    if sweep.points_per_worker_group is not None and sweep.points_per_worker_group <= 0:
-        problems.append(
-            f"sweep.points_per_worker_group={sweep.points_per_worker_group}: must be >= 1, or null "
-            "for one worker group for the whole grid"
-        )
-    problems += check_report(cfg.report)
-    if train.lr_scaling not in LR_SCALING_RULES:
-        problems.append(
-            f"train.lr_scaling={train.lr_scaling!r} is invalid: use one of {', '.join(LR_SCALING_RULES)}"
-        )
+    return problems + _check_model_data(cfg.model, cfg.data)
 
-    if cfg.cluster.use_gpu not in USE_GPU_CHOICES:
-        problems.append(
-            f"cluster.use_gpu={cfg.cluster.use_gpu!r} is invalid: use one of {', '.join(USE_GPU_CHOICES)}"
-        )
-    if cfg.cluster.cpus_per_worker is not None and cfg.cluster.cpus_per_worker <= 0:
-        problems.append(
-            f"cluster.cpus_per_worker={cfg.cluster.cpus_per_worker}: must be positive, or null for auto"
-        )
-    if cfg.cluster.cpus_per_trial <= 0:
-        problems.append(
-            f"cluster.cpus_per_trial={cfg.cluster.cpus_per_trial}: must be positive "
-            "(Ray rejects an empty resource request), e.g. 0.01"
-        )
-    if cfg.cluster.address and cfg.cluster.address.startswith("ray://"):
-        # Under Ray Client, Tune runs the experiment in an actor on the head node: results would not
-        # reach this process, which alone writes to MLflow.
-        problems.append(
-            f"cluster.address={cfg.cluster.address!r}: Ray Client (ray://) is not supported, because Tune "
-            "would run on the head node where sweeper cannot record its results; run the sweep on a "
-            "node of the cluster with cluster.address=auto (or submit it: ray job submit -- python -m sweeper ...)"
-        )
-    if cfg.cluster.placement_strategy not in PLACEMENT_STRATEGIES:
-        problems.append(
-            f"cluster.placement_strategy={cfg.cluster.placement_strategy!r} is invalid: use one of "
-            f"{', '.join(PLACEMENT_STRATEGIES)}"
-        )
-    if cfg.cluster.max_failures < 0:
-        problems.append(f"cluster.max_failures={cfg.cluster.max_failures}: must be >= 0 (0: no restarts)")
-    if cfg.sweep.resume and is_auto(cfg.sweep.micro_batch_sizes):
-        problems.append(
-            "sweep.resume=true with sweep.micro_batch_sizes=auto: resume needs the grid; give the sizes the "
-            "frontier search chose (the parent run's frontier_* metrics) as a list"
-        )
-    if cfg.cluster.num_cpus is not None and cfg.cluster.num_cpus <= 0:
-        problems.append(f"cluster.num_cpus={cfg.cluster.num_cpus}: must be positive, or null")
 
-    if not (0.0 < cfg.data.val_fraction < 1.0):
-        problems.append(f"data.val_fraction={cfg.data.val_fraction}: must be between 0 and 1")
-    if cfg.data.num_samples <= 0:
-        problems.append(f"data.num_samples={cfg.data.num_samples}: must be positive")
-    if cfg.data.num_classes <= 1:
-        problems.append(f"data.num_classes={cfg.data.num_classes}: must be at least 2")
-    if cfg.data.loader_workers < 0:
-        problems.append(f"data.loader_workers={cfg.data.loader_workers}: must be >= 0")
+def _check_model_data(model: ModelConfig, data: DataConfig) -> List[str]:
+    """The built-in datasets make samples of model.input_shape: digits and cifar10 resize images to
+    it; digits and synthetic hold all of theirs in memory (cifar10 transforms each as it is read)."""
+    shape = list(model.input_shape)
+    if data._target_ or not shape or any(d <= 0 for d in shape) or sample_bytes(shape) > MAX_SAMPLE_BYTES:
+        return []  # check_model's problems
+    if data.name in ("digits", "cifar10") and len(shape) > 3:
+        return [f"model.input_shape={shape}: data={data.name} makes images, so 1 to 3 dimensions (C x H x W)"]
+    if data.name == "cifar10" and len(shape) == 3 and shape[0] not in (1, 3):
+        return [f"model.input_shape={shape}: data=cifar10 has 1 (grayscale) or 3 (RGB) channels, not {shape[0]}"]
+    samples = {"digits": DIGITS_SAMPLES, "synthetic": data.num_samples}.get(data.name, 0)
+    held, memory = samples * sample_bytes(shape), physical_memory_bytes()
+    if not memory or held <= memory:
+        return []
+    return [
+        f"model.input_shape={shape}: data={data.name} holds its {samples} samples in memory at that shape, "
+        f"{held / 2**30:,.1f} GiB, more than this machine's {memory / 2**30:,.1f} GiB: use a smaller "
+        "model.input_shape" + (" or data.num_samples" if data.name == "synthetic" else "")
+    ]
 
-    if not cfg.model.input_shape or any(d <= 0 for d in cfg.model.input_shape):
-        problems.append(
-            f"model.input_shape={list(cfg.model.input_shape)}: every dimension must be positive, "
-            "e.g. [3,32,32]"
-        )
-    if cfg.model.name == "mlp":
-        for key in ("depth", "width"):
-            if getattr(cfg.model, key) <= 0:
-                problems.append(f"model.{key}={getattr(cfg.model, key)}: must be positive")
-    return problems
+
+def sample_bytes(shape: List[int]) -> int:
+    """Bytes of one float32 sample of `shape`."""
+    return 4 * math.prod(shape)
+
+
+def physical_memory_bytes() -> Optional[int]:
+    """This machine's RAM, or None where the OS does not say (sysconf is POSIX)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 def is_auto(value: Any) -> bool:

@@ -1,13 +1,16 @@
 """The config contract: composition, typed conversion, and one clean error per bad input."""
 
+import os
 import socket
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 
 import pytest
 
+from sweeper import config
 from sweeper.config import SweeperConfig
 from sweeper.errors import ConfigError
-from tests.conftest import run_cli
+from tests.conftest import compose_cfg, run_cli
 
 
 def test_demo_experiment_composes_to_typed_config(cfg_of):
@@ -158,3 +161,69 @@ EXPERIMENTS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "con
 def test_every_experiment_file_composes_and_validates(cfg_of, name):
     cfg = cfg_of(f"+experiment={name}")
     assert cfg.sweep.micro_batch_sizes
+
+
+# --- one home for defaults, scalars as lists, every number finite ----------------------------------
+
+UNGROUPED = ("sweep", "train", "measure", "device", "frontier", "report", "tracking", "cluster", "inference",
+             "task", "profile")
+
+
+def test_the_composed_defaults_are_the_schemas_defaults():
+    """conf/config.yaml holds group choices only; were a value set there too, the two could drift."""
+    composed = config.to_typed(compose_cfg())
+    schema = SweeperConfig()
+    for section in UNGROUPED:
+        assert getattr(composed, section) == getattr(schema, section), section
+
+
+def test_one_integer_is_a_one_element_list(cfg_of):
+    cfg = cfg_of(
+        "sweep.micro_batch_sizes=64", "sweep.accumulation_steps=2", "sweep.num_workers=1",
+        "sweep.global_batch_sizes=128", "inference.batch_sizes=8", "inference.mlp_widths=512",
+    )
+    assert (cfg.sweep.micro_batch_sizes, cfg.sweep.accumulation_steps, cfg.sweep.num_workers) == ([64], [2], [1])
+    assert cfg.sweep.global_batch_sizes == [128]
+    assert (cfg.inference.batch_sizes, cfg.inference.mlp_widths) == ([8], [512])
+    assert cfg_of("sweep.micro_batch_sizes=auto", "device.memory_budget_gb=1").sweep.micro_batch_sizes == "auto"
+
+
+@pytest.mark.parametrize("override", ["sweep.micro_batch_sizes=null", "sweep.micro_batch_sizes=[16,true]",
+                                      "sweep.num_workers=[1.5]", "inference.mlp_widths={a:1}"])
+def test_what_is_neither_a_list_nor_an_integer_names_its_key(cfg_of, override):
+    with pytest.raises(ConfigError) as err:
+        cfg_of(override)
+    assert err.value.problems == [err.value.problems[0]] and err.value.problems[0].startswith(override.split("=")[0])
+
+
+# Every float setting of every section: a new one without a rule fails here.
+FLOAT_KEYS = [
+    f"{section.name}.{f.name}"
+    for section in fields(SweeperConfig) if is_dataclass(getattr(SweeperConfig(), section.name))
+    for f in fields(getattr(SweeperConfig(), section.name)) if "float" in str(f.type)
+]
+
+
+@pytest.mark.parametrize("key", FLOAT_KEYS)
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_every_float_setting_must_be_finite(cfg_of, key, value):
+    with pytest.raises(ConfigError) as err:
+        cfg_of(f"{key}={value}")
+    assert [p for p in err.value.problems if p.startswith(f"{key}=")], err.value.problems
+
+
+def test_a_sample_too_big_to_allocate_is_refused_before_anything_allocates(cfg_of):
+    with pytest.raises(ConfigError, match=r"model.input_shape=\[3, 100000, 100000\]: one float32 sample would take "
+                                          r"111.8 GiB"):
+        cfg_of("model.input_shape=[3,100000,100000]")
+    assert cfg_of("model.input_shape=[3,224,224]", "data=synthetic", "data.num_samples=16")
+
+
+def test_local_ray_cpus_and_loader_workers_are_bounded_by_this_machine(cfg_of):
+    cores = os.cpu_count()
+    with pytest.raises(ConfigError, match=f"this machine has {cores} CPUs"):
+        cfg_of(f"cluster.num_cpus={cores + 1}")
+    assert cfg_of(f"cluster.num_cpus={cores + 1}", "cluster.address=auto")  # a cluster's nodes: checked on connect
+    assert cfg_of(f"data.loader_workers={4 * cores}")
+    with pytest.raises(ConfigError, match="data.loader_workers"):
+        cfg_of(f"data.loader_workers={4 * cores + 1}")
