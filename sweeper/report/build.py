@@ -82,11 +82,34 @@ def build(
 
     rec = analysis.recommend(trials, cfg.objective, cfg.min_accuracy, budget, cfg.max_accuracy_drop)
     line = analysis.override_line(rec.best) if rec.best else None
-    yaml_path = os.path.join(folder, "recommendation.yaml")
-    with open(yaml_path, "w") as f:
-        f.write(analysis.recommendation_yaml(rec, cfg.objective, cfg.min_accuracy, budget, cfg.max_accuracy_drop))
+    yaml_path = _write_text(os.path.join(folder, "recommendation.yaml"), analysis.recommendation_yaml(
+        rec, cfg.objective, cfg.min_accuracy, budget, cfg.max_accuracy_drop))
+    images = _draw_plots(folder, trials, cfg, sweep.params, budget, rec)
+    text = recommendation_text(rec, line)
+    html = html_report.render(sweep.run_name, [_row(t) for t in sorted(trials, key=_speed, reverse=True)], images,
+                              text, _settings_shown(parent_run_id, cfg, budget_gb))
+    html_path = _write_text(os.path.join(folder, "report.html"), html)
+    if log:
+        # Only the files written here: the folder may hold others (the frontier's, logged on their own).
+        files = [yaml_path, html_path, *images.values()]
+        if variant_name is None:
+            tracker.log_report(parent_run_id, files, "report", text, line)
+        else:
+            tracker.log_report(parent_run_id, files, f"report/variants/{variant_name}")
+    return Report(folder, html_path, rec, line, yaml_path, text)
 
-    lr_label = f"LR scaling: {sweep.params.get('lr_scaling', '?')} (base {sweep.params.get('base_batch_size', '?')})"
+
+def _draw_plots(
+    folder: str,
+    trials: List[Trial],
+    cfg: ReportConfig,
+    params: Dict[str, str],
+    budget: Optional[float],
+    rec: Recommendation,
+) -> Dict[str, str]:
+    """The report's figures as `<folder>/<name>.png`, by name; a figure with nothing to show (no
+    validation accuracy) is left out."""
+    lr_label = f"LR scaling: {params.get('lr_scaling', '?')} (base {params.get('base_batch_size', '?')})"
     images: Dict[str, str] = {}
     for name, draw in (
         ("throughput_vs_micro_batch", lambda p: plots.throughput_vs_micro_batch(trials, analysis.knees(
@@ -99,33 +122,25 @@ def build(
         written = draw(os.path.join(folder, f"{name}.png"))
         if written:
             images[name] = written
+    return images
 
-    text = recommendation_text(rec, line)
-    html = html_report.render(
-        sweep.run_name,
-        [_row(t) for t in sorted(trials, key=_speed, reverse=True)],
-        images,
-        text,
-        {
-            "MLflow run": parent_run_id,
-            "objective": cfg.objective,
-            "min accuracy": "none" if cfg.min_accuracy is None else f"{cfg.min_accuracy:g}",
-            "max accuracy drop": "none" if cfg.max_accuracy_drop is None else f"{cfg.max_accuracy_drop:g}",
-            "memory budget": f"{budget_gb:g} GiB" if budget_gb else "none",
-            "knee": f"first micro-batch after which doubling gains < {cfg.knee_min_gain:.0%}",
-        },
-    )
-    html_path = os.path.join(folder, "report.html")
-    with open(html_path, "w") as f:
-        f.write(html)
-    if log:
-        # Only the files written here: the folder may hold others (the frontier's, logged on their own).
-        files = [yaml_path, html_path, *images.values()]
-        if variant_name is None:
-            tracker.log_report(parent_run_id, files, "report", text, line)
-        else:
-            tracker.log_report(parent_run_id, files, f"report/variants/{variant_name}")
-    return Report(folder, html_path, rec, line, yaml_path, text)
+
+def _settings_shown(parent_run_id: str, cfg: ReportConfig, budget_gb: Optional[float]) -> Dict[str, str]:
+    """What the page says it answered: the sweep's run and the settings the recommendation applied."""
+    return {
+        "MLflow run": parent_run_id,
+        "objective": cfg.objective,
+        "min accuracy": "none" if cfg.min_accuracy is None else f"{cfg.min_accuracy:g}",
+        "max accuracy drop": "none" if cfg.max_accuracy_drop is None else f"{cfg.max_accuracy_drop:g}",
+        "memory budget": f"{budget_gb:g} GiB" if budget_gb else "none",
+        "knee": f"first micro-batch after which doubling gains < {cfg.knee_min_gain:.0%}",
+    }
+
+
+def _write_text(path: str, text: str) -> str:
+    with open(path, "w") as f:
+        f.write(text)
+    return path
 
 
 def frontier_files(sweep_folder: str, num_workers: int, probes: List[PointResult], result: FrontierResult) -> str:
