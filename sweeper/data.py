@@ -13,9 +13,11 @@ from hydra.utils import get_method
 from torch.utils.data import Dataset, Sampler, TensorDataset
 
 from sweeper.config import DataConfig, check_factory
+from sweeper.errors import first_line
 from sweeper.plan import GridPoint, stream_indices
 
 BUILTIN = ("digits", "cifar10", "synthetic")
+FACTORY_RETURNS = "a 2-tuple (train_dataset, val_dataset or None) of datasets with len()"
 CIFAR_FOLDER = "cifar-10-batches-py"
 CIFAR_FILES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"]
 # The train/validation split of digits and synthetic data does not move with train.seed, so
@@ -33,9 +35,10 @@ class Splits:
 
 
 def check(cfg: DataConfig) -> List[str]:
-    """Problems that would stop `load(cfg, ...)`, found without loading anything."""
+    """Problems that would stop `load(cfg, ...)`: found without loading anything, except that a
+    factory of your own is called once to see what it returns."""
     if cfg._target_:
-        return check_factory("data._target_", cfg._target_, "(train_dataset, val_dataset)")
+        return check_factory("data._target_", cfg._target_, FACTORY_RETURNS) or _check_factory_result(cfg)
     if cfg.name == "custom":
         return [
             "data._target_ is not set: data=custom needs the import path of your factory, "
@@ -56,6 +59,49 @@ def check(cfg: DataConfig) -> List[str]:
                 "the folder holding cifar-10-batches-py, or set data.download=true"
             ]
     return []
+
+
+def _check_factory_result(cfg: DataConfig) -> List[str]:
+    key = f"data._target_={cfg._target_!r}"
+    try:
+        made = get_method(cfg._target_)(**cfg.kwargs)
+    except Exception as exc:  # noqa: BLE001 - whatever the user's factory raises is told in one line
+        return [
+            f"{key} raised {type(exc).__name__} ({first_line(exc)}) when called with data.kwargs="
+            f"{dict(cfg.kwargs)}: fix the factory or its kwargs"
+        ]
+    if not _pair(made):
+        return [f"{key} returned {_kind(made)}, not {FACTORY_RETURNS}: return (train, val), or (train, None)"]
+    train, val = made
+    for name, dataset in (("train", train), ("val", val)):
+        if not _map_style(dataset) and not (name == "val" and dataset is None):
+            return [
+                f"{key} returned a {name} dataset of type {type(dataset).__name__}, without len() and indexing: "
+                "return map-style datasets (a torch.utils.data.Dataset with __len__, e.g. TensorDataset)"
+            ]
+    if len(train) == 0:
+        return [f"{key} returned an empty train dataset: it needs samples to train on"]
+    if not _pair(train[0]):
+        return [
+            f"{key}: a train sample is {_kind(train[0])}, not an (input, label) pair: make the dataset's "
+            "__getitem__ return (x, label)"
+        ]
+    return []
+
+
+def _map_style(dataset: object) -> bool:
+    return hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")
+
+
+def _pair(value: object) -> bool:
+    return isinstance(value, (tuple, list)) and len(value) == 2
+
+
+def _kind(value: object) -> str:
+    """e.g. "a tuple of 3", "an int"."""
+    name = type(value).__name__
+    size = f" of {len(value)}" if isinstance(value, (tuple, list)) else ""
+    return f"{'an' if name[0].lower() in 'aeiou' else 'a'} {name}{size}"
 
 
 def load(cfg: DataConfig, input_shape: Sequence[int]) -> Splits:

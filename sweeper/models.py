@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import inspect
-from typing import Callable, List
+from typing import Any, List
 
 import torch
 from hydra.utils import get_method
 from torch import nn
 
 from sweeper.config import ModelConfig, check_factory
+from sweeper.errors import first_line
 
 
 class MLP(nn.Module):
@@ -36,10 +37,11 @@ def torchvision_names() -> List[str]:
     return sorted(torchvision.models.list_models(module=torchvision.models))
 
 
-def check(cfg: ModelConfig) -> List[str]:
-    """Problems that would stop `build(cfg, ...)`, found without building anything."""
+def check(cfg: ModelConfig, num_classes: int = 10) -> List[str]:
+    """Problems that would stop `build(cfg, num_classes)`. A factory of your own is called once, on
+    the meta device (nothing allocated), to see that it returns an nn.Module."""
     if cfg._target_:
-        return check_factory("model._target_", cfg._target_, "an nn.Module")
+        return check_factory("model._target_", cfg._target_, "an nn.Module") or _check_factory_result(cfg, num_classes)
     if cfg.name == "custom":
         return [
             "model._target_ is not set: model=custom needs the import path of your factory, "
@@ -53,16 +55,42 @@ def check(cfg: ModelConfig) -> List[str]:
     ]
 
 
+def _check_factory_result(cfg: ModelConfig, num_classes: int) -> List[str]:
+    try:
+        try:
+            with torch.device("meta"):
+                made = _call_factory(cfg, num_classes)
+        except Exception:  # noqa: BLE001 - e.g. a factory that loads weights cannot run on meta; try for real
+            made = _call_factory(cfg, num_classes)
+    except Exception as exc:  # noqa: BLE001 - whatever the user's factory raises is told in one line
+        return [
+            f"model._target_={cfg._target_!r} raised {type(exc).__name__} ({first_line(exc)}) when called with "
+            f"model.kwargs={dict(cfg.kwargs)}: fix the factory or its kwargs"
+        ]
+    return [] if isinstance(made, nn.Module) else [_not_a_module(cfg, made)]
+
+
+def _call_factory(cfg: ModelConfig, num_classes: int) -> Any:
+    factory = get_method(cfg._target_)
+    kwargs = dict(cfg.kwargs)
+    if "num_classes" not in kwargs and "num_classes" in inspect.signature(factory).parameters:
+        kwargs["num_classes"] = num_classes
+    return factory(**kwargs)
+
+
+def _not_a_module(cfg: ModelConfig, made: Any) -> str:
+    return (
+        f"model._target_={cfg._target_!r} returned {type(made).__name__}, not an nn.Module: the factory must "
+        "return the model itself (a torch.nn.Module)"
+    )
+
+
 def build(cfg: ModelConfig, num_classes: int) -> nn.Module:
     """A freshly initialized model (no pretrained weights: nothing is downloaded)."""
     if cfg._target_:
-        factory: Callable[..., nn.Module] = get_method(cfg._target_)
-        kwargs = dict(cfg.kwargs)
-        if "num_classes" not in kwargs and "num_classes" in inspect.signature(factory).parameters:
-            kwargs["num_classes"] = num_classes
-        model = factory(**kwargs)
+        model = _call_factory(cfg, num_classes)
         if not isinstance(model, nn.Module):
-            raise TypeError(f"model._target_={cfg._target_!r} returned {type(model).__name__}, not an nn.Module")
+            raise TypeError(_not_a_module(cfg, model))
         return model
     if cfg.name == "mlp":
         in_features = 1

@@ -6,6 +6,7 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from torch.utils.data import TensorDataset
 
 from sweeper import data, models
 from sweeper.config import DataConfig, MeasureConfig, ModelConfig, TrainConfig
@@ -103,3 +104,57 @@ def test_mlp_has_the_seed_003_shape():
     mlp = models.build(ModelConfig(name="mlp", input_shape=[1, 32, 32]), num_classes=10)
     linears = [m for m in mlp.modules() if isinstance(m, torch.nn.Linear)]
     assert len(linears) == 9 and linears[0].in_features == 1024 and linears[0].out_features == 1024
+
+
+# --- a factory of your own is called once by check(), before any point ------------------------------
+
+def make_not_a_model(num_classes):
+    return [torch.nn.Linear(8, num_classes)]
+
+
+def make_huge_model(num_classes):
+    return torch.nn.Linear(2**20, 2**15)  # 128 GiB of float32 weights, were they allocated
+
+
+def make_splits(n=8):
+    return TensorDataset(torch.zeros(n, 8), torch.zeros(n, dtype=torch.long)), None
+
+
+def make_too_many_splits():
+    return make_splits() + (None,)
+
+
+def make_unlabelled_splits():
+    return TensorDataset(torch.zeros(4, 8)), None
+
+
+def test_a_model_factory_must_return_a_module():
+    def cfg(target):
+        return ModelConfig(name="custom", _target_=f"tests.test_data_models.{target}")
+
+    problems = models.check(cfg("make_not_a_model"))
+    assert problems == [
+        "model._target_='tests.test_data_models.make_not_a_model' returned list, not an nn.Module: the factory "
+        "must return the model itself (a torch.nn.Module)"
+    ]
+    # Checked on the meta device: nothing is allocated for the weights.
+    assert models.check(cfg("make_huge_model")) == []
+    assert models.check(cfg("make_tiny_model")) == []
+    assert "raised TypeError" in models.check(ModelConfig(name="custom", _target_="tests.test_data_models.make_tiny_"
+                                                           "model", kwargs={"nope": 1}))[0]
+
+
+@pytest.mark.parametrize("target,says", [
+    ("make_too_many_splits", "returned a tuple of 3, not a 2-tuple (train_dataset, val_dataset or None)"),
+    ("make_unlabelled_splits", "a train sample is a tuple of 1, not an (input, label) pair"),
+    ("write_tiny_cifar10", "raised TypeError"),
+])
+def test_a_data_factory_must_return_train_and_val_datasets(target, says):
+    problems = data.check(DataConfig(name="custom", _target_=f"tests.test_data_models.{target}"))
+    assert len(problems) == 1 and problems[0].startswith("data._target_=") and says in problems[0], problems
+
+
+def test_a_data_factory_that_keeps_its_contract_passes_and_loads():
+    cfg = DataConfig(name="custom", _target_="tests.test_data_models.make_splits", kwargs={"n": 5})
+    assert data.check(cfg) == []
+    assert len(data.load(cfg, [8]).train) == 5
