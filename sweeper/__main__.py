@@ -1,50 +1,87 @@
-"""`python -m sweeper [overrides]`: compose the Hydra config, convert it once to typed objects, run."""
+"""`python -m sweeper [overrides]`: compose the Hydra config, convert it once to typed objects, run.
+
+Exit status: 0 every point ended ok or oom, 1 a point failed, 2 bad input (one `error:` line per
+problem, before Ray starts). A multirun (`-m`) exits with its worst job's status.
+"""
 
 from __future__ import annotations
 
+import os
 import sys
+from typing import List, Optional
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from sweeper import config
-from sweeper.errors import ConfigError
+from sweeper.errors import EXIT_CONFIG, EXIT_OK, ConfigError
 
 config.register()
 
-
-_composed = False
+# One entry per job that started: its exit status (None while it runs, or if it raised). Hydra's job
+# runner keeps a task's return value to itself (and a multirun runs the task once per job), so the
+# task function records it here for main().
+_jobs: List[Optional[int]] = []
 
 
 @hydra.main(config_path="pkg://sweeper.conf", config_name="config", version_base="1.3")
-def _hydra_main(cfg: DictConfig) -> None:
-    global _composed
-    _composed = True
+def _hydra_main(cfg: DictConfig) -> int:
+    _jobs.append(None)
+    _jobs[-1] = run_task(cfg)
+    return _jobs[-1]
+
+
+def run_task(cfg: DictConfig) -> int:
+    """One job, start to finish; its exit status. Returned, never sys.exit(): Hydra's job runner does
+    not catch SystemExit, so one job's exit would end a multirun before its other jobs."""
     try:
-        typed = config.to_typed(cfg)
+        typed = typed_config(cfg)
         # Each validates everything (values, model, data, store) before Ray starts.
         if typed.task == "inference":
             from sweeper.driver import inference as task
         else:
             from sweeper.driver import train as task
-
-        status = task.run(typed, OmegaConf.to_yaml(cfg, resolve=True))
+        return task.run(typed, OmegaConf.to_yaml(cfg, resolve=True))
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"error: {problem}", file=sys.stderr)
-        sys.exit(2)
-    sys.exit(status)
+        return EXIT_CONFIG
+
+
+def typed_config(cfg: DictConfig) -> config.SweeperConfig:
+    try:
+        return config.to_typed(cfg)
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever conversion refuses is bad input, told in one line
+        raise ConfigError([config.conversion_problem(exc)]) from exc
 
 
 def main() -> None:
+    _jobs.clear()
+    # Without HYDRA_FULL_ERROR, Hydra prints a composition error (an unknown key or option, a wrong
+    # type, an override that does not parse) over several lines and exits 1; with it, Hydra raises,
+    # and the error is told here as one `error:` line. A user who set it gets Hydra's traceback.
+    previous = os.environ.get("HYDRA_FULL_ERROR")
+    wants_traceback = previous == "1"
+    os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         _hydra_main()
-    except SystemExit as exc:
-        # Hydra reports a bad override or config group (e.g. model=nope) itself, without a
-        # traceback, and exits 1; that is a config error like ours, so use our exit status.
-        if exc.code == 1 and not _composed:
-            sys.exit(2)
-        raise
+    except Exception as exc:
+        # Before any job ran, Hydra was parsing or composing: bad input. After, only Hydra's and
+        # OmegaConf's own errors are (a multirun composes its jobs a batch at a time); anything else
+        # escaped a task: a bug, shown with its traceback.
+        hydra_or_omegaconf = type(exc).__module__.split(".")[0] in ("hydra", "omegaconf")
+        if wants_traceback or (_jobs and not hydra_or_omegaconf):
+            raise
+        print(f"error: {config.conversion_problem(exc)}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG)
+    finally:
+        if previous is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = previous
+    sys.exit(max((status for status in _jobs if status is not None), default=EXIT_OK))
 
 
 if __name__ == "__main__":
