@@ -1,20 +1,23 @@
 """`python -m sweeper [overrides]`: compose the Hydra config, convert it once to typed objects, run.
 
 Exit status: 0 every point ended ok or oom, 1 a point failed, 2 bad input (one `error:` line per
-problem, before Ray starts). A multirun (`-m`) exits with its worst job's status.
+problem, before Ray starts), 3 sweeper itself crashed, 130/143 interrupted by SIGINT/SIGTERM (the
+sweep's run ends KILLED). A multirun (`-m`) exits with its worst job's status; an interrupt ends it.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import traceback
 from typing import List, Optional
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from sweeper import config
-from sweeper.errors import EXIT_CONFIG, EXIT_OK, ConfigError
+from sweeper import config, tracking
+from sweeper.errors import EXIT_CONFIG, EXIT_INTERNAL, EXIT_OK, ConfigError, Interrupted, first_line
 
 config.register()
 
@@ -36,16 +39,48 @@ def run_task(cfg: DictConfig) -> int:
     not catch SystemExit, so one job's exit would end a multirun before its other jobs."""
     try:
         typed = typed_config(cfg)
+        resolved = OmegaConf.to_yaml(cfg, resolve=True)
+        if typed.tracking.uri:
+            # Credentials move to MLflow's own environment variables: the URI printed and recorded
+            # from here on has none, and Hydra's copies of the config are redacted.
+            secret = tracking.password(typed.tracking.uri)
+            typed.tracking.uri = tracking.credentials_to_environment(typed.tracking.uri)
+            if secret:
+                resolved = resolved.replace(secret, "***")
+                redact_hydra_outputs(secret)
         # Each validates everything (values, model, data, store) before Ray starts.
         if typed.task == "inference":
             from sweeper.driver import inference as task
         else:
             from sweeper.driver import train as task
-        return task.run(typed, OmegaConf.to_yaml(cfg, resolve=True))
+        return task.run(typed, resolved)
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"error: {problem}", file=sys.stderr)
         return EXIT_CONFIG
+    except Exception as exc:  # noqa: BLE001 - a bug in sweeper: its traceback, and an exit status of its own
+        traceback.print_exc()
+        print(f"error: internal: {type(exc).__name__}: {first_line(exc)} (a bug in sweeper; the sweep's run, "
+              "if it had one, is ended FAILED)", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+def redact_hydra_outputs(secret: str) -> None:
+    """Hydra saved the config (and the command line) under the run's output folder before the task
+    started: replace the secret there too."""
+    from hydra.core.hydra_config import HydraConfig
+
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.output_subdir is None:
+        return
+    folder = os.path.join(hydra_cfg.runtime.output_dir, hydra_cfg.output_subdir)
+    for name in ("config.yaml", "hydra.yaml", "overrides.yaml"):
+        path = os.path.join(folder, name)
+        if os.path.isfile(path):
+            with open(path) as f:
+                text = f.read()
+            with open(path, "w") as f:
+                f.write(text.replace(secret, "***"))
 
 
 def typed_config(cfg: DictConfig) -> config.SweeperConfig:
@@ -67,6 +102,10 @@ def main() -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         _hydra_main()
+    except Interrupted as stop:
+        sys.exit(stop.exit_status)  # the sweep said how it was left and how to finish it
+    except KeyboardInterrupt:
+        sys.exit(Interrupted(signal.SIGINT).exit_status)  # before any sweep had started
     except Exception as exc:
         # Before any job ran, Hydra was parsing or composing: bad input. After, only Hydra's and
         # OmegaConf's own errors are (a multirun composes its jobs a batch at a time); anything else

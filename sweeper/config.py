@@ -28,6 +28,13 @@ MAX_SAMPLE_BYTES = 2**30
 DIGITS_SAMPLES = 1797
 
 
+# sweep.micro_batch_sizes=auto searches under a memory budget; a CPU has no device memory to read one
+# from. Checked here for use_gpu=false, and by the driver once it knows a Ray cluster has no GPU.
+AUTO_NEEDS_BUDGET = (
+    "sweep.micro_batch_sizes=auto on CPU needs device.memory_budget_gb: the memory to plan for, "
+    "e.g. device.memory_budget_gb=16 for a 16 GB card"
+)
+
 @dataclass
 class ModelConfig:
     # A torchvision classification model name (resnet18, mobilenet_v3_small, ...), "mlp",
@@ -89,9 +96,14 @@ class SweepConfig:
     # init) is paid once per group instead of once per point. null: one group for the whole grid;
     # N: groups of at most N points; 1: a fresh worker group for every point (slowest, most isolated).
     points_per_worker_group: Optional[int] = None
-    # Finish the latest interrupted sweep (same config): Ray Tune restores its experiment, points
-    # already recorded in MLflow are not measured again, and results go to the same parent run.
+    # Finish the latest sweep of this model and data that did not finish (interrupted, crashed):
+    # checked to be the same experiment (its whole recorded config, less resume, cluster.address and
+    # report.*), its pending writes replayed, half-written point records measured again; points
+    # already recorded are not, and results go to the same parent run.
     resume: bool = False
+    # With resume: measure the points recorded `failed` again (e.g. a node that went away); their
+    # old runs are kept as sweeper.role=superseded.
+    retry_failed: bool = False
 
 
 @dataclass
@@ -202,6 +214,16 @@ class ClusterConfig:
     # A worker group whose process dies (a node lost, a worker killed) is restarted this many times;
     # points it had measured are not measured again.
     max_failures: int = 3
+    # Finite limits, so nothing waits forever. A worker group that cannot be placed (resources gone
+    # after a node loss) fails its points after this many seconds per try (Ray Train retries a start
+    # cluster.max_failures times; its own default waits forever).
+    start_timeout_seconds: float = 120.0
+    # The process group's collective timeout (torch.distributed, gloo/NCCL): a rank stuck this long
+    # in an all-reduce raises instead of holding the others.
+    collective_timeout_seconds: float = 600.0
+    # A point's time limit on a worker; past it the worker ends itself and its group restarts
+    # (null: projected from the point's own warm-up, 4x the rest and at least 5 minutes more).
+    point_timeout_seconds: Optional[float] = None
 
 
 @dataclass
@@ -362,6 +384,10 @@ def check_sweep(sweep: SweepConfig) -> List[str]:
         problems, "sweep.points_per_worker_group", sweep.points_per_worker_group, _positive,
         "must be >= 1, or null for one worker group for the whole grid",
     )
+    if sweep.retry_failed and not sweep.resume:
+        problems.append(
+            "sweep.retry_failed=true needs sweep.resume=true: it retries the failed points of a resumed sweep"
+        )
     if sweep.resume and is_auto(sweep.micro_batch_sizes):
         problems.append(
             "sweep.resume=true with sweep.micro_batch_sizes=auto: resume needs the grid; give the sizes the "
@@ -447,6 +473,8 @@ def check_cluster(cluster: ClusterConfig) -> List[str]:
             "node of the cluster with cluster.address=auto (or submit it: ray job submit -- python -m sweeper ...)"
         )
     _check(problems, "cluster.max_failures", cluster.max_failures, _not_negative, "must be >= 0 (0: no restarts)")
+    for key in ("start_timeout_seconds", "collective_timeout_seconds", "point_timeout_seconds"):
+        _check(problems, f"cluster.{key}", getattr(cluster, key), _positive, "must be a positive number of seconds")
     _check(
         problems, "cluster.dashboard_port", cluster.dashboard_port, lambda port: 1 <= port <= 65535,
         "a TCP port must be between 1 and 65535, e.g. 8265",
@@ -527,10 +555,7 @@ def check_combinations(cfg: SweeperConfig) -> List[str]:
     """Rules that join two sections."""
     problems: List[str] = []
     if is_auto(cfg.sweep.micro_batch_sizes) and cfg.device.memory_budget_gb is None and cfg.cluster.use_gpu == "false":
-        problems.append(
-            "sweep.micro_batch_sizes=auto on CPU needs device.memory_budget_gb: the memory to plan "
-            "for, e.g. device.memory_budget_gb=16 for a 16 GB card"
-        )
+        problems.append(AUTO_NEEDS_BUDGET)
     workers = cfg.sweep.num_workers if isinstance(cfg.sweep.num_workers, list) else []
     ddp = any(isinstance(w, int) and w > 1 for w in workers)
     if cfg.measure.warmup_steps == 2 and cfg.measure.memory_breakdown and ddp:

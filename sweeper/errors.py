@@ -5,12 +5,17 @@ Standard library only: the driver imports this before torch or Ray.
 
 from __future__ import annotations
 
+import signal
 from typing import List, Tuple
 
 # Exit statuses of `python -m sweeper` (README: "Bad input").
 EXIT_OK = 0
-EXIT_POINT_FAILED = 1  # the sweep ran; at least one point (or a frontier search) failed
+# The sweep ran; at least one point (or a frontier search) failed, or writes the tracking store did
+# not take are still pending in the journal.
+EXIT_POINT_FAILED = 1
 EXIT_CONFIG = 2  # bad input, found before any point ran: one `error:` line per problem
+EXIT_INTERNAL = 3  # sweeper itself crashed (a bug): the sweep's run is ended FAILED
+# Interrupted: 128 + the signal, as a shell reports it (130 for Ctrl-C, 143 for SIGTERM).
 
 
 class ConfigError(ValueError):
@@ -19,6 +24,20 @@ class ConfigError(ValueError):
     def __init__(self, problems: List[str]):
         self.problems = list(problems)
         super().__init__("\n".join(self.problems))
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM reached the driver: the sweep stops, its record ends KILLED. A BaseException,
+    like KeyboardInterrupt, so no `except Exception` on the way swallows it."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        self.name = signal.Signals(signum).name
+        super().__init__(self.name)
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + self.signum
 
 
 def first_line(exc: BaseException) -> str:

@@ -5,35 +5,37 @@ The only module that imports MLflow. The names it records are sweeper/schema.py'
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import fcntl
 import math
 import os
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+from sweeper.journal import Journal
 from sweeper.plan import GridPoint
 from sweeper.schema import FrontierResult, InferenceResult, PointResult, Record, SweepSummary
 
 MAX_BATCH = 1000  # MLflow's limit of metrics per log_batch call
+# A point's run is a sweep's record only once its identity is written, last: resume measures a
+# point again whose run lacks it (a driver killed halfway through writing it).
+IDENTITY_TAG = "sweeper.trial_key"
+# Bumped when what a sweep leaves for `sweep.resume` (Ray Tune's pickled state, the tags) changes
+# shape; a sweep of another format is refused, not half-resumed.
+RESUME_FORMAT = "2"
+RESULT_TYPES = {"point": PointResult, "inference": InferenceResult}
 
 
 def check(uri: str, must_exist: bool = False) -> List[str]:
     """Problems reaching the tracking store, found before any trial starts. `must_exist`: a SQLite
     store must already be there (reading a sweep back; MLflow would create an empty one)."""
     if uri.startswith(("http://", "https://")):
-        try:
-            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5) as reply:
-                if reply.status == 200:
-                    return []
-                reason = f"HTTP {reply.status}"
-        except (urllib.error.URLError, OSError) as exc:
-            reason = str(getattr(exc, "reason", exc))
-        return [
-            f"tracking.uri={uri!r} is unreachable ({reason}): start the server (`mlflow server "
-            "--host 127.0.0.1 --port 5000`) or set tracking.uri=null for a local SQLite store"
-        ]
+        return _check_server(uri)
     if uri.startswith("sqlite:///"):
         path = uri[len("sqlite:///"):]
         folder = os.path.dirname(path) or "."
@@ -50,6 +52,35 @@ def check(uri: str, must_exist: bool = False) -> List[str]:
     return []
 
 
+def _check_server(uri: str) -> List[str]:
+    """The server answers /health (which an authenticating server leaves open) and then an API call
+    with the credentials MLflow's client will send (MLFLOW_TRACKING_USERNAME / _PASSWORD)."""
+    base = uri.rstrip("/")
+    for path in ("/health", "/api/2.0/mlflow/experiments/search?max_results=1"):
+        request = urllib.request.Request(base + path)
+        user, secret = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
+        if user and secret:
+            token = base64.b64encode(f"{user}:{secret}".encode()).decode()
+            request.add_header("Authorization", f"Basic {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=5):
+                continue
+        except urllib.error.HTTPError as exc:
+            if exc.code in (401, 403):
+                return [
+                    f"tracking.uri={redact(uri)!r} asks for a login (HTTP {exc.code}): set MLFLOW_TRACKING_USERNAME "
+                    "and MLFLOW_TRACKING_PASSWORD (or give them in the URI, http://user:password@host)"
+                ]
+            reason = f"HTTP {exc.code}"
+        except (urllib.error.URLError, OSError) as exc:
+            reason = str(getattr(exc, "reason", exc))
+        return [
+            f"tracking.uri={redact(uri)!r} is unreachable ({reason}): start the server (`mlflow server "
+            "--host 127.0.0.1 --port 5000`) or set tracking.uri=null for a local SQLite store"
+        ]
+    return []
+
+
 @dataclass(frozen=True)
 class SweepRecord:
     """A sweep read back from MLflow: its parent run and one row per child run (params, metrics and
@@ -62,6 +93,9 @@ class SweepRecord:
 
 
 class Tracker:
+    """The sweep's record: one parent run, one child per point; writes the store cannot take go to a
+    journal (sweeper.journal) and are replayed at the end or on resume."""
+
     @classmethod
     def for_sweep(cls, uri: str, ref: str) -> "Tuple[Tracker, str]":
         """A tracker on the experiment holding sweep `ref` (a parent run id, or an experiment name
@@ -76,7 +110,7 @@ class Tracker:
                 run = client.get_run(ref)
             except MlflowException:
                 raise LookupError(
-                    f"{ref!r} is neither an experiment nor a run in {uri}: give a sweep's parent run id "
+                    f"{ref!r} is neither an experiment nor a run in {redact(uri)}: give a sweep's parent run id "
                     "or an experiment name (`mlflow ui` lists both)"
                 ) from None
             if run.data.tags.get("sweeper.role") != "sweep":
@@ -90,133 +124,167 @@ class Tracker:
             max_results=1,
         )
         if not sweeps:
-            raise LookupError(f"experiment {ref!r} holds no sweep in {uri}")
+            raise LookupError(f"experiment {ref!r} holds no sweep in {redact(uri)}")
         return cls(uri, ref), sweeps[0].info.run_id
 
-    def __init__(self, uri: str, experiment_name: str):
+    def __init__(self, uri: str, experiment_name: str, journal_dir: Optional[str] = None):
+        # A tracking server that went away would hold each write ~4 minutes in the client's retries
+        # (7 retries, backoff factor 2, 120 s a try); the journal keeps what fails, so fail fast.
+        for name, value in (("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2"), ("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1"),
+                            ("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")):
+            os.environ.setdefault(name, value)
         from mlflow.tracking import MlflowClient
 
         self.uri = uri
-        self.client = MlflowClient(tracking_uri=uri)
-        experiment = self.client.get_experiment_by_name(experiment_name)
-        self.experiment_id = (
-            experiment.experiment_id
-            if experiment is not None
-            else self.client.create_experiment(experiment_name)
-        )
+        self.journal_dir = journal_dir or default_journal_dir(uri)
+        with _store_lock(uri):
+            self.client = MlflowClient(tracking_uri=uri)
+            experiment = self.client.get_experiment_by_name(experiment_name)
+            self.experiment_id = (
+                experiment.experiment_id if experiment is not None else self.client.create_experiment(experiment_name)
+            )
         self.parent_run_id: Optional[str] = None
+        self.journal: Optional[Journal] = None
 
-    def start_sweep(self, run_name: str, params: Dict[str, Any], config_yaml: str, task: str = "train") -> str:
-        run = self.client.create_run(
-            self.experiment_id,
-            run_name=run_name,
-            # The Ray Tune experiment of the same name holds the sweep's trials: how a resume finds it.
-            tags={"sweeper.role": "sweep", "sweeper.ray_experiment": run_name, "sweeper.task": task},
-        )
-        self.parent_run_id = run.info.run_id
+    # ---------------------------------------------------------------------------------------------
+    # The parent run
+
+    def start_sweep(self, run_name: str, params: Dict[str, Any], config_yaml: str, task: str = "train",
+                    config_hash: Optional[str] = None) -> str:
+        tags = {
+            "sweeper.role": "sweep", "sweeper.task": task, "sweeper.resume_format": RESUME_FORMAT,
+            # The Ray Tune experiment of the same name holds the sweep's worker groups: how a resume finds it.
+            "sweeper.ray_experiment": run_name,
+        }
+        if config_hash:
+            tags["sweeper.config_hash"] = config_hash
+        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
+        self._attach(run.info.run_id)
         self._log_params(self.parent_run_id, params)
         self.client.log_text(self.parent_run_id, config_yaml, "config.yaml")
         return self.parent_run_id
 
-    def log_point(self, point: GridPoint, params: Dict[str, Any], result: PointResult) -> Optional[str]:
-        """One child run for the point (sweeper.role=trial); returns its id, or None if this sweep
-        already holds it (a re-delivered result is never recorded twice)."""
-        return self._log_child(point.key, "trial", params, result)
-
-    def log_probe(self, params: Dict[str, Any], result: PointResult) -> Optional[str]:
-        """One child run (sweeper.role=probe) per frontier probe: its size, measured peak and
-        breakdown, or its out-of-memory. The report and the points table leave probes out."""
-        return self._log_child(result.trial_key, "probe", params, result)
-
-    def log_inference(self, params: Dict[str, Any], result: InferenceResult) -> Optional[str]:
-        """One child run (sweeper.role=inference) per inference batch size of a model."""
-        return self._log_child(result.trial_key, "inference", params, result)
-
-    def log_parent_metrics(self, metrics: Dict[str, float]) -> None:
-        """Figures of the whole sweep that have no fixed name (e.g. a knee per model)."""
-        assert self.parent_run_id is not None, "start_sweep() first"
-        self._log_metrics(self.parent_run_id, metrics)
-
-    def log_artifacts(self, folder: str, path: str) -> None:
-        assert self.parent_run_id is not None, "start_sweep() first"
-        self.client.log_artifacts(self.parent_run_id, folder, path)
-
-    def log_frontier(self, num_workers: int, result: FrontierResult, folder: Optional[str] = None) -> None:
-        """A worker count's frontier on the parent run: `<metric>_w<workers>`, the reason as a tag,
-        and the files in `folder` (its plot and probes) as artifacts under `frontier/`."""
-        assert self.parent_run_id is not None, "start_sweep() first"
-        self._log_metrics(self.parent_run_id, result.metrics(num_workers))
-        reasons = {prefix: found.reason for prefix, found in result.searches()}
-        for prefix, name in (("frontier_", "frontier"), ("frontier_accumulating_", "frontier_accumulating")):
-            text = reasons.get(prefix) or (result.error if prefix == "frontier_" else None)
-            if text:
-                self.client.set_tag(self.parent_run_id, f"sweeper.{name}_w{num_workers}", str(text)[:5000])
-        if folder and os.path.isdir(folder):
-            self.client.log_artifacts(self.parent_run_id, folder, "frontier")
-
-    def log_sweep_params(self, params: Dict[str, Any]) -> None:
-        """Parameters known only once the sweep has started (the grid an auto search derived)."""
-        assert self.parent_run_id is not None, "start_sweep() first"
-        self._log_params(self.parent_run_id, params)
-
-    def _log_child(self, key: str, role: str, params: Dict[str, Any], result: Record) -> Optional[str]:
-        assert self.parent_run_id is not None, "start_sweep() first"
-        if self._existing_child(key):
-            return None
-        status = result.get("status") or "failed"
-        tags = {
-            "mlflow.parentRunId": self.parent_run_id,
-            "sweeper.role": role,
-            "sweeper.status": status,
-            "sweeper.trial_key": key,
-            **result.tags(),
-        }
-        oom = getattr(result, "oom_source", None)
-        if oom:
-            tags["sweeper.oom"] = oom
-        # The point's own start and end in its worker, not the moment the driver logs it: the
-        # runs table's Duration column then shows how long the point ran (it read ~20 ms).
-        started, seconds = result.get("started_at"), result.get("trial_seconds")
-        start_ms = None if started is None else int(started * 1000)
-        end_ms = None if started is None or seconds is None else int((started + seconds) * 1000)
-        run = self.client.create_run(self.experiment_id, run_name=key, tags=tags, start_time=start_ms)
-        run_id = run.info.run_id
-        self._log_params(run_id, params)
-        self._log_metrics(run_id, result.metrics(), result.series())
-        trace = getattr(result, "profile_trace_dir", None)
-        if trace and os.path.isdir(trace):
-            # A torch.profiler Chrome trace: open in Perfetto or TensorBoard's profiler plugin.
-            self.client.log_artifacts(run_id, trace, "profile")
-        self.client.set_terminated(run_id, "FAILED" if status == "failed" else "FINISHED", end_time=end_ms)
-        return run_id
-
-    def find_sweep(self, ray_experiment: str) -> Optional[str]:
+    def find_sweep(self, ray_experiment: str) -> Optional[Any]:
         """The parent run of the sweep whose Ray Tune experiment is `ray_experiment`, if recorded."""
         runs = self.client.search_runs(
             [self.experiment_id],
             filter_string=f"tags.`sweeper.ray_experiment` = '{ray_experiment}'",
             max_results=1,
         )
-        return runs[0].info.run_id if runs else None
+        return runs[0] if runs else None
 
-    def resume_sweep(self, run_id: str) -> Dict[str, str]:
-        """Record into an interrupted sweep's parent run again; returns its params."""
-        self.parent_run_id = run_id
+    def recorded_config(self, run_id: str) -> Optional[str]:
+        """The resolved config a sweep recorded (its `config.yaml` artifact), or None."""
+        import mlflow.artifacts
+
+        try:
+            return mlflow.artifacts.load_text(f"runs:/{run_id}/config.yaml")
+        except Exception:  # noqa: BLE001 - a sweep without its config cannot be checked: the caller refuses it
+            return None
+
+    def resume_sweep(self, run_id: str) -> Tuple[int, int]:
+        """Record into an interrupted sweep's parent run again (after the caller checked it is the
+        same sweep): its journal replayed, its half-written points ended KILLED. Returns (journal
+        writes replayed, points found half-written)."""
+        self._attach(run_id)
         self.client.update_run(run_id, status="RUNNING")
-        return dict(self.client.get_run(run_id).data.params)
+        replayed, _ = self.replay()
+        return replayed, self.reconcile()
+
+    def reconcile(self) -> int:
+        """End the children a killed driver left RUNNING: complete ones (their identity was written,
+        last) as their status says, half-written ones KILLED, so resume measures those again.
+        Returns how many were half-written."""
+        half = 0
+        for run in self.children():
+            if run.info.status != "RUNNING":
+                continue
+            tags = run.data.tags
+            if IDENTITY_TAG in tags:
+                failed = tags.get("sweeper.status") == "failed"
+                self.client.set_terminated(run.info.run_id, "FAILED" if failed else "FINISHED")
+            else:
+                half += 1
+                self.client.set_tag(run.info.run_id, "sweeper.incomplete", "true")
+                self.client.set_terminated(run.info.run_id, "KILLED")
+        return half
+
+    def log_sweep_params(self, params: Dict[str, Any]) -> None:
+        """Parameters known only once the sweep has started (the grid an auto search derived)."""
+        self._journaled("sweep_params", {"params": params})
+
+    def log_parent_metrics(self, metrics: Dict[str, float]) -> None:
+        """Figures of the whole sweep that have no fixed name (e.g. a knee per model)."""
+        self._journaled("parent_metrics", {"metrics": metrics})
+
+    def log_artifacts(self, folder: str, path: str) -> None:
+        self._journaled("artifacts", {"folder": folder, "path": path})
+
+    def log_frontier(self, num_workers: int, result: FrontierResult, folder: Optional[str] = None) -> None:
+        """A worker count's frontier on the parent run: `<metric>_w<workers>`, the reason as a tag,
+        and the files in `folder` (its plot and probes) as artifacts under `frontier/`."""
+        self._journaled("frontier", {"num_workers": num_workers, "result": result.to_flat(), "folder": folder})
+
+    def end_sweep(self, summary: SweepSummary, status: str) -> Tuple[int, int]:
+        """The sweep's closing figures and its end, FINISHED | FAILED | KILLED, after the journal's
+        writes; returns (replayed, still pending). With writes still pending the parent is left as it
+        is: a later resume replays them and ends it."""
+        if self.parent_run_id is None:
+            return 0, 0
+        replayed, pending = self.replay()
+        self._journaled("end", {"summary": summary.to_flat(), "status": status})
+        return replayed, (self.journal.pending if self.journal else pending)
+
+    def replay(self) -> Tuple[int, int]:
+        if self.journal is None:
+            return 0, 0
+        return self.journal.replay(self._apply)
+
+    @property
+    def pending(self) -> int:
+        return self.journal.pending if self.journal else 0
+
+    # ---------------------------------------------------------------------------------------------
+    # Child runs
+
+    def log_point(self, point: GridPoint, params: Dict[str, Any], result: PointResult,
+                  replace_failed: bool = False) -> Optional[str]:
+        """One child run for the point (sweeper.role=trial); returns its id, or None if this sweep
+        already holds it (a re-delivered result is never recorded twice) or the store could not take
+        it now (it is in the journal). `replace_failed`: a point recorded failed is recorded again,
+        its old run kept as sweeper.role=superseded."""
+        return self._child(point.key, "trial", params, result, replace_failed)
+
+    def log_probe(self, params: Dict[str, Any], result: PointResult) -> Optional[str]:
+        """One child run (sweeper.role=probe) per frontier probe: its size, measured peak and
+        breakdown, or its out-of-memory. The report and the points table leave probes out."""
+        return self._child(result.trial_key, "probe", params, result)
+
+    def log_inference(self, params: Dict[str, Any], result: InferenceResult) -> Optional[str]:
+        """One child run (sweeper.role=inference) per inference batch size of a model."""
+        return self._child(result.trial_key, "inference", params, result)
 
     def recorded_keys(self) -> List[str]:
-        """Trial keys this sweep already holds (ok, oom or failed alike: each is recorded once)."""
-        trials = [r for r in self.children() if r.data.tags.get("sweeper.role") == "trial"]
-        return [r.data.tags.get("sweeper.trial_key") for r in trials]
+        """Keys of the points this sweep holds complete (ok, oom or failed alike: each once)."""
+        return [r.data.tags[IDENTITY_TAG] for r in self.children()
+                if r.data.tags.get("sweeper.role") == "trial" and IDENTITY_TAG in r.data.tags]
 
-    def end_sweep(self, summary: SweepSummary, failed: bool) -> None:
-        if self.parent_run_id is None:
-            return
-        self._log_metrics(self.parent_run_id, summary.metrics())
-        self.client.set_terminated(self.parent_run_id, "FAILED" if failed else "FINISHED")
+    def failed_keys(self) -> List[str]:
+        return [r.data.tags[IDENTITY_TAG] for r in self.children() if r.data.tags.get("sweeper.role") == "trial"
+                and r.data.tags.get("sweeper.status") == "failed" and IDENTITY_TAG in r.data.tags]
+
+    def children(self) -> List[Any]:
+        return self.client.search_runs(
+            [self.experiment_id],
+            filter_string=f"tags.mlflow.parentRunId = '{self.parent_run_id}'",
+            max_results=10_000,
+        )
+
+    # ---------------------------------------------------------------------------------------------
+    # Reading a sweep back
 
     def load_sweep(self, parent_run_id: str) -> SweepRecord:
+        """The sweep's parent and its complete points (half-written runs are not a record)."""
         parent = self.client.get_run(parent_run_id)
         runs = self.client.search_runs(
             [parent.info.experiment_id],
@@ -226,11 +294,11 @@ class Tracker:
         children = []
         for run in runs:
             tags = run.data.tags
-            if tags.get("sweeper.role") != "trial":
+            if tags.get("sweeper.role") != "trial" or IDENTITY_TAG not in tags:
                 continue
             row: Dict[str, Any] = {**run.data.params, **run.data.metrics}
             row.update({k: v for k, v in tags.items() if k.startswith("sweeper.")})
-            row["key"] = tags.get("sweeper.trial_key", run.info.run_name)
+            row["key"] = tags[IDENTITY_TAG]
             row["status"] = tags.get("sweeper.status", "failed")
             children.append(row)
         return SweepRecord(parent_run_id, parent.info.run_name, dict(parent.data.params), children)
@@ -253,28 +321,110 @@ class Tracker:
         if override_line:
             self.client.set_tag(run_id, "sweeper.recommended_overrides", override_line)
 
-    def children(self) -> List[Any]:
-        return self.client.search_runs(
-            [self.experiment_id],
-            filter_string=f"tags.mlflow.parentRunId = '{self.parent_run_id}'",
-            max_results=10_000,
-        )
+    # ---------------------------------------------------------------------------------------------
+    # Writing, through the journal
 
-    def _existing_child(self, key: str) -> bool:
+    def _attach(self, run_id: str) -> None:
+        self.parent_run_id = run_id
+        self.journal = Journal(self.journal_dir, run_id)
+
+    def _journaled(self, kind: str, args: Dict[str, Any]) -> Any:
+        assert self.journal is not None, "start_sweep() or resume_sweep() first"
+        return self.journal.write(kind, args, lambda: self._apply(kind, args))[1]
+
+    def _apply(self, kind: str, args: Dict[str, Any]) -> Any:
+        return getattr(self, f"_write_{kind}")(**args)
+
+    def _child(self, key: str, role: str, params: Dict[str, Any], result: Record, replace_failed: bool = False
+               ) -> Optional[str]:
+        kind = "inference" if isinstance(result, InferenceResult) else "point"
+        return self._journaled("child", {"key": key, "role": role, "params": params, "result": result.to_flat(),
+                                         "record": kind, "replace_failed": replace_failed})
+
+    def _write_child(self, key: str, role: str, params: Dict[str, Any], result: Dict[str, Any], record: str,
+                     replace_failed: bool) -> Optional[str]:
+        """Create the run, write its params, metrics and artifacts, then its identity and status (the
+        mark of a complete record), then end it."""
+        parent = self.parent_run_id
+        existing = self._existing_child(key)
+        if existing is not None:
+            if not (replace_failed and existing.data.tags.get("sweeper.status") == "failed"):
+                return None
+            # Superseded first: a driver killed between the two writes leaves the point unrecorded
+            # (measured again on resume), never recorded twice.
+            self.client.set_tag(existing.info.run_id, "sweeper.role", "superseded")
+        typed = RESULT_TYPES[record].from_flat(result)
+        status = typed.status or "failed"
+        # The point's own start and end in its worker, not the moment the driver logs it: the
+        # runs table's Duration column then shows how long the point ran (it read ~20 ms).
+        started, seconds = typed.get("started_at"), typed.get("trial_seconds")
+        start_ms = None if started is None else int(started * 1000)
+        end_ms = None if started is None or seconds is None else int((started + seconds) * 1000)
+        run = self.client.create_run(self.experiment_id, run_name=key, start_time=start_ms,
+                                     tags={"mlflow.parentRunId": parent, "sweeper.role": role})
+        run_id = run.info.run_id
+        self._log_params(run_id, params)
+        self._log_metrics(run_id, typed.metrics(), typed.series())
+        trace = getattr(typed, "profile_trace_dir", None)
+        if trace and os.path.isdir(trace):
+            # A torch.profiler Chrome trace: open in Perfetto or TensorBoard's profiler plugin.
+            self.client.log_artifacts(run_id, trace, "profile")
+        identity = {**typed.tags(), "sweeper.status": status, IDENTITY_TAG: key}
+        oom = getattr(typed, "oom_source", None)
+        if oom:
+            identity["sweeper.oom"] = oom
+        self._log_tags(run_id, identity)
+        self.client.set_terminated(run_id, "FAILED" if status == "failed" else "FINISHED", end_time=end_ms)
+        return run_id
+
+    def _write_sweep_params(self, params: Dict[str, Any]) -> None:
+        self._log_params(self.parent_run_id, params)
+
+    def _write_parent_metrics(self, metrics: Dict[str, float]) -> None:
+        self._log_metrics(self.parent_run_id, metrics)
+
+    def _write_artifacts(self, folder: str, path: str) -> None:
+        self.client.log_artifacts(self.parent_run_id, folder, path)
+
+    def _write_frontier(self, num_workers: int, result: Dict[str, Any], folder: Optional[str]) -> None:
+        found = FrontierResult.from_flat(result)
+        self._log_metrics(self.parent_run_id, found.metrics(num_workers))
+        reasons = {prefix: search.reason for prefix, search in found.searches()}
+        tags = {}
+        for prefix, name in (("frontier_", "frontier"), ("frontier_accumulating_", "frontier_accumulating")):
+            text = reasons.get(prefix) or (found.error if prefix == "frontier_" else None)
+            if text:
+                tags[f"sweeper.{name}_w{num_workers}"] = str(text)[:5000]
+        self._log_tags(self.parent_run_id, tags)
+        if folder and os.path.isdir(folder):
+            self.client.log_artifacts(self.parent_run_id, folder, "frontier")
+
+    def _write_end(self, summary: Dict[str, Any], status: str) -> None:
+        self._log_metrics(self.parent_run_id, SweepSummary.from_flat(summary).metrics())
+        self.client.set_terminated(self.parent_run_id, status)
+
+    def _existing_child(self, key: str) -> Optional[Any]:
+        """This sweep's complete run of `key`, if it holds one (superseded runs are not)."""
         runs = self.client.search_runs(
             [self.experiment_id],
             filter_string=(
-                f"tags.mlflow.parentRunId = '{self.parent_run_id}' "
-                f"and tags.`sweeper.trial_key` = '{key}'"
+                f"tags.mlflow.parentRunId = '{self.parent_run_id}' and tags.`{IDENTITY_TAG}` = '{key}' "
+                "and tags.`sweeper.role` != 'superseded'"
             ),
             max_results=1,
         )
-        return bool(runs)
+        return runs[0] if runs else None
 
     def _log_params(self, run_id: str, params: Dict[str, Any]) -> None:
         from mlflow.entities import Param
 
         self.client.log_batch(run_id, params=[Param(k, str(v)) for k, v in params.items()])
+
+    def _log_tags(self, run_id: str, tags: Dict[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        if tags:
+            self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
 
     def _log_metrics(
         self, run_id: str, values: Dict[str, float], series: Optional[Dict[str, List[float]]] = None
@@ -287,3 +437,60 @@ class Tracker:
         metrics += [Metric(name, float(v), now, i) for name, vs in (series or {}).items() for i, v in enumerate(vs)]
         for begin in range(0, len(metrics), MAX_BATCH):
             self.client.log_batch(run_id, metrics=metrics[begin : begin + MAX_BATCH])
+
+
+def default_journal_dir(uri: str) -> str:
+    """Beside the store: `<store folder>/.sweeper/journal` for SQLite or a file store, else
+    `./.sweeper/journal`."""
+    return os.path.join(store_folder(uri), ".sweeper", "journal")
+
+
+def store_folder(uri: str) -> str:
+    """The folder a local store lives in (its reports and journal go beside it); `.` for a server."""
+    if uri.startswith("sqlite:///"):
+        return os.path.dirname(uri[len("sqlite:///"):]) or "."
+    if uri.startswith("file://"):
+        return os.path.dirname(uri[len("file://"):].rstrip("/")) or "."
+    return "."
+
+
+@contextlib.contextmanager
+def _store_lock(uri: str) -> Iterator[None]:
+    """Creating a fresh SQLite store is not safe from two processes at once (one dies with `table
+    params already exists`): hold a file lock beside it while the first client creates it."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    with open(uri[len("sqlite:///"):] + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def password(uri: str) -> Optional[str]:
+    return urllib.parse.urlsplit(uri).password
+
+
+def credentials_to_environment(uri: str) -> str:
+    """`http://user:password@host` -> `http://host`, the user and password moved to MLflow's own
+    MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD: the client would otherwise print the password
+    in its "View run at" lines and errors. Other URIs are returned as they are."""
+    parts = urllib.parse.urlsplit(uri)
+    if parts.username is None:
+        return uri
+    os.environ["MLFLOW_TRACKING_USERNAME"] = urllib.parse.unquote(parts.username)
+    if parts.password is not None:
+        os.environ["MLFLOW_TRACKING_PASSWORD"] = urllib.parse.unquote(parts.password)
+    netloc = parts.hostname + (f":{parts.port}" if parts.port else "")
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def redact(uri: str) -> str:
+    """The URI with any password replaced by ***, for printing and recording."""
+    parts = urllib.parse.urlsplit(uri)
+    if parts.password is None:
+        return uri
+    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))

@@ -131,7 +131,7 @@ def test_compose_has_the_cluster_the_issue_needs():
     head_cmd = _command_text(head)
     assert "ray start" in head_cmd and "--head" in head_cmd
     published = {str(p).rsplit(":", 1)[-1] for p in head["ports"]}
-    assert {"8265", "6379", "10001"} <= published
+    assert {"8265", "6379"} <= published and "10001" not in published  # Ray Client: unused, unpublished
 
     worker = services["ray-worker"]
     assert "--address=ray-head:6379" in _command_text(worker)
@@ -168,9 +168,47 @@ def test_compose_keeps_secrets_out_of_the_file():
     assert services["postgres"]["environment"]["POSTGRES_PASSWORD"].startswith("${POSTGRES_PASSWORD:?")
     for name in ("ray-head", "ray-worker", "sweeper"):
         assert services[name]["environment"]["RAY_AUTH_TOKEN"].startswith("${RAY_AUTH_TOKEN:?")
+    assert services["mlflow"]["environment"]["MLFLOW_AUTH_ADMIN_PASSWORD"].startswith("${MLFLOW_TRACKING_PASSWORD:?")
+    assert services["sweeper"]["environment"]["MLFLOW_TRACKING_PASSWORD"].startswith("${MLFLOW_TRACKING_PASSWORD:?")
     example = (DOCKER / ".env.example").read_text()
-    assert "RAY_AUTH_TOKEN=CHANGE-ME" in example and "POSTGRES_PASSWORD=CHANGE-ME" in example
+    for secret in ("RAY_AUTH_TOKEN", "POSTGRES_PASSWORD", "MLFLOW_TRACKING_PASSWORD"):
+        assert f"{secret}=CHANGE-ME" in example
     assert ".env" in (DOCKER / ".gitignore").read_text().split()
+
+
+def test_mlflow_serves_runs_and_artifacts_only_to_a_login():
+    mlflow = _compose()["services"]["mlflow"]
+    assert "--app-name=basic-auth" in _command_text(mlflow)
+    config_path = mlflow["environment"]["MLFLOW_AUTH_CONFIG_PATH"]
+    mounted = {v.split(":")[1]: v.split(":")[0] for v in mlflow["volumes"]}
+    ini = (DOCKER / mounted[config_path]).read_text()
+    settings = dict(line.split(" = ", 1) for line in ini.splitlines() if " = " in line and not line.startswith("#"))
+    assert settings["default_permission"] == "NO_PERMISSIONS"  # nothing without a login
+    users_db = settings["database_uri"].removeprefix("sqlite:///")
+    assert any(users_db.startswith(path + "/") for path in mounted if path.startswith("/mlauth"))  # kept on a volume
+    assert "admin_password" not in settings  # the password comes from docker/.env only
+
+
+def _guarded_services() -> dict:
+    """Services whose environment takes a secret from docker/.env."""
+    return {name: s for name, s in _compose()["services"].items()
+            if any(":?" in str(v) for v in (s.get("environment") or {}).values())}
+
+
+@pytest.mark.parametrize("value,refused", [("CHANGE-ME", True), ("3f9a0c", False)])
+def test_every_service_with_a_secret_refuses_the_placeholder_at_start(value, refused):
+    services = _guarded_services()
+    assert set(services) == {"ray-head", "ray-worker", "postgres", "mlflow", "sweeper"}
+    for name, service in services.items():
+        entrypoint = service["entrypoint"]
+        script = entrypoint[2].replace("$$", "$")  # Compose's escape for a literal $
+        if name == "sweeper":  # its guard opens a script that then joins the cluster
+            script = script[: script.index("fi;") + 3] + ' exec "$@"'
+
+        run = subprocess.run(["sh", "-c", script, "guard", "true"], env={"PATH": "/usr/bin:/bin", "SECRET": value},
+                             capture_output=True, text=True)
+        assert (run.returncode != 0) == refused, (name, run.stderr)
+        assert ("CHANGE-ME placeholder" in run.stderr) == refused, name
 
 
 # ---- Ray cluster launcher ----

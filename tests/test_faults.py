@@ -1,5 +1,7 @@
 """Clusters and what they do to a sweep, for real: a 2-node Ray cluster on this machine, a worker
-process killed with SIGKILL mid-trial, and the sweep's driver killed mid-sweep then resumed."""
+process killed with SIGKILL mid-point, the sweep's driver killed, interrupted (SIGINT, SIGTERM) and
+resumed, a tracking server that goes away mid-sweep, and a rank that stalls forever. After each:
+nothing recorded twice, nothing lost, no run left RUNNING."""
 
 import os
 import signal
@@ -12,6 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
 from mlflow.tracking import MlflowClient
 
 from tests.conftest import run_cli
@@ -29,18 +32,26 @@ COMMON = ["data=digits", "train.epochs=1", "measure.flops=false", "cluster.inclu
 THREE_POINTS = ["sweep.micro_batch_sizes=[8,16,32]", "sweep.accumulation_steps=[1]", "sweep.num_workers=[1]"]
 
 
-def _runs(tmp_path):
+def _runs(tmp_path, uri=None):
+    """The sweeps' parent runs and their complete points (a half-written run is not a point)."""
     db = tmp_path / "mlflow.db"
-    if not db.exists():
+    if uri is None and not db.exists():
         return [], []
-    client = MlflowClient(f"sqlite:///{db}")
+    client = MlflowClient(uri or f"sqlite:///{db}")
     exp = client.get_experiment_by_name("sweeper")
     if exp is None:
         return [], []
     runs = client.search_runs([exp.experiment_id], max_results=1000)
     parents = [r for r in runs if r.data.tags.get("sweeper.role") == "sweep"]
-    trials = [r for r in runs if r.data.tags.get("sweeper.role") == "trial"]
-    return parents, trials
+    points = [r for r in runs if r.data.tags.get("sweeper.role") == "trial" and "sweeper.trial_key" in r.data.tags]
+    return parents, points
+
+
+def _nothing_running(tmp_path, uri=None):
+    client = MlflowClient(uri or f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("sweeper")
+    return [r.info.run_name for r in client.search_runs([exp.experiment_id], max_results=1000)
+            if r.info.status == "RUNNING"] == []
 
 
 def _start(tmp_path, *overrides):
@@ -55,10 +66,12 @@ def _start(tmp_path, *overrides):
 
 
 def _recorded_trials(tmp_path) -> int:
-    # Plain SQL, read-only: an MLflow client here would race the sweep's own schema migration.
+    # Plain SQL, read-only: an MLflow client here would race the sweep's own schema migration. A point
+    # is recorded once its identity tag is written, last.
     try:
         with sqlite3.connect(f"file:{tmp_path / 'mlflow.db'}?mode=ro", uri=True) as db:
-            return db.execute("select count(*) from tags where key='sweeper.role' and value='trial'").fetchone()[0]
+            return db.execute("select count(*) from tags where key='sweeper.trial_key' and value like 'mb%'"
+                              ).fetchone()[0]
     except sqlite3.Error:
         return 0
 
@@ -151,4 +164,201 @@ def test_a_killed_sweep_resumes_under_the_same_run_without_rerunning_what_was_re
 def test_resume_with_nothing_to_resume_is_a_clean_error(tmp_path):
     result = run_cli(*TINY_MLP, *COMMON, "sweep.resume=true", cwd=tmp_path, timeout=300)
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1].startswith("error: sweep.resume=true: no interrupted sweep")
+    assert result.stderr.strip().splitlines()[-1].startswith("error: sweep.resume=true: no unfinished sweep")
+
+
+POINT_KEYS = Counter({"mb8-acc1-w1": 1, "mb16-acc1-w1": 1, "mb32-acc1-w1": 1})
+
+
+def _interrupt(tmp_path, overrides, signum, after_points, env=None):
+    """Start a sweep, send `signum` to its driver once `after_points` points are recorded (0: as
+    soon as it has started measuring); its output and exit status."""
+    proc = _start(tmp_path, *overrides)
+    try:
+        if after_points:
+            _wait_for_trials(tmp_path, proc, after_points)
+        else:
+            _wait_for_output_dir(tmp_path, proc)
+        proc.send_signal(signum)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return output, proc.returncode
+
+
+def _wait_for_output_dir(tmp_path, proc, timeout=300):
+    """Until the sweep's worker groups have started (Ray Tune made its experiment folder)."""
+    deadline = time.time() + timeout
+    results = tmp_path / ".sweeper" / "ray" / "results"
+    while time.time() < deadline:
+        if results.exists() and any(results.iterdir()):
+            time.sleep(3)  # into its first point
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"the sweep ended early:\n{proc.stdout.read()[-3000:]}")
+        time.sleep(0.5)
+    raise AssertionError("timed out waiting for the sweep to start")
+
+
+@pytest.mark.parametrize("signum,after_points", [(signal.SIGINT, 1), (signal.SIGTERM, 0)], ids=["sigint-mid-grid",
+                                                                                           "sigterm-first-point"])
+def test_an_interrupted_sweep_ends_killed_and_its_resume_loses_and_repeats_nothing(tmp_path, signum, after_points):
+    overrides = [*SLEEPY, *COMMON, *THREE_POINTS]
+    output, status = _interrupt(tmp_path, overrides, signum, after_points)
+    assert status == 128 + signum, output[-3000:]
+    assert "sweep.resume=true" in output and "Traceback" not in output
+    parents, before = _runs(tmp_path)
+    assert len(parents) == 1 and parents[0].info.status == "KILLED"
+    assert len(before) < 3 and "sweeper.recommendation" not in parents[0].data.tags  # no answer claimed
+    assert _nothing_running(tmp_path)
+
+    result = run_cli(*overrides, "sweep.resume=true", cwd=tmp_path, env=ENV)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    parents, points = _runs(tmp_path)
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    assert Counter(t.data.tags["sweeper.trial_key"] for t in points) == POINT_KEYS
+    assert all(t.data.tags["sweeper.status"] == "ok" for t in points)
+    assert parents[0].data.metrics["num_trials_ok"] == 3 and _nothing_running(tmp_path)
+
+
+def test_a_finished_or_other_sweep_is_never_resumed_and_a_refusal_changes_nothing(tmp_path):
+    overrides = [*TINY_MLP, *COMMON, "sweep.micro_batch_sizes=[16]", "sweep.accumulation_steps=[1]"]
+    output, status = _interrupt(tmp_path, overrides, signal.SIGINT, 0)
+    assert status == 130, output[-3000:]
+    (killed,), _ = _runs(tmp_path)
+    other = run_cli(*overrides, "train.lr=0.2", "sweep.resume=true", cwd=tmp_path, env=ENV, timeout=300)
+    assert other.returncode == 2 and "Traceback" not in other.stderr
+    assert "train.lr: 0.05 -> 0.2" in other.stderr  # the differing key named, values both ways
+    (still,), _ = _runs(tmp_path)
+    assert still.info.status == "KILLED" and still.data.metrics == killed.data.metrics  # untouched
+    assert run_cli(*overrides, "sweep.resume=true", cwd=tmp_path, env=ENV).returncode == 0
+    again = run_cli(*overrides, "sweep.resume=true", cwd=tmp_path, env=ENV, timeout=300)
+    assert again.returncode == 2 and "finished" in again.stderr  # a FINISHED sweep is not resumed
+
+
+def test_interrupting_the_frontier_search_or_an_inference_sweep_ends_it_killed(tmp_path):
+    frontier = tmp_path / "frontier"
+    frontier.mkdir()
+    output, status = _interrupt(frontier, [*TINY_MLP, *COMMON, "sweep.micro_batch_sizes=auto",
+                                           "device.memory_budget_gb=0.01"], signal.SIGINT, 0)
+    assert status == 130 and "Traceback" not in output, output[-3000:]
+    (parent,), _ = _runs(frontier)
+    assert parent.info.status == "KILLED" and _nothing_running(frontier)
+
+    inference = tmp_path / "inference"
+    inference.mkdir()
+    output, status = _interrupt(inference, ["+experiment=inference_batch", "model.depth=2", "model.width=64",
+                                            "inference.batch_sizes=[1,2,4,8,16,32,64,128]", "inference.timed_runs=2000",
+                                            "cluster.include_dashboard=false"], signal.SIGTERM, 0)
+    assert status == 143 and "Traceback" not in output, output[-3000:]
+    (parent,), _ = _runs(inference)
+    assert parent.info.status == "KILLED" and _nothing_running(inference)
+
+
+def test_a_second_ctrl_c_stops_at_once(tmp_path):
+    proc = _start(tmp_path, *SLEEPY, *COMMON, *THREE_POINTS)
+    try:
+        _wait_for_output_dir(tmp_path, proc)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=10)  # no cleanup waited for: it ended within seconds
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130
+
+
+class Stalls(torch.nn.Module):
+    """A model whose forward never returns on a 16-sample micro-batch: a rank stalled without dying
+    (a hung DataLoader, NFS, GPU), simulated."""
+
+    def __init__(self, num_classes):
+        super().__init__()
+        self.linear = torch.nn.Linear(64, num_classes)
+
+    def forward(self, x):
+        while x.shape[0] == 16 and self.training:
+            time.sleep(1)
+        return self.linear(x.flatten(1))
+
+
+def test_a_rank_that_stalls_forever_fails_its_point_at_the_deadline_and_the_others_are_measured(tmp_path):
+    result = run_cli(
+        "model=custom", "model._target_=tests.test_faults.Stalls", "model.input_shape=[1,8,8]", *COMMON,
+        *THREE_POINTS, "measure.memory_breakdown=false", "cluster.point_timeout_seconds=15",
+        cwd=tmp_path, env=ENV, timeout=600,
+    )
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]  # a point failed
+    parents, points = _runs(tmp_path)
+    status = {t.data.tags["sweeper.trial_key"]: t.data.tags["sweeper.status"] for t in points}
+    assert status == {"mb8-acc1-w1": "ok", "mb16-acc1-w1": "failed", "mb32-acc1-w1": "ok"}
+    error = next(t.data.tags["sweeper.error"] for t in points if t.data.tags["sweeper.trial_key"] == "mb16-acc1-w1")
+    assert "ended its worker group 2 times" in error
+    assert parents[0].info.status == "FAILED" and _nothing_running(tmp_path)
+
+
+def _mlflow_server(tmp_path, port):
+    return subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
+         "--default-artifact-root", str(tmp_path / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
+         "--workers", "1"],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+
+
+def _wait_healthy(uri, timeout=120):
+    import urllib.request
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(f"{uri}/health", timeout=2) as reply:
+                if reply.status == 200:
+                    return
+        except OSError:
+            time.sleep(1)
+    raise AssertionError("the mlflow server did not come up")
+
+
+def _stop(server):
+    os.killpg(server.pid, signal.SIGTERM)
+    server.wait(timeout=60)
+
+
+def test_a_tracking_server_that_goes_away_mid_sweep_loses_nothing(tmp_path):
+    from tests.conftest import free_port
+
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    overrides = [*SLEEPY, *COMMON, *THREE_POINTS, f"tracking.uri={uri}"]
+    server = _mlflow_server(tmp_path, port)
+    journal = tmp_path / ".sweeper" / "journal"
+    try:
+        _wait_healthy(uri)
+        proc = _start(tmp_path, *overrides)
+        try:
+            _wait_for_output_dir(tmp_path, proc)
+            _stop(server)  # gone while the first point runs, and for the rest of the sweep
+            output, _ = proc.communicate(timeout=600)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        # Every point was measured; their writes wait in the journal, and the sweep says so.
+        assert proc.returncode == 1 and "Traceback" not in output, output[-3000:]
+        assert "kept in" in output and "sweep.resume=true" in output
+        assert journal.exists() and any(journal.iterdir())
+
+        server = _mlflow_server(tmp_path, port)
+        _wait_healthy(uri)
+        result = run_cli(*overrides, "sweep.resume=true", cwd=tmp_path, env=ENV)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        assert "recorded now" in result.stdout  # the journal's writes, replayed
+        parents, points = _runs(tmp_path, uri)
+        assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+        assert Counter(t.data.tags["sweeper.trial_key"] for t in points) == POINT_KEYS
+        assert _nothing_running(tmp_path, uri) and not any(journal.iterdir())
+    finally:
+        if server.poll() is None:
+            _stop(server)

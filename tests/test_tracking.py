@@ -18,7 +18,7 @@ def test_a_point_is_a_nested_child_and_is_never_recorded_twice(tmp_path):
     first = tracker.log_point(point, {"micro_batch_size": 8}, result)
     again = tracker.log_point(point, {"micro_batch_size": 8}, result)  # e.g. a re-delivered result
     assert first is not None and again is None
-    tracker.end_sweep(SweepSummary(num_trials_ok=1, num_trials_oom=0, num_trials_failed=0), failed=False)
+    tracker.end_sweep(SweepSummary(num_trials_ok=1, num_trials_oom=0, num_trials_failed=0), "FINISHED")
 
     client = MlflowClient(uri)
     children = tracker.children()
@@ -39,3 +39,38 @@ def test_unreachable_server_and_unwritable_folder_are_config_problems(tmp_path):
     assert check("http://127.0.0.1:9")[0].startswith("tracking.uri='http://127.0.0.1:9' is unreachable")
     assert check(f"sqlite:///{tmp_path}/no/such/dir/mlflow.db")[0].startswith("tracking.uri=")
     assert check(f"sqlite:///{tmp_path}/mlflow.db") == []
+
+
+def test_a_server_that_asks_for_a_login_is_named_before_anything_starts_simulated(monkeypatch):
+    """An authenticating MLflow server, simulated: /health open, the API 401 without the right login."""
+    import base64
+    import http.server
+    import threading
+
+    good = "Basic " + base64.b64encode(b"alice:s3cret-s3cret").decode()
+
+    class Server(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            ok = self.path == "/health" or self.headers.get("Authorization") == good
+            self.send_response(200 if ok else 401)
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Server)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    uri = f"http://127.0.0.1:{server.server_port}"
+    try:
+        monkeypatch.delenv("MLFLOW_TRACKING_USERNAME", raising=False)
+        monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD", raising=False)
+        (problem,) = check(uri)
+        assert "asks for a login (HTTP 401)" in problem and "MLFLOW_TRACKING_USERNAME" in problem
+        # Credentials in the URI move to MLflow's own variables; the URI kept has none.
+        from sweeper.tracking import credentials_to_environment
+
+        clean = credentials_to_environment(f"http://alice:s3cret-s3cret@127.0.0.1:{server.server_port}")
+        assert clean == uri and check(clean) == []
+    finally:
+        server.shutdown()

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List
 import ray
 import torch
 from ray import train, tune
-from ray.train.torch import TorchTrainer
+from ray.train.torch import TorchConfig, TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
 from sweeper.cluster.resources import Resources
@@ -90,9 +90,14 @@ def _fit(worker: Callable, loop_config: Dict[str, Any], num_workers: int, resour
     per_worker = {"CPU": resources.cpus_per_worker}
     if resources.use_gpu:
         per_worker["GPU"] = 1
+    # Read by Ray Train where fit() runs (this trial's process): how long a worker group may wait to
+    # be placed before its start counts as a failure.
+    os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(resources.start_timeout_seconds)
     trainer = TorchTrainer(
         worker,
         train_loop_config=loop_config,
+        # The process group's collective timeout: a rank stuck in an all-reduce raises, not hangs.
+        torch_config=TorchConfig(timeout_s=int(resources.collective_timeout_seconds)),
         scaling_config=train.ScalingConfig(
             num_workers=num_workers,
             use_gpu=resources.use_gpu,
@@ -104,7 +109,12 @@ def _fit(worker: Callable, loop_config: Dict[str, Any], num_workers: int, resour
             storage_path=storage_path,
             # A worker process that dies restarts the whole group (Ray Train's failure handling);
             # the restarted workers skip the points the group had reported (its checkpoint).
-            failure_config=train.FailureConfig(max_failures=resources.max_failures),
+            # Finite everywhere (Ray Train's own defaults retry a start and a preemption forever).
+            failure_config=train.FailureConfig(
+                max_failures=resources.max_failures,
+                controller_failure_limit=resources.max_failures,
+                max_preemption_failures=resources.max_failures,
+            ),
             callbacks=[TuneReportCallback()],
         ),
     )

@@ -24,6 +24,8 @@ class Resources:
     threads_per_worker: int
     placement_strategy: str = "PACK"
     max_failures: int = 0
+    start_timeout_seconds: float = 120.0
+    collective_timeout_seconds: float = 600.0
 
 
 def plan_resources(cfg: ClusterConfig, cluster: Cluster, points: List[GridPoint]) -> Resources:
@@ -75,6 +77,8 @@ def plan_resources(cfg: ClusterConfig, cluster: Cluster, points: List[GridPoint]
         threads_per_worker=max(1, math.floor(cpus_per_worker + 1e-9)),
         placement_strategy=strategy,
         max_failures=cfg.max_failures,
+        start_timeout_seconds=cfg.start_timeout_seconds,
+        collective_timeout_seconds=cfg.collective_timeout_seconds,
     )
 
 

@@ -69,11 +69,19 @@ class PointSink(Sink):
             self.not_attempted += unreported[1:]
         else:  # the group never measured anything: whatever broke it would break them all
             for point in unreported:
-                self.on_point(point, PointResult(status="failed", error=error))
+                self.on_point(point, PointResult(status="failed", error=_explained(error)))
 
     def _unreported(self, trial_id: str, config) -> List[GridPoint]:
         seen = self.reported.get(trial_id, set()) | self.skip
         return [point for point in _points(config) if point.key not in seen]
+
+
+def _explained(error: str) -> str:
+    """A worker group's error in the user's terms where Ray's own words do not say it."""
+    if "WorkerGroupStartupTimeout" in error or ("Failed to start" in error and "worker group" in error):
+        return (f"its worker group could not be placed within cluster.start_timeout_seconds, cluster.max_failures "
+                f"times over: the cluster lacks the CPUs/GPUs it asks for ({error})")
+    return error
 
 
 def _points(config: Dict[str, Any]) -> List[GridPoint]:

@@ -4,6 +4,8 @@ Rich would read `[/]` in it as markup."""
 
 from __future__ import annotations
 
+import shlex
+import sys
 from typing import Any, Dict, List, Optional, Tuple
 
 from rich.console import Console
@@ -75,11 +77,13 @@ def print_frontier(num_workers: int, result: FrontierResult) -> None:
         console.print(text, soft_wrap=True)
 
 
-def print_resume(experiment: str, recorded: int) -> None:
-    console.print(
-        f"[bold]sweeper[/]: resuming {experiment}: {recorded} point(s) already recorded are not run again",
-        soft_wrap=True,
-    )
+def print_resume(experiment: str, recorded: int, replayed: int = 0, half_written: int = 0) -> None:
+    text = f"[bold]sweeper[/]: resuming {experiment}: {recorded} point(s) already recorded are not run again"
+    if replayed:
+        text += f"; {replayed} write(s) kept while the store was unreachable are recorded now"
+    if half_written:
+        text += f"; {half_written} half-written point record(s) ended KILLED, their points measured again"
+    console.print(text, soft_wrap=True)
 
 
 def print_inference_point(model: str, batch_size: int, result: InferenceResult) -> None:
@@ -126,6 +130,21 @@ def print_inference_summary(
 
 def warn(text: str) -> None:
     console.print(f"[yellow]warning[/]: {escape(text)}", soft_wrap=True)
+
+
+def note(text: str) -> None:
+    console.print(f"[bold]sweeper[/]: {escape(text)}", soft_wrap=True)
+
+
+def stopped(why: str, parent_run_id: str, status: str) -> None:
+    """How a sweep that stopped early is left, and the one line that finishes it."""
+    args = [a for a in sys.argv[1:] if not a.startswith("sweep.resume=")]
+    again = " ".join(shlex.quote(a) for a in [*args, "sweep.resume=true"])
+    console.print(
+        f"[bold red]sweeper[/]: the sweep stopped ({escape(why)}); its run {parent_run_id} is {status} with the "
+        f"points recorded so far. Finish it with:\n  python -m sweeper {escape(again)}",
+        soft_wrap=True,
+    )
 
 
 def progress() -> Progress:

@@ -44,7 +44,7 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
     """Run the inference sweep; the exit status is 0 when every point ended ok or oom, 1 if any failed."""
     phases = Phases()
     uri = tracking_uri(cfg.tracking)
-    problems = validate(cfg) + models.check(cfg.model) + tracking.check(uri)
+    problems = validate(cfg) + models.check(cfg.model, cfg.data.num_classes) + tracking.check(uri)
     if problems:
         raise ConfigError(problems)
     num_classes = cfg.data.num_classes  # random inputs: no dataset is read
@@ -60,10 +60,8 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
         knees = record_knees(cfg, s.tracker, chosen, num_classes, rows, facts)
         png = plot(cfg, s, name, chosen, rows, knees)
         statuses = Counter(r.status for _, r in rows)
-        s.tracker.end_sweep(
-            SweepSummary(**{f"num_trials_{k}": statuses[k] for k in ("ok", "oom", "failed")}),
-            failed=statuses["failed"] > 0,
-        )
+        s.end(SweepSummary(**{f"num_trials_{k}": statuses[k] for k in ("ok", "oom", "failed")}),
+              "FAILED" if statuses["failed"] else "FINISHED")
         console.print_inference_summary(rows, knees, facts, uri, parent, cfg.tracking.experiment_name, png)
         return EXIT_POINT_FAILED if statuses["failed"] else EXIT_OK
 

@@ -11,17 +11,14 @@ from typing import Dict, List, Optional, Tuple
 
 from sweeper import data as data_mod
 from sweeper import models, plan, tracking
-from sweeper.config import SweeperConfig, budget_bytes, is_auto, tracking_uri, validate
+from sweeper.config import AUTO_NEEDS_BUDGET, SweeperConfig, budget_bytes, is_auto, tracking_uri, validate
 from sweeper.driver import console
 from sweeper.errors import ConfigError, first_line
 from sweeper.measure import estimate, flops
 from sweeper.plan import GridPoint
 from sweeper.worker.spec import PointSpec
 
-NEEDS_BUDGET = (
-    "sweep.micro_batch_sizes=auto on CPU needs device.memory_budget_gb: the memory to plan for, "
-    "e.g. device.memory_budget_gb=16 for a 16 GB card"
-)
+NEEDS_BUDGET = AUTO_NEEDS_BUDGET
 
 
 @dataclass
@@ -41,7 +38,7 @@ class Prepared:
 
 def preflight(cfg: SweeperConfig) -> Tuple[Prepared, Dict[GridPoint, PointSpec]]:
     """Every check that needs no cluster, all problems collected into one ConfigError."""
-    problems = validate(cfg) + models.check(cfg.model) + data_mod.check(cfg.data)
+    problems = validate(cfg) + models.check(cfg.model, cfg.data.num_classes) + data_mod.check(cfg.data)
     problems += tracking.check(tracking_uri(cfg.tracking))
     auto = is_auto(cfg.sweep.micro_batch_sizes)
     if auto and cfg.device.memory_budget_gb is None and cfg.cluster.use_gpu == "auto" and cfg.cluster.address is None:
@@ -93,6 +90,7 @@ def build_specs(cfg: SweeperConfig, prepared: Prepared, points: List[GridPoint])
             flop_count=prepared.flop_count,
             memory_budget_bytes=budget_bytes(cfg.device),
             memory_estimate_bytes=estimates.get(point),
+            timeout_seconds=cfg.cluster.point_timeout_seconds,
         )
         # Enough timed windows for the stability rule to be met at all.
         need = spec.first_timed_step + cfg.measure.stable_windows

@@ -1,47 +1,99 @@
-"""sweep.resume=true: find the latest interrupted sweep of this model and data, and check it is the
-same sweep before anything records into it."""
+"""sweep.resume=true: find the latest sweep of this model and data that did not finish, and check it is
+the same sweep (its whole recorded config) before anything is written to it."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Dict, List, Tuple
 
+import yaml
+
+from sweeper import tracking
 from sweeper.cluster import connect
 from sweeper.config import SweeperConfig
 from sweeper.driver.skeleton import Session
 from sweeper.errors import ConfigError
 
-# A resumed sweep must be the same sweep: these parent params must match the config.
-RESUME_KEYS = ("model", "dataset", "micro_batch_sizes", "accumulation_steps", "num_workers", "global_batch_sizes")
+# Keys that may differ between a sweep and its resume: how to resume it, where Ray runs, and the
+# question its report answers (a report with other settings is kept beside the sweep's own).
+MAY_DIFFER = ("sweep.resume", "sweep.retry_failed", "cluster.address", "report.")
 
 
-def find_interrupted(cfg: SweeperConfig, session: Session, wanted: Callable[[], Dict[str, Any]]) -> Tuple[str, str]:
-    """The latest sweep of this model and dataset with a Ray Tune experiment to restore and a parent
-    run in MLflow, checked against `wanted()` (the parent params this config would record);
-    (experiment name, parent run id)."""
+def flat_config(resolved_yaml: str) -> Dict[str, Any]:
+    """The resolved config as {dotted key: value}, without the keys a resume may change."""
+    out: Dict[str, Any] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{prefix}{key}.")
+        else:
+            out[prefix[:-1]] = node
+
+    walk(yaml.safe_load(resolved_yaml) or {}, "")
+    return {k: v for k, v in out.items() if not k.startswith(MAY_DIFFER)}
+
+
+def config_hash(resolved_yaml: str) -> str:
+    """What makes two sweeps the same experiment, as one tag (sweeper.config_hash)."""
+    text = json.dumps(flat_config(resolved_yaml), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def differences(recorded_yaml: str, resolved_yaml: str) -> List[str]:
+    """`key: recorded -> now` for every key that differs (beyond MAY_DIFFER)."""
+    before, now = flat_config(recorded_yaml), flat_config(resolved_yaml)
+    return [f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(before) | set(now))
+            if before.get(k) != now.get(k)]
+
+
+def find_interrupted(cfg: SweeperConfig, session: Session, resolved_yaml: str) -> Tuple[str, str]:
+    """The latest sweep of this model and dataset that did not finish, with a Ray Tune experiment to
+    restore and a parent run in MLflow, checked to be the same sweep: (experiment name, parent run
+    id). Reads only: a refused resume leaves every record as it was."""
     prefix = f"sweep-{cfg.model.name}-{cfg.data.name}-"
     folder = session.cluster.results_dir
     names = sorted(
         (n for n in os.listdir(folder) if n.startswith(prefix) and n[len(prefix):].replace("-", "").isdigit()),
         reverse=True,
     )
+    finished = []
     for name in names:
-        if not connect.can_resume(session.cluster, name):
+        run = session.tracker.find_sweep(name)
+        if run is None:
             continue
-        parent = session.tracker.find_sweep(name)
-        if parent is None:
+        if run.info.status == "FINISHED":
+            finished.append(name)
             continue
-        params = session.tracker.resume_sweep(parent)
-        expected = wanted()
-        changed = [k for k in RESUME_KEYS if params.get(k) != str(expected[k])]
-        if changed:
-            raise ConfigError([
-                f"sweep.resume=true: the latest sweep {name} had other {', '.join(changed)} "
-                f"({', '.join(f'{k}={params.get(k)}' for k in changed)}): resume it with the same config, "
-                "or drop sweep.resume to start a new sweep"
-            ])
-        return name, parent
+        _check_resumable(session, name, run, resolved_yaml)
+        return name, run.info.run_id
+    done = f" (the latest, {finished[0]}, finished)" if finished else ""
     raise ConfigError([
-        f"sweep.resume=true: no interrupted sweep of {cfg.model.name} on {cfg.data.name} under {folder} "
-        f"with its run in {session.tracker.uri}; drop sweep.resume to start one"
+        f"sweep.resume=true: no unfinished sweep of {cfg.model.name} on {cfg.data.name} under {folder} with its "
+        f"run in {tracking.redact(session.uri)}{done}; drop sweep.resume to start one"
+    ])
+
+
+def _check_resumable(session: Session, name: str, run: Any, resolved_yaml: str) -> None:
+    if run.data.tags.get("sweeper.resume_format") != tracking.RESUME_FORMAT:
+        raise ConfigError([
+            f"sweep.resume=true: {name} was started by an older sweeper whose Ray Tune state this one cannot "
+            "restore; its recorded points stay in MLflow: drop sweep.resume to start a new sweep"
+        ])
+    if not connect.can_resume(session.cluster, name):
+        raise ConfigError([
+            f"sweep.resume=true: {name} has no Ray Tune state under {session.cluster.results_dir} to restore "
+            "(another cluster.ray_dir?); drop sweep.resume to start a new sweep"
+        ])
+    if run.data.tags.get("sweeper.config_hash") == config_hash(resolved_yaml):
+        return
+    recorded = session.tracker.recorded_config(run.info.run_id)
+    changed = differences(recorded, resolved_yaml) if recorded is not None else ["its config.yaml is missing"]
+    if not changed:
+        return  # recorded before the hash was (or with a hash of another sweeper version): the same config
+    raise ConfigError([
+        f"sweep.resume=true: {name} was another experiment ({'; '.join(changed[:8])}"
+        f"{'; ...' if len(changed) > 8 else ''}): resume it with the same config, or drop sweep.resume"
     ])

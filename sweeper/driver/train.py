@@ -49,31 +49,48 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
             phases("frontier")
             if not points:
                 phases("grid")
-                s.tracker.end_sweep(summary([], phases, Counter()), failed=True)
+                s.end(summary([], phases, Counter()), "FAILED")
                 return EXIT_POINT_FAILED
         rows = measure_grid(cfg, s, name, points, specs, done_keys)
         phases("grid")
+        s.tracker.replay()  # writes the store refused while it was down, before the report reads it
         made = make_report(cfg, s.tracker, parent)
         phases("report")
-        # Counted from MLflow: a resumed sweep's totals include what was recorded before it stopped.
-        statuses = Counter(child["status"] for child in s.tracker.load_sweep(parent).children)
-        s.tracker.end_sweep(summary(rows, phases, statuses), failed=statuses["failed"] > 0 or frontier_failed)
+        statuses = recorded_statuses(s, parent, rows)
+        failed = statuses["failed"] > 0 or frontier_failed
+        s.end(summary(rows, phases, statuses), "FAILED" if failed else "FINISHED")
         console.print_summary(rows, s.uri, parent, cfg.tracking.experiment_name, accuracy_note(cfg))
         if made is not None:
             console.print_report(made.html_path, made.text, made.yaml_path)
-        return EXIT_POINT_FAILED if statuses["failed"] or frontier_failed else EXIT_OK
+        # Writes still pending: the record is not complete, whatever the points did.
+        return EXIT_POINT_FAILED if failed or s.tracker.pending else EXIT_OK
+
+
+def recorded_statuses(s: Session, parent: str, rows: Rows) -> Counter:
+    """How the sweep's points ended, counted from MLflow, so a resumed sweep's totals include what was
+    recorded before it stopped; this run's own points when the store cannot be read now."""
+    try:
+        return Counter(child["status"] for child in s.tracker.load_sweep(parent).children)
+    except Exception as exc:  # noqa: BLE001 - the store is down: its writes wait in the journal
+        console.warn(f"the sweep's record cannot be read now ({type(exc).__name__}: {first_line(exc)}); "
+                     "counting this run's points")
+        return Counter(result.status for _, result in rows)
 
 
 def open_sweep(cfg: SweeperConfig, s: Session, auto: bool, resolved_yaml: str) -> Tuple[str, str, frozenset]:
-    """The sweep's name, its parent run (a new one, or the interrupted one sweep.resume finds) and
-    the keys of the points it already holds."""
+    """The sweep's name, its parent run (a new one, or the unfinished one sweep.resume finds and
+    checks) and the keys of the points it already holds complete (failed ones left out with
+    sweep.retry_failed, so they are measured again)."""
     if cfg.sweep.resume:
-        name, parent = resume.find_interrupted(cfg, s, lambda: sweep_params(cfg, False, s.resources))
-        done_keys = frozenset(s.tracker.recorded_keys())
-        console.print_resume(name, len(done_keys))
-        return name, parent, done_keys
+        name, parent = resume.find_interrupted(cfg, s, resolved_yaml)
+        replayed, half_written = s.tracker.resume_sweep(parent)
+        done = set(s.tracker.recorded_keys()) - (set(s.tracker.failed_keys()) if cfg.sweep.retry_failed else set())
+        console.print_resume(name, len(done), replayed, half_written)
+        return name, parent, frozenset(done)
     name = f"sweep-{cfg.model.name}-{cfg.data.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    return name, s.tracker.start_sweep(name, sweep_params(cfg, auto, s.resources), resolved_yaml), frozenset()
+    params = sweep_params(cfg, auto, s.resources)
+    parent = s.tracker.start_sweep(name, params, resolved_yaml, config_hash=resume.config_hash(resolved_yaml))
+    return name, parent, frozenset()
 
 
 def grid_from_frontier(
@@ -96,9 +113,10 @@ def measure_grid(
     cfg: SweeperConfig, s: Session, name: str, points: List[GridPoint], specs: Dict[GridPoint, PointSpec],
     done_keys: frozenset,
 ) -> Rows:
-    """Every point measured in worker groups and recorded as it arrives. Points whose worker group
-    died before reaching them come back and run in a fresh group; each round records at least the
-    point its group died on, so this ends."""
+    """Every point not yet recorded, measured in worker groups and recorded as it arrives. A resume
+    first restores the interrupted Ray Tune experiment; then any point still unrecorded (its worker
+    group died before reaching it, its record was half-written, or it failed and is retried) runs in
+    a fresh round. Each round records at least the point its group died on, so this ends."""
     groups = worker_groups(points, cfg.sweep.points_per_worker_group)
     if not cfg.sweep.resume:
         s.tracker.log_sweep_params({"num_trials": len(points), "num_worker_groups": len(groups)})
@@ -107,7 +125,7 @@ def measure_grid(
         specs = {p: replace(spec, profile_dir=traces) for p, spec in specs.items()}
     console.print_start(len(points), len(groups))
     rows: Rows = []
-    note = accuracy_note(cfg)
+    recorded = set(done_keys)
     with console.progress() as bar:
         task = bar.add_task("", total=len(points), completed=len(done_keys))
 
@@ -115,23 +133,33 @@ def measure_grid(
             bar.update(task, description=f"worker group of {len(group)}: {', '.join(p.key for p in group)}")
 
         def done(point: GridPoint, result: PointResult) -> None:
-            result.accuracy.accuracy_note = note
-            s.tracker.log_point(point, point_params(cfg, specs[point]), result)
+            result.accuracy.accuracy_note = accuracy_note(cfg)
+            s.tracker.log_point(point, point_params(cfg, specs[point]), result, replace_failed=cfg.sweep.retry_failed)
             rows.append((point, result))
-            bar.update(task, advance=1, description=f"{point.key}: {result.status}")
+            recorded.add(point.key)
+            waiting = s.tracker.pending
+            pending = f" ({waiting} write(s) pending: the tracking store is unreachable)" if waiting else ""
+            bar.update(task, advance=1, description=f"{point.key}: {result.status}{pending}")
 
-        attempt, remaining, stamp = 0, points, time.strftime("%H%M%S")
+        attempt, stamp = 0, time.strftime("%H%M%S")
+        remaining = [p for p in points if p.key not in recorded]
         while remaining:
-            label = name if attempt == 0 else f"{name}-rerun{attempt}"
-            if cfg.sweep.resume and attempt > 0:
-                label += f"-{stamp}"  # not the interrupted run's own reruns
+            label = name if attempt == 0 else f"{name}-rerun{attempt}" + (f"-{stamp}" if cfg.sweep.resume else "")
             concurrency = cfg.sweep.max_concurrent_trials or concurrent_trials(
                 s.cluster, s.resources, max(p.num_workers for p in remaining)
             )
-            remaining = runs.run_points(
-                label, worker_groups(remaining, cfg.sweep.points_per_worker_group), specs, s.resources, s.cluster,
-                concurrency, started, done, done_keys=done_keys, resume=cfg.sweep.resume and attempt == 0,
-            )
+            restore = cfg.sweep.resume and attempt == 0
+            try:
+                runs.run_points(
+                    label, worker_groups(remaining, cfg.sweep.points_per_worker_group), specs, s.resources,
+                    s.cluster, concurrency, started, done, done_keys=frozenset(recorded), resume=restore,
+                )
+            except Exception as exc:  # noqa: BLE001 - only the restore may fail so; MLflow knows what is left
+                if not restore:
+                    raise
+                console.warn(f"Ray Tune could not restore {name} ({type(exc).__name__}: {first_line(exc)}); "
+                             "the points not yet recorded are measured in a fresh round")
+            remaining = [p for p in points if p.key not in recorded]
             attempt += 1
     return rows
 

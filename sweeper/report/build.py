@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass, fields, replace
 from typing import Any, Dict, List, Optional, Sequence
@@ -176,14 +177,18 @@ def frontier_files(sweep_folder: str, num_workers: int, probes: List[PointResult
 def default_folder(uri: str, run_name: str, variant_name: Optional[str] = None) -> str:
     """Next to the MLflow store: `<store folder>/reports/<sweep run name>` for a SQLite or file
     store, `./reports/<name>` for a tracking server; a report with other settings than the
-    sweep's in `variants/<settings>` below it, as in MLflow."""
-    base = "."
-    if uri.startswith("sqlite:///"):
-        base = os.path.dirname(uri[len("sqlite:///") :]) or "."
-    elif uri.startswith("file://"):
-        base = os.path.dirname(uri[len("file://") :].rstrip("/")) or "."
-    folder = os.path.join(base, "reports", run_name)
-    return os.path.join(folder, "variants", variant_name) if variant_name else folder
+    sweep's in `variants/<settings>` below it, as in MLflow. Names come from the store (a run name
+    anyone with write access can set): each becomes one safe path component, so a report is always
+    written under `reports/`."""
+    folder = os.path.join(tracking.store_folder(uri), "reports", safe_name(run_name))
+    return os.path.join(folder, "variants", safe_name(variant_name)) if variant_name else folder
+
+
+def safe_name(name: str) -> str:
+    """One path component: letters, digits and `._=,-` kept, anything else (a separator, `..`) made
+    `_`, and never empty or hidden."""
+    cleaned = re.sub(r"[^A-Za-z0-9._=,-]", "_", name).lstrip(".")
+    return cleaned or "_"
 
 
 def _number(text: Optional[str]) -> Optional[float]:

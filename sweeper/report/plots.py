@@ -392,7 +392,8 @@ def _mib(n: float) -> str:
 
 
 def _kib(n: float) -> str:
-    return format_bytes(n, 0 if abs(n) >= 10 * KiB else 1, unit="KiB")
+    # Two decimals under 1 KiB, so a small per-sample slope never reads as 0.0.
+    return format_bytes(n, 0 if abs(n) >= 10 * KiB else 1 if abs(n) >= KiB else 2, unit="KiB")
 
 
 # Where a point's label may go, in pixels from the point, best first: beside it, then above/below,

@@ -18,6 +18,7 @@ from sweeper.measure import telemetry
 from sweeper.plan import GridPoint
 from sweeper.schema import PointResult
 from sweeper.worker import collectives as comm
+from sweeper.worker.deadline import Deadline
 from sweeper.worker.spec import GroupFacts, PointSpec, WorkerContext
 from sweeper.worker.step import train_point
 
@@ -55,6 +56,7 @@ def run_points(
     subgroups = comm.subgroups(sorted({s.point.num_workers for s in specs}), ctx, status_timeout)
     nodes = comm.gather_objects(ctx.node, ctx) if ctx.node else []
     freeze_long_lived_objects()
+    deadline = Deadline(first.timeout_seconds)
     ready = time.time()
     out_of_memory: List[GridPoint] = []
     previous_end: Optional[float] = None
@@ -71,7 +73,7 @@ def run_points(
         elif ctx.rank < members:
             group, status_group = subgroups.get(members, (ctx.group, None))
             member = WorkerContext(ctx.rank, members, ctx.local_rank, group, status_group)
-            result = run_point(spec, member, device, splits, facts)
+            result = run_point(spec, member, device, splits, facts, deadline)
             if result.status == "oom":
                 out_of_memory.append(spec.point)
         else:
@@ -150,6 +152,7 @@ def run_point(
     device: Optional[telemetry.Device] = None,
     splits: Optional[data_mod.Splits] = None,
     facts: Optional[GroupFacts] = None,
+    deadline: Optional[Deadline] = None,
 ) -> PointResult:
     """One grid point, its failure included: every rank agrees on the status (ok | oom | failed).
 
@@ -160,11 +163,15 @@ def run_point(
     """
     start = time.time()
     raised: Optional[BaseException] = None
+    if deadline is not None:
+        deadline.arm(spec.point.key)
     try:
-        result = train_point(spec, ctx, device, splits)
+        result = train_point(spec, ctx, device, splits, deadline)
     except Exception as exc:  # recorded as the point's result, never silently dropped
         result, raised = failure(exc), exc
     finally:
+        if deadline is not None:
+            deadline.disarm()
         gc.collect()  # the point's model and optimizer go before the next point is measured
         if device is not None:
             device.release_cached_memory()

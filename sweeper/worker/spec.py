@@ -37,6 +37,9 @@ class PointSpec:
     memory_estimate_bytes: Optional[int] = None
     # False for frontier probes: memory only, no validation pass.
     evaluate: bool = True
+    # cluster.point_timeout_seconds: the point's time limit on a worker (None: projected from its
+    # warm-up; worker.deadline).
+    timeout_seconds: Optional[float] = None
 
     @property
     def profile_steps(self) -> int:

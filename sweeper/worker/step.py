@@ -25,10 +25,13 @@ from sweeper import models
 from sweeper.measure import telemetry, timing
 from sweeper.schema import PointResult
 from sweeper.worker import collectives as comm
+from sweeper.worker.deadline import Deadline
 from sweeper.worker.evaluate import evaluate, recalibrate_batchnorm
 from sweeper.worker.spec import PointSpec, WorkerContext
 
 TRACE_FILE = "rank0.pt.trace.json.gz"
+# No batch of these datasets takes a healthy loader worker anywhere near this long.
+LOADER_TIMEOUT_SECONDS = 300
 
 
 def accumulation_context(model: nn.Module, micro_step: int, accumulation_steps: int):
@@ -131,6 +134,8 @@ def setup(spec: PointSpec, ctx: WorkerContext, device: telemetry.Device, splits:
         drop_last=True,
         num_workers=spec.data.loader_workers,
         pin_memory=device.is_cuda,
+        # A loader worker process that stalls (NFS, a deadlock) raises instead of hanging the group.
+        timeout=LOADER_TIMEOUT_SECONDS if spec.data.loader_workers > 0 else 0,
     )
     losses = torch.zeros(spec.steps, dtype=torch.float64, device=device.torch_device)
     return Training(spec, ctx, device, splits, model, optimizer, iter(loader), budget_mode, losses)
@@ -140,8 +145,8 @@ class Clock:
     """The timed windows of a point: opened and closed on step boundaries, the device synchronized at
     each edge (and nowhere else), with the utilization sampler running from the first timed step."""
 
-    def __init__(self, run: Training, windows: int):
-        self.run = run
+    def __init__(self, run: Training, windows: int, deadline: Optional[Deadline] = None):
+        self.run, self.deadline = run, deadline
         self.window_seconds: List[float] = [0.0] * windows
         self.step_marks: List[List[Any]] = []
         self.sampler: Optional[telemetry.UtilizationSampler] = None
@@ -152,6 +157,9 @@ class Clock:
     def open(self, window: int) -> None:
         device = self.run.device
         if window == 0:
+            if self.deadline is not None:
+                spec = self.run.spec
+                self.deadline.project(spec.first_timed_step, spec.steps, time.time() - self.run.started)
             self.sampler = device.utilization_sampler(self.run.spec.measure.utilization_interval_seconds).start()
             # Ranks leave warm-up (and rank 0 the profiler's trace export) at different times; line
             # them up so the first window does not time the wait.
@@ -185,8 +193,10 @@ def train_point(
     ctx: WorkerContext,
     device: Optional[telemetry.Device] = None,
     splits: Optional[data_mod.Splits] = None,
+    deadline: Optional[Deadline] = None,
 ) -> PointResult:
-    """Train `spec.steps` optimizer steps and measure them. Every rank returns the same result."""
+    """Train `spec.steps` optimizer steps and measure them. Every rank returns the same result.
+    `deadline`, if given, is projected from the warm-up once the first timed window opens."""
     if spec.point.num_workers != ctx.world_size:
         raise ValueError(f"grid point wants {spec.point.num_workers} workers, world size is {ctx.world_size}")
     cfg = spec.measure
@@ -194,7 +204,7 @@ def train_point(
     run = setup(spec, ctx, device, splits or data_mod.load(spec.data, spec.model.input_shape))
     track_memory = cfg.memory_breakdown or run.budget_mode == "simulated"
     roles = timing.step_roles(spec.steps, cfg.warmup_steps, spec.profile_steps, cfg.windows, track_memory)
-    clock = Clock(run, sum(role.opens_window is not None for role in roles))
+    clock = Clock(run, sum(role.opens_window is not None for role in roles), deadline)
     profiler = _profiler(spec, ctx, device)
     breakdown = None
     train_start = time.perf_counter()
