@@ -2,6 +2,10 @@
 alternating rounds. Prints `name: value` lines; the last line is the headline ratio.
 
     python scripts/bench_overhead.py [--model resnet18] [--micro 32] [--accum 1] [--steps 80] [--rounds 10]
+        [--precision fp32|bf16|fp16] [--optim sgd|adamw]
+
+Both sides train the same recipe: the plain loop writes autocast, the GradScaler and the optimizer by
+hand, as a user would.
 """
 
 from __future__ import annotations
@@ -16,18 +20,23 @@ from torch.utils.data import DataLoader
 
 from sweeper import data as data_mod
 from sweeper import models
-from sweeper.config import DataConfig, MeasureConfig, ModelConfig, TrainConfig
+from sweeper.config import DataConfig, MeasureConfig, ModelConfig, OptimConfig, TrainConfig
 from sweeper.plan import GridPoint
 from sweeper.worker.spec import PointSpec, WorkerContext
-from sweeper.worker.step import train_point
+from sweeper.worker.train import train_point
 
 
-def plain_loop(model_cfg, data_cfg, micro, accum, steps, warmup, lr) -> float:
+def plain_loop(model_cfg, data_cfg, micro, accum, steps, warmup, lr, precision="fp32", optim="sgd") -> float:
     """The loop a user would write by hand: shuffle, batch, accumulate, step. Returns samples/s."""
     splits = data_mod.load(data_cfg, model_cfg.input_shape)
     torch.manual_seed(0)
     model = models.build(model_cfg, splits.num_classes)
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    if optim == "adamw":
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    scaler = torch.amp.GradScaler("cpu") if precision == "fp16" else None
     loader = DataLoader(splits.train, batch_size=micro, shuffle=True, drop_last=True)
     batches = iter(loader)
 
@@ -46,8 +55,14 @@ def plain_loop(model_cfg, data_cfg, micro, accum, steps, warmup, lr) -> float:
             start = time.perf_counter()
         for _ in range(accum):
             x, y = next_batch()
-            (F.cross_entropy(model(x), y) / accum).backward()
-        opt.step()
+            with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+                loss = F.cross_entropy(model(x), y)
+            (scaler.scale(loss / accum) if scaler else loss / accum).backward()
+        if scaler:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
         opt.zero_grad(set_to_none=True)
     return (steps - warmup) * micro * accum / (time.perf_counter() - start)
 
@@ -61,6 +76,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
+    parser.add_argument("--optim", default="sgd", choices=["sgd", "adamw"])
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -70,8 +87,10 @@ def main() -> None:
     # everything it does in a trial switched on: phase marks, the utilization sampler thread, the
     # memory breakdown (on a warm-up step, as in a sweep).
     measure_cfg = MeasureConfig(warmup_steps=args.warmup, windows=1, stable_windows=1)
-    spec = PointSpec(model=model_cfg, data=data_cfg, train=TrainConfig(lr=0.05), measure=measure_cfg,
-                     point=GridPoint(args.micro, args.accum, 1), lr=0.05, steps=args.steps)
+    lr = 0.001 if args.optim == "adamw" else 0.05
+    optim = OptimConfig(name="adamw", lr=lr, weight_decay=0.01) if args.optim == "adamw" else OptimConfig(lr=lr)
+    spec = PointSpec(model=model_cfg, data=data_cfg, train=TrainConfig(), measure=measure_cfg,
+                     point=GridPoint(args.micro, args.accum, 1, args.precision), lr=lr, steps=args.steps, optim=optim)
 
     plain, ours = [], []
     for i in range(args.rounds):
@@ -79,14 +98,16 @@ def main() -> None:
         order = ("plain", "ours") if i % 2 == 0 else ("ours", "plain")
         for name in order:
             if name == "plain":
-                plain.append(plain_loop(model_cfg, data_cfg, args.micro, args.accum, args.steps, args.warmup, 0.05))
+                plain.append(plain_loop(model_cfg, data_cfg, args.micro, args.accum, args.steps, args.warmup, lr,
+                                        args.precision, args.optim))
             else:
                 ours.append(train_point(spec, WorkerContext())["samples_per_second"])
     # Each round's ratio compares two runs seconds apart, so slow drift of the machine (other
     # processes, thermal state) cancels; the headline is the median of those paired ratios.
     ratios = [o / p for o, p in zip(ours, plain)]
     print(f"config: model={args.model} micro={args.micro} accum={args.accum} steps={args.steps} "
-          f"warmup={args.warmup} threads={args.threads} rounds={args.rounds}")
+          f"warmup={args.warmup} threads={args.threads} rounds={args.rounds} precision={args.precision} "
+          f"optim={args.optim}")
     print(f"plain_samples_per_second: {statistics.median(plain):.1f} (rounds: {', '.join(f'{v:.1f}' for v in plain)})")
     print(f"sweeper_samples_per_second: {statistics.median(ours):.1f} (rounds: {', '.join(f'{v:.1f}' for v in ours)})")
     print(f"paired_ratios: {', '.join(f'{r:.3f}' for r in ratios)}")

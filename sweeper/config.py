@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -27,6 +27,13 @@ MAX_SAMPLE_BYTES = 2**30
 # The samples data=digits holds in memory (scikit-learn's bundled set); synthetic holds data.num_samples.
 DIGITS_SAMPLES = 1797
 
+
+# The recipe's choices (sweeper.recipe maps each to what torch runs).
+OPTIMIZERS = ("sgd", "adamw")
+PRECISIONS = ("fp32", "bf16", "fp16")
+CHECKPOINTING = ("none", "blocks")
+# Keys that moved when the optimizer became a config group: their old names get a pointer.
+MOVED_KEYS = {"train.lr": "optim.lr", "train.momentum": "optim.momentum", "train.weight_decay": "optim.weight_decay"}
 
 # sweep.micro_batch_sizes=auto searches under a memory budget; a CPU has no device memory to read one
 # from. Checked here for use_gpu=false, and by the driver once it knows a Ray cluster has no GPU.
@@ -50,6 +57,9 @@ class ModelConfig:
     # MLP only (seed 003's MLP is depth 8, width 1024).
     depth: int = 8
     width: int = 1024
+    # sweep.activation_checkpointing=blocks wraps torchvision's residual blocks and the MLP's layers;
+    # a model of your own names its block classes here (e.g. [MyBlock]).
+    checkpoint_modules: List[str] = field(default_factory=list)
 
 
 @dataclass
@@ -104,6 +114,17 @@ class SweepConfig:
     # With resume: measure the points recorded `failed` again (e.g. a node that went away); their
     # old runs are kept as sweeper.role=superseded.
     retry_failed: bool = False
+    # The recipe's axes, crossed with the layout: fp32 | bf16 | fp16 (autocast around forward and
+    # loss; fp16 with a GradScaler) and activation checkpointing none | blocks (each residual block,
+    # MLP layer, or model.checkpoint_modules type recomputed in backward). One value or a list.
+    precisions: Any = field(default_factory=lambda: ["fp32"])
+    activation_checkpointing: Any = field(default_factory=lambda: ["none"])
+    # Replicates: every point is measured once per seed (initial weights and sample order), each one
+    # child run tagged sweeper.point with the point's key. null: one replicate, train.seed.
+    seeds: Any = None
+    # The LR as an axis, on top of the scaling rule (batch size and LR are not independent): each
+    # point trains at optim.lr x scaling x each multiplier. One value or a list.
+    lr_multipliers: Any = field(default_factory=lambda: [1.0])
 
 
 @dataclass
@@ -143,22 +164,93 @@ class FrontierConfig:
 
 
 @dataclass
+class OptimConfig:
+    # The optimizer every point trains with: a config group, optim=sgd | adamw | custom. Defaults are
+    # SGD's; conf/optim/adamw.yaml sets AdamW's. custom: `_target_` names a factory called as
+    # factory(params, lr=<optim.lr after lr scaling>, **kwargs) that returns a torch.optim.Optimizer.
+    name: str = "sgd"
+    _target_: Optional[str] = None
+    kwargs: Dict[str, Any] = field(default_factory=dict)
+    # The LR at train.base_batch_size; train.lr_scaling moves it with global batch / base.
+    lr: float = 0.05
+    weight_decay: float = 0.0
+    # sgd: momentum in [0, 1) and Nesterov's variant.
+    momentum: float = 0.9
+    nesterov: bool = False
+    # adamw: the moving averages' decay rates (each in [0, 1)) and the denominator's epsilon.
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+
+
+@dataclass
+class LossConfig:
+    # Cross-entropy, with label smoothing in [0, 1); or `_target_`: a factory called with `kwargs`
+    # that returns a callable loss(logits, targets) -> scalar tensor.
+    name: str = "cross_entropy"
+    label_smoothing: float = 0.0
+    _target_: Optional[str] = None
+    kwargs: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class TrainConfig:
     # The sample budget: every point trains epochs x train-set size samples, to within one global batch.
     epochs: int = 2
-    # The LR at base_batch_size; lr_scaling (none | linear | sqrt) moves it with global batch / base.
-    lr: float = 0.05
+    # The LR itself is optim.lr (at base_batch_size); lr_scaling (none | linear | sqrt) moves it with
+    # global batch / base.
     lr_scaling: str = "none"
     base_batch_size: int = 32
-    # SGD's momentum (in [0, 1)) and weight decay.
-    momentum: float = 0.9
-    weight_decay: float = 0.0
+    # The LR rises linearly from 0 over this many optimizer steps (Goyal et al. 2017's warmup), then
+    # stays at the point's LR. 0: no warmup.
+    warmup_steps: int = 0
+    # torch.compile the model. Compilation (and recompilation per batch size) happens in the first,
+    # untimed warm-up step and is recorded as compile_step_seconds, never inside the timed windows.
+    compile: bool = False
     # Seeds the initial weights and the sample order.
     seed: int = 0
     # Before validation, BatchNorm running statistics are re-estimated over this many training
     # samples (torch.optim.swa_utils.update_bn), so val_accuracy judges the trained weights and
     # not how many running-average updates a layout took (0: keep the statistics as trained).
     bn_recalibration_samples: int = 1024
+
+
+@dataclass
+class EvalConfig:
+    # Evaluate during training every this many samples, rounded up to whole global batches (as
+    # MLPerf does), for the accuracy curve and the time to a target; evaluation time is on the time
+    # to target's clock and out of the throughput windows. null: once, after training.
+    every_samples: Optional[int] = None
+    # The target a point's time to target is measured to: a validation accuracy (a fraction), or a
+    # validation loss to get under. At most one; null: no target.
+    target_accuracy: Optional[float] = None
+    target_loss: Optional[float] = None
+    # Stop a point's training once it reaches the target (its throughput comes from the windows
+    # timed before then).
+    stop_at_target: bool = False
+
+
+@dataclass
+class DivergenceConfig:
+    # A point whose loss or gradient norm goes NaN or infinite is `diverged` (reason nonfinite) and
+    # stops at the next check (the timed windows' edges: no host sync per step).
+    check: bool = True
+    # spike: `spike_steps` steps in a row with a loss over `spike_factor` x the mean of the
+    # `spike_window` steps before them (llm-foundry's rule, sized for short points).
+    spike_factor: float = 2.0
+    spike_steps: int = 3
+    spike_window: int = 10
+    # chance: a final validation accuracy within this of 1 / classes learned nothing.
+    chance_margin: float = 0.02
+
+
+@dataclass
+class GnsConfig:
+    # The gradient noise scale B_simple of every point with more than one micro-batch per step
+    # (accumulation x workers > 1), from its own micro-gradients (sweeper/worker/gns.py).
+    enabled: bool = True
+    # The moving averages' decay over steps: points are ~100 steps, so ~0.9 (gpt-neox's 0.99 would
+    # still remember its initial state).
+    ema_beta: float = 0.9
 
 
 @dataclass
@@ -234,6 +326,11 @@ class SweeperConfig:
     device: DeviceConfig = field(default_factory=DeviceConfig)
     frontier: FrontierConfig = field(default_factory=FrontierConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
+    gns: GnsConfig = field(default_factory=GnsConfig)
     measure: MeasureConfig = field(default_factory=MeasureConfig)
     # Lives with its rules in sweeper/report/settings.py: the report CLI reads it without Hydra.
     report: ReportConfig = field(default_factory=ReportConfig)
@@ -255,6 +352,8 @@ LIST_KEYS = (
     ("sweep", "global_batch_sizes"),
     ("inference", "batch_sizes"),
     ("inference", "mlp_widths"),
+    ("sweep", "seeds"),
+    ("sweep", "lr_multipliers"),
 )
 
 
@@ -277,6 +376,9 @@ def to_typed(cfg: DictConfig) -> SweeperConfig:
         value = getattr(getattr(typed, section), key)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             setattr(getattr(typed, section), key, [value])
+    for key in ("precisions", "activation_checkpointing"):
+        if isinstance(getattr(typed.sweep, key), str) and not is_auto(getattr(typed.sweep, key)):
+            setattr(typed.sweep, key, [getattr(typed.sweep, key)])
     return typed
 
 
@@ -301,6 +403,10 @@ def conversion_problem(exc: BaseException) -> str:
         missing = first_line(exc).removeprefix("In 'config': ")  # Could not find 'model/nope'
         return f"{missing}: use one of {', '.join(options)}"
     cause = exc.__cause__ if isinstance(exc.__cause__, OmegaConfBaseException) else exc
+    moved = MOVED_KEYS.get(getattr(cause, "full_key", None))
+    if moved:
+        return (f"{cause.full_key} moved to {moved} (the optimizer is a config group: optim=sgd | adamw | custom); "
+                f"use {moved}")
     if getattr(cause, "full_key", None):
         return f"{cause.full_key}: {first_line(cause)}; fix the override (python -m sweeper --cfg job shows every key)"
     override = getattr(exc, "override", None)  # hydra's OverrideParseException
@@ -317,6 +423,11 @@ def validate(cfg: SweeperConfig) -> List[str]:
         *check_task(cfg.task),
         *check_sweep(cfg.sweep),
         *check_train(cfg.train),
+        *check_optim(cfg.optim),
+        *check_loss(cfg.loss),
+        *check_eval(cfg.eval),
+        *check_divergence(cfg.divergence),
+        *check_gns(cfg.gns),
         *check_measure(cfg.measure),
         *check_device(cfg.device),
         *check_frontier(cfg.frontier),
@@ -342,6 +453,26 @@ def _check(problems: List[str], key: str, value: Any, ok: Callable[[Any], bool],
         problems.append(f"{key}={value}: {rule}")
 
 
+def _multipliers(values: Any) -> List[str]:
+    key = "sweep.lr_multipliers"
+    if not isinstance(values, list) or not values or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in values
+    ):
+        return [f"{key}={values!r} is invalid: give a list of positive numbers, e.g. {key}=[0.5,1,2]"]
+    problems: List[str] = []
+    for v in values:
+        _check(problems, key, v, _positive, "every multiplier must be a positive number, e.g. [0.5,1,2]")
+    return problems
+
+
+def _choices(key: str, values: Any, allowed: Sequence[str], example: str) -> List[str]:
+    """Problems with a list of names from `allowed` (a recipe axis)."""
+    if not isinstance(values, list) or not values or not all(isinstance(v, str) for v in values):
+        return [f"{key}={values!r} is invalid: give a list of {', '.join(allowed)}, e.g. {key}={example}"]
+    unknown = [v for v in values if v not in allowed]
+    return [f"{key} has {', '.join(unknown)}: use {', '.join(allowed)}"] if unknown else []
+
+
 def _positive(value: Any) -> bool:
     return value > 0
 
@@ -350,18 +481,17 @@ def _not_negative(value: Any) -> bool:
     return value >= 0
 
 
-def _sizes(key: str, values: Any, example: str, otherwise: str = "") -> List[str]:
-    """Problems with a list of positive integers (a grid axis, batch sizes, widths); `otherwise` names
-    what else the key accepts."""
+def _sizes(key: str, values: Any, example: str, otherwise: str = "", least: int = 1) -> List[str]:
+    """Problems with a list of integers of at least `least` (a grid axis, batch sizes, widths, seeds);
+    `otherwise` names what else the key accepts."""
+    what = "positive integers" if least == 1 else f"integers >= {least}"
     if not isinstance(values, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         shown = "null" if values is None else repr(values)
-        return [
-            f"{key}={shown} is invalid: give a list of positive integers (or one integer), e.g. "
-            f"{key}={example}{otherwise}"
-        ]
+        return [f"{key}={shown} is invalid: give a list of {what} (or one integer), e.g. {key}={example}{otherwise}"]
     if not values:
         return [f"{key}=[] is empty: give at least one value, e.g. {key}={example}{otherwise}"]
-    return [f"{key} contains {v}: every value must be a positive integer; remove or fix it" for v in values if v <= 0]
+    one = "a positive integer" if least == 1 else f"an integer >= {least}"
+    return [f"{key} contains {v}: every value must be {one}; remove or fix it" for v in values if v < least]
 
 
 def check_task(task: str) -> List[str]:
@@ -384,6 +514,13 @@ def check_sweep(sweep: SweepConfig) -> List[str]:
         problems, "sweep.points_per_worker_group", sweep.points_per_worker_group, _positive,
         "must be >= 1, or null for one worker group for the whole grid",
     )
+    if sweep.seeds is not None:
+        problems += _sizes("sweep.seeds", sweep.seeds, "[0,1,2]", ", or null for train.seed alone", least=0)
+    problems += _multipliers(sweep.lr_multipliers)
+    problems += _choices("sweep.precisions", sweep.precisions, PRECISIONS, "[fp32,bf16]")
+    problems += _choices(
+        "sweep.activation_checkpointing", sweep.activation_checkpointing, CHECKPOINTING, "[none,blocks]"
+    )
     if sweep.retry_failed and not sweep.resume:
         problems.append(
             "sweep.retry_failed=true needs sweep.resume=true: it retries the failed points of a resumed sweep"
@@ -396,18 +533,79 @@ def check_sweep(sweep: SweepConfig) -> List[str]:
     return problems
 
 
+def check_optim(optim: OptimConfig) -> List[str]:
+    problems: List[str] = []
+    if not optim._target_ and optim.name not in OPTIMIZERS:
+        problems.append(
+            f"optim.name={optim.name!r} is unknown: use optim=sgd or optim=adamw, or optim=custom with "
+            "optim._target_ set to your factory"
+        )
+    _check(problems, "optim.lr", optim.lr, _positive, "must be positive")
+    _check(problems, "optim.weight_decay", optim.weight_decay, _not_negative, "must be >= 0")
+    _check(problems, "optim.momentum", optim.momentum, lambda m: 0 <= m < 1, "must be in [0, 1), e.g. 0.9")
+    _check(problems, "optim.eps", optim.eps, _positive, "must be positive, e.g. 1e-8")
+    if not isinstance(optim.betas, list) or len(optim.betas) != 2:
+        problems.append(f"optim.betas={optim.betas!r}: give two decay rates, e.g. optim.betas=[0.9,0.999]")
+    else:
+        for i, beta in enumerate(optim.betas):
+            _check(problems, f"optim.betas[{i}]", beta, lambda b: 0 <= b < 1, "must be in [0, 1), e.g. 0.9")
+    if optim._target_:
+        problems += check_factory("optim._target_", optim._target_, "a torch.optim.Optimizer")
+    return problems
+
+
+def check_loss(loss: LossConfig) -> List[str]:
+    problems: List[str] = []
+    if not loss._target_ and loss.name != "cross_entropy":
+        problems.append(
+            f"loss.name={loss.name!r} is unknown: the built-in loss is cross_entropy; give loss._target_ for another"
+        )
+    _check(problems, "loss.label_smoothing", loss.label_smoothing, lambda s: 0 <= s < 1, "must be in [0, 1), e.g. 0.1")
+    if loss._target_:
+        problems += check_factory("loss._target_", loss._target_, "a loss(logits, targets) callable")
+    return problems
+
+
 def check_train(train: TrainConfig) -> List[str]:
     problems: List[str] = []
-    for key in ("epochs", "lr", "base_batch_size"):
+    for key in ("epochs", "base_batch_size"):
         _check(problems, f"train.{key}", getattr(train, key), _positive, "must be positive")
-    _check(problems, "train.momentum", train.momentum, lambda m: 0 <= m < 1, "must be in [0, 1), e.g. 0.9")
-    _check(problems, "train.weight_decay", train.weight_decay, _not_negative, "must be >= 0")
     _check(
         problems, "train.bn_recalibration_samples", train.bn_recalibration_samples, _not_negative,
         "must be >= 0 (0 keeps BatchNorm's running statistics as trained)",
     )
+    _check(problems, "train.warmup_steps", train.warmup_steps, _not_negative, "must be >= 0 (0: no LR warmup)")
     problem = invalid_choice("train.lr_scaling", train.lr_scaling, LR_SCALING_RULES)
     return problems + ([problem] if problem else [])
+
+
+def check_eval(evaluation: EvalConfig) -> List[str]:
+    problems: List[str] = []
+    _check(problems, "eval.every_samples", evaluation.every_samples, _positive, "must be positive, or null")
+    _check(problems, "eval.target_accuracy", evaluation.target_accuracy, lambda a: 0 < a <= 1,
+           "must be a fraction in (0, 1], e.g. 0.9, or null")
+    _check(problems, "eval.target_loss", evaluation.target_loss, _positive, "must be positive, or null")
+    if evaluation.target_accuracy is not None and evaluation.target_loss is not None:
+        problems.append("eval.target_accuracy and eval.target_loss are both set: give one target, or neither")
+    if evaluation.stop_at_target and evaluation.target_accuracy is None and evaluation.target_loss is None:
+        problems.append("eval.stop_at_target=true needs a target: set eval.target_accuracy or eval.target_loss")
+    return problems
+
+
+def check_gns(gns: GnsConfig) -> List[str]:
+    problems: List[str] = []
+    _check(problems, "gns.ema_beta", gns.ema_beta, lambda b: 0 <= b < 1, "must be in [0, 1), e.g. 0.9")
+    return problems
+
+
+def check_divergence(divergence: DivergenceConfig) -> List[str]:
+    problems: List[str] = []
+    _check(problems, "divergence.spike_factor", divergence.spike_factor, lambda f: f > 1, "must be > 1, e.g. 2")
+    for key in ("spike_steps", "spike_window"):
+        _check(problems, f"divergence.{key}", getattr(divergence, key), _positive, "must be >= 1")
+    _check(problems, "divergence.chance_margin", divergence.chance_margin, lambda m: 0 <= m < 1,
+           "must be in [0, 1), e.g. 0.02")
+    return problems
 
 
 def check_measure(measure: MeasureConfig) -> List[str]:

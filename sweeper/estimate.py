@@ -7,11 +7,10 @@ from __future__ import annotations
 import sys
 from typing import List, Optional
 
-from sweeper import models
+from sweeper import models, plan
 from sweeper.config import SweeperConfig, budget_bytes
 from sweeper.errors import first_line
 from sweeper.measure.estimate import point_estimates, predicted_frontier
-from sweeper.plan import GridPoint
 from sweeper.units import format_bytes
 
 
@@ -21,32 +20,38 @@ def _mib(n: float) -> str:
 
 def report_lines(cfg: SweeperConfig, num_classes: int) -> List[str]:
     budget = budget_bytes(cfg.device)
+    optim = cfg.optim.name if not cfg.optim._target_ else cfg.optim._target_
     lines = [
         f"Estimated on fake tensors (nothing allocated or run): model {cfg.model.name}, input "
-        f"{list(cfg.model.input_shape)}, {num_classes} classes, fp32, SGD (momentum {cfg.train.momentum:g}).",
+        f"{list(cfg.model.input_shape)}, {num_classes} classes, optimizer {optim}.",
         "Tensor memory only: add the CUDA context (~0.3-1 GiB), cuDNN/cuBLAS workspaces and allocator slack.",
     ]
+    recipes = [(p, c) for p in cfg.sweep.precisions for c in cfg.sweep.activation_checkpointing]
     if budget is not None:
         for workers in sorted(set(cfg.sweep.num_workers)):
-            found = predicted_frontier(cfg, num_classes, workers, budget)
-            line = found.model
-            fit_text = f" (peak = {_mib(line.fixed_bytes)} + {line.per_sample_bytes / 1024:,.1f} KiB x micro-batch)" \
-                if line else ""
-            accumulating = predicted_frontier(cfg, num_classes, workers, budget, accumulation_steps=2)
-            lines.append(
-                f"Budget {cfg.device.memory_budget_gb:g} GiB, {workers} worker(s): largest micro-batch "
-                f"{found.micro_batch_size}{fit_text}; {accumulating.micro_batch_size} with gradient accumulation"
-            )
+            for precision, checkpointing in recipes:
+                lines.append(_frontier_line(cfg, num_classes, workers, budget, precision, checkpointing))
     sizes = cfg.sweep.micro_batch_sizes
     if isinstance(sizes, str):
         return lines
-    points = [GridPoint(int(m), int(a), int(w)) for m in sizes for a in cfg.sweep.accumulation_steps
-              for w in cfg.sweep.num_workers]
-    lines.append(f"{'point':<22}{'estimated peak':>18}{'fits' if budget else '':>8}")
+    points = plan.expand_grid(sizes, cfg.sweep.accumulation_steps, cfg.sweep.num_workers,
+                              precisions=cfg.sweep.precisions, checkpointing=cfg.sweep.activation_checkpointing)
+    lines.append(f"{'point':<30}{'estimated peak':>18}{'fits' if budget else '':>8}")
     for point, peak in point_estimates(cfg, points, num_classes).items():
         fits = ("yes" if peak <= budget else "no") if budget is not None else ""
-        lines.append(f"{point.key:<22}{_mib(peak):>18}{fits:>8}")
+        lines.append(f"{point.key:<30}{_mib(peak):>18}{fits:>8}")
     return lines
+
+
+def _frontier_line(cfg: SweeperConfig, num_classes: int, workers: int, budget: int, precision: str,
+                   checkpointing: str) -> str:
+    found = predicted_frontier(cfg, num_classes, workers, budget, 1, precision, checkpointing)
+    line = found.model
+    fit = f" (peak = {_mib(line.fixed_bytes)} + {line.per_sample_bytes / 1024:,.1f} KiB x micro-batch)" if line else ""
+    accumulating = predicted_frontier(cfg, num_classes, workers, budget, 2, precision, checkpointing)
+    recipe = f", {precision}" + (", checkpointing" if checkpointing != "none" else "")
+    return (f"Budget {cfg.device.memory_budget_gb:g} GiB, {workers} worker(s){recipe}: largest micro-batch "
+            f"{found.micro_batch_size}{fit}; {accumulating.micro_batch_size} with gradient accumulation")
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -13,6 +13,13 @@ from sweeper.config import ModelConfig, check_factory
 from sweeper.errors import first_line
 
 
+class MLPBlock(nn.Sequential):
+    """One Linear+ReLU layer of the MLP: the unit activation checkpointing (`blocks`) wraps."""
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__(nn.Linear(in_features, out_features), nn.ReLU())
+
+
 class MLP(nn.Module):
     """Seed 003's MLP: `depth` Linear+ReLU layers of `width` units on the flattened input, then a
     classifier. BatchNorm-free, so gradient accumulation and data parallelism are exactly equivalent."""
@@ -22,7 +29,7 @@ class MLP(nn.Module):
         layers: List[nn.Module] = [nn.Flatten()]
         features = in_features
         for _ in range(depth):
-            layers += [nn.Linear(features, width), nn.ReLU()]
+            layers.append(MLPBlock(features, width))
             features = width
         layers.append(nn.Linear(features, num_classes))
         self.net = nn.Sequential(*layers)
@@ -101,3 +108,12 @@ def build(cfg: ModelConfig, num_classes: int) -> nn.Module:
 
     return torchvision.models.get_model(cfg.name, weights=None, num_classes=num_classes, **cfg.kwargs)
 
+
+def build_on_meta(cfg: ModelConfig, num_classes: int) -> nn.Module:
+    """The model's structure without its weights (the meta device allocates nothing): what a check
+    of its modules needs."""
+    try:
+        with torch.device("meta"):
+            return build(cfg, num_classes)
+    except Exception:  # noqa: BLE001 - a factory that cannot run on meta is built for real
+        return build(cfg, num_classes)

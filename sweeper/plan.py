@@ -7,18 +7,28 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import asdict, dataclass
-from typing import Dict, Iterable, List, Optional, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 
-@dataclass(frozen=True, order=True)
+# The recipe axes' defaults: a point that uses them keeps the key it had before they existed.
+DEFAULT_PRECISION, DEFAULT_CHECKPOINTING = "fp32", "none"
+
+
+@dataclass(frozen=True)
 class GridPoint:
-    """One trial: `micro_batch_size` samples per worker per forward/backward, `accumulation_steps`
-    micro-batches per optimizer step on each of `num_workers` data-parallel workers."""
+    """One point: `micro_batch_size` samples per worker per forward/backward, `accumulation_steps`
+    micro-batches per optimizer step on each of `num_workers` data-parallel workers, trained in
+    `precision` (fp32 | bf16 | fp16 autocast) with activation `checkpointing` (none | blocks), at the
+    scaled LR times `lr_multiplier`. `seed`: one replicate of it (None: train.seed, one replicate)."""
 
     micro_batch_size: int
     accumulation_steps: int
     num_workers: int
+    precision: str = DEFAULT_PRECISION
+    checkpointing: str = DEFAULT_CHECKPOINTING
+    lr_multiplier: float = 1.0
+    seed: Optional[int] = None
 
     @property
     def global_batch_size(self) -> int:
@@ -27,11 +37,36 @@ class GridPoint:
 
     @property
     def key(self) -> str:
-        """A stable name for the point, used for Ray trial names and to avoid duplicate MLflow runs."""
-        return f"mb{self.micro_batch_size}-acc{self.accumulation_steps}-w{self.num_workers}"
+        """A stable name for the point, used for Ray trial names and to avoid duplicate MLflow runs:
+        mb64-acc2-w1, then -bf16 / -ckpt for a recipe other than fp32 without checkpointing, -lrx2
+        for an LR multiplier other than 1, -s1 for one seed of several."""
+        key = self.point_key
+        return key if self.seed is None else f"{key}-s{self.seed}"
 
-    def as_dict(self) -> Dict[str, int]:
+    @property
+    def point_key(self) -> str:
+        """The key its replicates share (tag sweeper.point): every axis but the seed."""
+        key = f"mb{self.micro_batch_size}-acc{self.accumulation_steps}-w{self.num_workers}"
+        if self.precision != DEFAULT_PRECISION:
+            key += f"-{self.precision}"
+        if self.checkpointing != DEFAULT_CHECKPOINTING:
+            key += "-ckpt"
+        if self.lr_multiplier != 1.0:
+            key += f"-lrx{self.lr_multiplier:g}"
+        return key
+
+    @property
+    def recipe(self) -> Tuple[str, str]:
+        return self.precision, self.checkpointing
+
+    def as_dict(self) -> Dict[str, Any]:
         return asdict(self)
+
+
+def frontier_label(search: GridPoint) -> str:
+    """A frontier search's name, from its template point (micro-batch and accumulation 1): its worker
+    count and, beyond fp32 without checkpointing, its recipe: w2, w2-bf16-ckpt."""
+    return search.key.split("-", 2)[2]
 
 
 def expand_grid(
@@ -39,15 +74,22 @@ def expand_grid(
     accumulation_steps: Sequence[int],
     num_workers: Sequence[int],
     global_batch_sizes: Optional[Iterable[int]] = None,
+    precisions: Sequence[str] = (DEFAULT_PRECISION,),
+    checkpointing: Sequence[str] = (DEFAULT_CHECKPOINTING,),
+    lr_multipliers: Sequence[float] = (1.0,),
+    seeds: Optional[Sequence[int]] = None,
 ) -> List[GridPoint]:
-    """The product of the three lists (duplicates removed, order kept), optionally filtered to the
-    points whose global batch size is one of `global_batch_sizes`."""
+    """The product of the axes (duplicates removed, order kept), optionally filtered to the points
+    whose global batch size is one of `global_batch_sizes` (in every recipe). `seeds` None: one
+    replicate per point (train.seed); else one per seed."""
     keep = None if global_batch_sizes is None else set(global_batch_sizes)
     points: List[GridPoint] = []
-    for micro, accum, workers in itertools.product(
-        micro_batch_sizes, accumulation_steps, num_workers
+    for micro, accum, workers, precision, ckpt, multiplier, seed in itertools.product(
+        micro_batch_sizes, accumulation_steps, num_workers, precisions, checkpointing, lr_multipliers,
+        seeds if seeds is not None else [None],
     ):
-        point = GridPoint(int(micro), int(accum), int(workers))
+        point = GridPoint(int(micro), int(accum), int(workers), str(precision), str(ckpt), float(multiplier),
+                          None if seed is None else int(seed))
         if point in points:
             continue
         if keep is not None and point.global_batch_size not in keep:
@@ -106,6 +148,14 @@ def stream_indices(
     return out
 
 
+def replicate(points: Sequence[GridPoint], lr_multipliers: Sequence[float] = (1.0,),
+              seeds: Optional[Sequence[int]] = None) -> List[GridPoint]:
+    """Each point at every LR multiplier and, with `seeds`, once per seed (what the frontier search's
+    points leave to cross: memory depends on neither)."""
+    return [replace(p, lr_multiplier=float(m), seed=s) for p in points for m in lr_multipliers
+            for s in (seeds if seeds is not None else [None])]
+
+
 def worker_groups(points: Sequence[GridPoint], points_per_group: Optional[int] = None) -> List[List[GridPoint]]:
     """The points cut into groups of at most `points_per_group` (None: one group), each measured in
     one Ray Train worker group sized to its largest point; a point with fewer workers runs on the
@@ -113,6 +163,7 @@ def worker_groups(points: Sequence[GridPoint], points_per_group: Optional[int] =
     groups are as uniform as they can be. Worker start-up is then paid once per group. Within a
     worker count, smaller micro-batches (then fewer accumulation steps) come first, so a point
     that runs out of memory marks the larger ones after it as out of memory without running them."""
-    ordered = sorted(points, key=lambda p: (p.num_workers, p.micro_batch_size, p.accumulation_steps))
+    ordered = sorted(points, key=lambda p: (p.num_workers, p.recipe, p.micro_batch_size, p.accumulation_steps,
+                                            p.lr_multiplier, -1 if p.seed is None else p.seed))
     size = points_per_group or max(len(ordered), 1)
     return [ordered[i : i + size] for i in range(0, len(ordered), size)]

@@ -14,7 +14,9 @@ import math
 from dataclasses import Field, dataclass, field, fields
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
-METRIC, SERIES, TAG, NOTE = "metric", "series", "tag", "note"
+METRIC, SERIES, CURVE, TAG, NOTE = "metric", "series", "curve", "tag", "note"
+# How a point ends, best to worst: the worst over a point's ranks is its status.
+STATUSES = ("ok", "diverged", "oom", "failed")
 
 
 def metric() -> Any:
@@ -25,6 +27,11 @@ def metric() -> Any:
 def series() -> Any:
     """A list of numbers, one MLflow metric under the field's name with the index as its step."""
     return field(default=None, metadata={"kind": SERIES})
+
+
+def curve() -> Any:
+    """(step, value) pairs, one MLflow metric under the field's name at those steps (e.g. samples seen)."""
+    return field(default=None, metadata={"kind": CURVE})
 
 
 def tag(name: str) -> Any:
@@ -126,6 +133,13 @@ class Record:
     def series(self) -> Dict[str, List[float]]:
         return {f.name: [float(x) for x in v] for f, v in self.leaves() if f.metadata.get("kind") == SERIES and v}
 
+    def curves(self) -> Dict[str, List[Tuple[int, float]]]:
+        """Each curve's finite (step, value) pairs."""
+        return {
+            f.name: [(int(s), float(x)) for s, x in v if math.isfinite(float(x))]
+            for f, v in self.leaves() if f.metadata.get("kind") == CURVE and v
+        }
+
     def tags(self) -> Dict[str, str]:
         out: Dict[str, str] = {}
         for f, value in self.leaves():
@@ -222,20 +236,80 @@ class Flops(Record):
     """FLOPs per sample counted on fake tensors, against the device's peak (measure.flops)."""
 
     flops_per_sample_forward: Optional[float] = metric()
-    flops_per_sample_train: Optional[float] = metric()
+    flops_per_sample_train: Optional[float] = metric()  # the model's: what MFU counts
+    # What the hardware computes: with activation checkpointing, the recomputed forward too (HFU).
+    flops_per_sample_hardware: Optional[float] = metric()
     achieved_flops_per_second: Optional[float] = metric()
-    peak_flops_per_second: Optional[float] = metric()
+    peak_flops_per_second: Optional[float] = metric()  # in the point's precision
     mfu: Optional[float] = metric()
+    hfu: Optional[float] = metric()
     peak_flops_source: Optional[str] = tag("sweeper.peak_flops_source")
 
 
 @dataclass
 class Accuracy(Record):
     val_accuracy: Optional[float] = metric()
+    val_loss: Optional[float] = metric()  # mean cross-entropy over the held-out split
+    val_samples: Optional[int] = metric()  # the held-out split's size (its binomial interval)
     # BatchNorm statistics re-estimated over these samples before validation (absent without BatchNorm)
     bn_recalibration_samples: Optional[int] = metric()
     # why there is no accuracy (e.g. synthetic data), set by the driver
     accuracy_note: Optional[str] = tag("sweeper.accuracy")
+
+
+@dataclass
+class Progress(Record):
+    """Evaluations during training (eval.every_samples) and the time to a target."""
+
+    val_accuracy_curve: Optional[List[Tuple[int, float]]] = curve()  # (samples seen, accuracy)
+    val_loss_curve: Optional[List[Tuple[int, float]]] = curve()
+    evaluations: Optional[int] = metric()
+    eval_seconds: Optional[float] = metric()  # on the time to target's clock, out of the throughput windows
+    reached_target: Optional[int] = metric()  # 1 or 0 (with a target)
+    samples_to_target: Optional[int] = metric()
+    steps_to_target: Optional[int] = metric()
+    time_to_target_seconds: Optional[float] = metric()  # from the first step, evaluations included
+
+
+@dataclass
+class NoiseScale(Record):
+    """The gradient noise scale B_simple = tr(Sigma) / |G|^2 from the point's micro-gradients
+    (worker.gns): the final moving averages, the ratio over the whole training, and after each step."""
+
+    gns_b_simple: Optional[float] = metric()  # the final moving averages' ratio
+    gns_b_simple_train_avg: Optional[float] = metric()  # mean tr(Sigma) over the steps / mean |G|^2
+    gns_trace_sigma: Optional[float] = metric()  # mean over the steps
+    gns_grad_sq_norm: Optional[float] = metric()  # mean over the steps
+    gns_b_simple_ema: Optional[List[float]] = series()  # the moving averages' ratio after each step
+    gns_trace_sigma_per_step: Optional[List[float]] = series()  # each step's unbiased estimates
+    gns_grad_sq_norm_per_step: Optional[List[float]] = series()
+    gns_small_batch: Optional[int] = metric()  # b: the micro-batch
+    gns_big_batch: Optional[int] = metric()  # B: the global batch
+    gns_train_samples: Optional[int] = metric()  # N, for the without-replacement correction
+    gns_note: Optional[str] = tag("sweeper.gns")  # why there is no estimate
+
+
+@dataclass
+class Divergence(Record):
+    """Why a point is `diverged` (worker.divergence), and the gradient it had."""
+
+    diverged_at_step: Optional[int] = metric()
+    divergence_reason: Optional[str] = tag("sweeper.divergence")  # nonfinite | spike | chance
+    grad_norm: Optional[List[float]] = series()  # the whole gradient's norm at every step
+
+
+@dataclass
+class Recipe(Record):
+    """What the point's recipe did beyond the figures above: fp16's loss scaling, checkpointing,
+    compilation."""
+
+    # fp16: the GradScaler's scale after the last step, and the optimizer steps it skipped because a
+    # gradient was not finite (each halves the scale).
+    grad_scaler_scale: Optional[float] = metric()
+    grad_scaler_skipped_steps: Optional[int] = metric()
+    checkpointed_blocks: Optional[int] = metric()  # blocks recomputed in backward (activation_checkpointing)
+    # train.compile: the first (untimed) optimizer step's wall time, compilation included.
+    compile_step_seconds: Optional[float] = metric()
 
 
 @dataclass
@@ -264,7 +338,8 @@ class PointResult(Record):
     """One measured grid point (or frontier probe), the same on every rank of its process group."""
 
     trial_key: str = note("")  # the point's key, e.g. mb32-acc2-w1 (MLflow tag sweeper.trial_key)
-    status: str = note("ok")  # ok | oom | failed (| idle: a rank outside a smaller point's sub-group)
+    # ok | diverged | oom | failed (| idle: a rank outside a smaller point's sub-group)
+    status: str = note("ok")
     error: Optional[str] = tag("sweeper.error")
     oom_implied_by: Optional[str] = tag("sweeper.oom_implied_by")
     oom_simulated: Optional[bool] = note()  # the out-of-memory was a simulated CPU budget's
@@ -280,6 +355,10 @@ class PointResult(Record):
     utilization: Utilization = section(Utilization)
     flops: Flops = section(Flops)
     accuracy: Accuracy = section(Accuracy)
+    progress: Progress = section(Progress)
+    divergence: Divergence = section(Divergence)
+    noise: NoiseScale = section(NoiseScale)
+    recipe: Recipe = section(Recipe)
     cost: Cost = section(Cost)
 
     @property
@@ -407,13 +486,13 @@ class FrontierResult:
         searches = {name: FrontierSearch.from_flat(part) for name, part in parts.items()}
         return cls(**own, **searches)  # type: ignore[arg-type]
 
-    def metrics(self, num_workers: int) -> Dict[str, float]:
-        """Its figures on the parent run, each suffixed with the worker count."""
-        out = {
-            f"{prefix}{k}_w{num_workers}": v for prefix, found in self.searches() for k, v in found.metrics().items()
-        }
+    def metrics(self, label: str) -> Dict[str, float]:
+        """Its figures on the parent run, each suffixed with the search's label (`_w2`, or
+        `_w2_bf16_ckpt` for another recipe than fp32 without checkpointing)."""
+        suffix = "_" + label.replace("-", "_")
+        out = {f"{prefix}{k}{suffix}": v for prefix, found in self.searches() for k, v in found.metrics().items()}
         if self.memory_budget_bytes is not None:
-            out[f"memory_budget_bytes_w{num_workers}"] = float(self.memory_budget_bytes)
+            out[f"memory_budget_bytes{suffix}"] = float(self.memory_budget_bytes)
         return out
 
     @staticmethod
@@ -432,6 +511,7 @@ class SweepSummary(Record):
     """Counted and timed once the grid is done: how its points ended and where its wall time went."""
 
     num_trials_ok: Optional[int] = metric()
+    num_trials_diverged: Optional[int] = metric()
     num_trials_oom: Optional[int] = metric()
     num_trials_failed: Optional[int] = metric()
     # the sweep's wall time in phases that add up to it
@@ -448,9 +528,15 @@ class SweepSummary(Record):
     sum_train_seconds: Optional[float] = metric()
     sweep_wall_over_train_seconds: Optional[float] = metric()
 
+    def count(self, statuses: Mapping[str, int]) -> "SweepSummary":
+        """How many points ended in each status (num_trials_<status>)."""
+        self.update({f"num_trials_{status}": statuses.get(status, 0) for status in STATUSES})
+        return self
+
 
 def recorded_metric_names() -> List[str]:
     """Every metric name a sweep records (frontier names before their `_w<workers>` suffix)."""
-    names = PointResult.names(METRIC) + PointResult.names(SERIES) + InferenceResult.names(METRIC)
+    names = PointResult.names(METRIC) + PointResult.names(SERIES) + PointResult.names(CURVE)
+    names += InferenceResult.names(METRIC)
     names += FrontierResult.metric_names() + SweepSummary.names(METRIC)
     return sorted(set(names))

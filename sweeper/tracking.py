@@ -220,10 +220,11 @@ class Tracker:
     def log_artifacts(self, folder: str, path: str) -> None:
         self._journaled("artifacts", {"folder": folder, "path": path})
 
-    def log_frontier(self, num_workers: int, result: FrontierResult, folder: Optional[str] = None) -> None:
-        """A worker count's frontier on the parent run: `<metric>_w<workers>`, the reason as a tag,
-        and the files in `folder` (its plot and probes) as artifacts under `frontier/`."""
-        self._journaled("frontier", {"num_workers": num_workers, "result": result.to_flat(), "folder": folder})
+    def log_frontier(self, label: str, result: FrontierResult, folder: Optional[str] = None) -> None:
+        """A frontier search's result on the parent run: `<metric>_w<workers>` (plus the recipe, e.g.
+        `_w2_bf16_ckpt`), the reason as a tag, and the files in `folder` (its plot and probes) as
+        artifacts under `frontier/`."""
+        self._journaled("frontier", {"label": label, "result": result.to_flat(), "folder": folder})
 
     def end_sweep(self, summary: SweepSummary, status: str) -> Tuple[int, int]:
         """The sweep's closing figures and its end, FINISHED | FAILED | KILLED, after the journal's
@@ -364,7 +365,7 @@ class Tracker:
                                      tags={"mlflow.parentRunId": parent, "sweeper.role": role})
         run_id = run.info.run_id
         self._log_params(run_id, params)
-        self._log_metrics(run_id, typed.metrics(), typed.series())
+        self._log_metrics(run_id, typed.metrics(), typed.series(), typed.curves())
         trace = getattr(typed, "profile_trace_dir", None)
         if trace and os.path.isdir(trace):
             # A torch.profiler Chrome trace: open in Perfetto or TensorBoard's profiler plugin.
@@ -386,15 +387,15 @@ class Tracker:
     def _write_artifacts(self, folder: str, path: str) -> None:
         self.client.log_artifacts(self.parent_run_id, folder, path)
 
-    def _write_frontier(self, num_workers: int, result: Dict[str, Any], folder: Optional[str]) -> None:
+    def _write_frontier(self, label: str, result: Dict[str, Any], folder: Optional[str]) -> None:
         found = FrontierResult.from_flat(result)
-        self._log_metrics(self.parent_run_id, found.metrics(num_workers))
+        self._log_metrics(self.parent_run_id, found.metrics(label))
         reasons = {prefix: search.reason for prefix, search in found.searches()}
         tags = {}
         for prefix, name in (("frontier_", "frontier"), ("frontier_accumulating_", "frontier_accumulating")):
             text = reasons.get(prefix) or (found.error if prefix == "frontier_" else None)
             if text:
-                tags[f"sweeper.{name}_w{num_workers}"] = str(text)[:5000]
+                tags[f"sweeper.{name}_{label}"] = str(text)[:5000]
         self._log_tags(self.parent_run_id, tags)
         if folder and os.path.isdir(folder):
             self.client.log_artifacts(self.parent_run_id, folder, "frontier")
@@ -427,14 +428,17 @@ class Tracker:
             self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
 
     def _log_metrics(
-        self, run_id: str, values: Dict[str, float], series: Optional[Dict[str, List[float]]] = None
+        self, run_id: str, values: Dict[str, float], series: Optional[Dict[str, List[float]]] = None,
+        curves: Optional[Dict[str, List[Tuple[int, float]]]] = None,
     ) -> None:
-        """Numbers by name (step 0), and each series with its index as the step."""
+        """Numbers by name (step 0), each series with its index as the step, each curve at its own
+        steps (e.g. samples seen)."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         metrics = [Metric(name, float(v), now, 0) for name, v in values.items() if v is not None and math.isfinite(v)]
         metrics += [Metric(name, float(v), now, i) for name, vs in (series or {}).items() for i, v in enumerate(vs)]
+        metrics += [Metric(name, float(v), now, s) for name, pairs in (curves or {}).items() for s, v in pairs]
         for begin in range(0, len(metrics), MAX_BATCH):
             self.client.log_batch(run_id, metrics=metrics[begin : begin + MAX_BATCH])
 

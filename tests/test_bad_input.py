@@ -50,6 +50,33 @@ def unlabelled():
     return TensorDataset(torch.zeros(4, 8)), None
 
 
+class NoBlocks(torch.nn.Module):
+    """A model with nothing activation checkpointing knows how to wrap."""
+
+    def __init__(self, num_classes: int):
+        super().__init__()
+        self.linear = torch.nn.Linear(64, num_classes)
+
+    def forward(self, x):
+        return self.linear(x.flatten(1))
+
+
+class HalfOnItsOwn(NoBlocks):
+    """A model whose own code computes in the autocast dtype, with an op the CPU has no fp16 kernel for
+    (QR); under bf16, or on a GPU, it would run."""
+
+    def forward(self, x):
+        h = self.linear(x.flatten(1))
+        if torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.float16:
+            with torch.autocast("cpu", enabled=False):  # its own fp16 math, outside autocast's casts
+                h = h + torch.linalg.qr(h.half())[0].float().sum() * 0
+        return h
+
+
+def not_an_optimizer(params, lr):
+    return {"lr": lr}
+
+
 # (overrides, the key the error line must name)
 CASES = [
     # null where a list is needed (a scalar is a one-element list: tests/test_config.py)
@@ -60,11 +87,11 @@ CASES = [
     (["inference.batch_sizes=null"], "inference.batch_sizes"),
     (["sweep.max_concurrent_trials=0"], "sweep.max_concurrent_trials"),
     # NaN and infinity, wherever a number goes
-    (["train.lr=nan"], "train.lr"),
-    (["train.lr=inf"], "train.lr"),
-    (["train.lr=-inf"], "train.lr"),
-    (["train.momentum=1.5"], "train.momentum"),
-    (["train.weight_decay=-0.1"], "train.weight_decay"),
+    (["optim.lr=nan"], "optim.lr"),
+    (["optim.lr=inf"], "optim.lr"),
+    (["optim.lr=-inf"], "optim.lr"),
+    (["optim.momentum=1.5"], "optim.momentum"),
+    (["optim.weight_decay=-0.1"], "optim.weight_decay"),
     (["device.memory_budget_gb=nan"], "device.memory_budget_gb"),
     (["device.memory_budget_gb=inf"], "device.memory_budget_gb"),
     (["cluster.cpus_per_worker=nan"], "cluster.cpus_per_worker"),
@@ -102,9 +129,26 @@ CASES = [
     (["data=custom", f"data._target_={HERE}.three_datasets"], "data._target_"),
     (["data=custom", f"data._target_={HERE}.not_datasets"], "data._target_"),
     (["data=custom", f"data._target_={HERE}.unlabelled"], "data._target_"),
+    # the recipe
+    (["train.lr=0.1"], "train.lr moved to optim.lr"),
+    (["train.momentum=0.8"], "train.momentum moved to optim.momentum"),
+    (["optim=nope"], "Could not find 'optim/nope'"),
+    (["optim=adamw", "optim.betas=[0.9]"], "optim.betas"),
+    (["optim=adamw", "optim.betas=[0.9,1.5]"], "optim.betas[1]"),
+    (["optim.eps=0"], "optim.eps"),
+    (["optim=custom", "optim._target_=no.such.factory"], "optim._target_"),
+    (["loss.label_smoothing=1.5"], "loss.label_smoothing"),
+    (["loss.name=hinge"], "loss.name"),
+    (["sweep.precisions=[fp8]"], "sweep.precisions"),
+    (["sweep.precisions=[]"], "sweep.precisions"),
+    (["sweep.activation_checkpointing=[layers]"], "sweep.activation_checkpointing"),
+    (["model=custom", f"model._target_={HERE}.NoBlocks", "model.input_shape=[1,8,8]",
+      "sweep.activation_checkpointing=[none,blocks]"], "sweep.activation_checkpointing=blocks"),
+    (["model=custom", f"model._target_={HERE}.HalfOnItsOwn", "model.input_shape=[1,8,8]",
+      "sweep.precisions=[fp32,fp16]", "cluster.use_gpu=false"], "sweep.precisions has fp16"),
     # the inference task checks the same sections
     (["task=inference", "inference.batch_sizes=[0]"], "inference.batch_sizes"),
-    (["task=inference", "train.lr=nan"], "train.lr"),
+    (["task=inference", "optim.lr=nan"], "optim.lr"),
 ]
 # A case that took this long started something it should not have (Ray alone takes ~15 s to start).
 SLOW_SECONDS = 20
@@ -187,11 +231,11 @@ def test_bad_input_is_one_error_line_before_ray(outcomes, index):
 
 def test_a_multirun_goes_on_after_a_job_with_bad_input(tmp_path):
     """Hydra's job runner does not catch SystemExit: a job that exited would end the multirun."""
-    result = run_cli("-m", "train.lr=nan,inf", NO_DASHBOARD, cwd=tmp_path, env={"HOME": str(tmp_path / "home")},
+    result = run_cli("-m", "optim.lr=nan,inf", NO_DASHBOARD, cwd=tmp_path, env={"HOME": str(tmp_path / "home")},
                      timeout=120)
     assert result.returncode == 2, result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert [e.split(" ")[1] for e in errors] == ["train.lr=nan", "train.lr=inf"], result.stderr
+    assert [e.split(" ")[1] for e in errors] == ["optim.lr=nan", "optim.lr=inf"], result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / ".sweeper" / "ray").exists()
 
 
@@ -199,12 +243,12 @@ def test_multirun_exits_with_its_worst_job_and_takes_one_value_per_list_key(tmp_
     """Labelled stand-in: the train driver is replaced by its validation (no Ray); the real two-job
     multirun that measures sweeps is an end-to-end test."""
     bad_then_good, seeds, sizes, bad_compose = run_cases([
-        ["-m", "train.lr=nan,0.05"],
+        ["-m", "optim.lr=nan,0.05"],
         ["-m", "train.seed=0,1"],
         ["-m", "sweep.micro_batch_sizes=16,32"],
         ["-m", "train.epochs=1,abc"],  # Hydra composes every job before the first runs
     ], tmp_path, stub_driver=True)
-    assert bad_then_good["status"] == 2 and bad_then_good["stderr"].startswith("error: train.lr=nan")
+    assert bad_then_good["status"] == 2 and bad_then_good["stderr"].startswith("error: optim.lr=nan")
     assert bad_then_good["stdout"].count("job: ") == 1, bad_then_good  # the second job ran all the same
     assert seeds["status"] == 1 and seeds["stdout"].count("job: ") == 2, seeds
     assert sizes["status"] == 0, sizes

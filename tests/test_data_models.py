@@ -12,7 +12,7 @@ from sweeper import data, models
 from sweeper.config import DataConfig, MeasureConfig, ModelConfig, TrainConfig
 from sweeper.plan import GridPoint
 from sweeper.worker.spec import PointSpec, WorkerContext
-from sweeper.worker.step import train_point
+from sweeper.worker.train import train_point
 
 
 def write_tiny_cifar10(root, per_batch=20, test=30):

@@ -17,7 +17,7 @@ from tests.conftest import run_cli
 pytestmark = pytest.mark.e2e
 
 TINY_MLP = ["model=mlp", "model.depth=2", "model.width=64", "model.input_shape=[1,8,8]"]
-TRAIN = ["train.epochs=1", "train.lr=0.1", "measure.warmup_steps=3", "measure.windows=3"]
+TRAIN = ["train.epochs=1", "optim.lr=0.1", "measure.warmup_steps=3", "measure.windows=3"]
 
 
 def _runs(tmp_path, experiment="sweeper"):
@@ -194,3 +194,58 @@ def test_a_point_that_raises_is_recorded_failed_and_its_group_goes_on(tmp_path):
     # The same worker group measured the next point after the failure.
     assert ok.data.tags["sweeper.status"] == "ok" and ok.data.metrics["samples_per_second"] > 0
     assert client.get_run(parents[0].info.run_id).info.status == "FAILED"
+
+
+def test_a_recipe_sweep_crosses_precision_and_checkpointing_with_adamw(tmp_path):
+    result = run_cli(
+        *TINY_MLP, *TRAIN, "optim=adamw", "optim.lr=0.001", "sweep.micro_batch_sizes=[16]",
+        "sweep.accumulation_steps=[1]", "sweep.num_workers=[1]", "sweep.precisions=[fp32,bf16]",
+        "sweep.activation_checkpointing=[none,blocks]", "tracking.experiment_name=recipe",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    client, parents, children = _runs(tmp_path, "recipe")
+    by_key = {r.data.tags["sweeper.trial_key"]: r for r in children}
+    assert set(by_key) == {"mb16-acc1-w1", "mb16-acc1-w1-bf16", "mb16-acc1-w1-ckpt", "mb16-acc1-w1-bf16-ckpt"}
+    tiny = models.build(ModelConfig(name="mlp", depth=2, width=64, input_shape=[1, 8, 8]), 10)
+    param_bytes = 4 * sum(p.numel() for p in tiny.parameters())
+    for key, run in by_key.items():
+        p, m = run.data.params, run.data.metrics
+        assert (p["precision"], p["activation_checkpointing"]) == (
+            "bf16" if "bf16" in key else "fp32", "blocks" if "ckpt" in key else "none")
+        assert p["optimizer"] == "adamw" and p["compiled"] == "False"
+        assert m["memory_optimizer_state_bytes"] >= 2 * param_bytes  # AdamW: two fp32 tensors a parameter
+        precision = "bf16" if "bf16" in key else "fp32"
+        assert run.data.tags["sweeper.peak_flops_source"].startswith(f"measured: {precision} ")
+        if "ckpt" in key:
+            assert m["checkpointed_blocks"] == 2 and m["hfu"] > m["mfu"] > 0
+            assert m["flops_per_sample_hardware"] > m["flops_per_sample_train"]
+        else:
+            assert m["hfu"] == pytest.approx(m["mfu"])
+    params = client.get_run(parents[0].info.run_id).data.params
+    assert params["optimizer"] == "adamw" and params["precisions"] == "['fp32', 'bf16']"
+
+
+def test_a_diverging_lr_is_a_diverged_point_and_replicates_share_their_point(tmp_path):
+    result = run_cli(
+        *TINY_MLP, *TRAIN, "sweep.micro_batch_sizes=[16]", "sweep.accumulation_steps=[1]", "sweep.num_workers=[1]",
+        "sweep.lr_multipliers=[1,10000]", "sweep.seeds=[0,1]", "eval.every_samples=400", "eval.target_accuracy=0.5",
+        "tracking.experiment_name=diverge", cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]  # diverged is a result
+    client, parents, children = _runs(tmp_path, "diverge")
+    by_key = {r.data.tags["sweeper.trial_key"]: r for r in children}
+    assert set(by_key) == {"mb16-acc1-w1-s0", "mb16-acc1-w1-s1", "mb16-acc1-w1-lrx10000-s0", "mb16-acc1-w1-lrx10000-s1"}
+    for seed in (0, 1):
+        good, bad = by_key[f"mb16-acc1-w1-s{seed}"], by_key[f"mb16-acc1-w1-lrx10000-s{seed}"]
+        assert good.data.tags["sweeper.status"] == "ok" and good.data.params["point"] == "mb16-acc1-w1"
+        assert bad.data.tags["sweeper.status"] == "diverged" and bad.data.params["point"] == "mb16-acc1-w1-lrx10000"
+        assert bad.data.tags["sweeper.divergence"] in ("nonfinite", "spike", "chance")
+        assert bad.data.metrics["diverged_at_step"] >= 0 and bad.info.status == "FINISHED"
+        # The curve of evaluations: every 400 samples rounded up to 25 steps of 16, then the last step.
+        curve = client.get_metric_history(good.info.run_id, "val_accuracy_curve")
+        assert sorted(h.step for h in curve) == [400, 800, 1200, 1424]
+        assert good.data.metrics["reached_target"] in (0.0, 1.0)
+    tags = client.get_run(parents[0].info.run_id).data.tags
+    assert "lrx10000" not in tags.get("sweeper.recommended_overrides", "")
+    assert client.get_run(parents[0].info.run_id).data.metrics["num_trials_diverged"] == 2

@@ -18,7 +18,7 @@ from sweeper.worker.spec import FrontierSpec, PointSpec, WorkerContext
 
 MLP = ModelConfig(name="mlp", input_shape=[1, 8, 8], depth=3, width=64)
 DATA = DataConfig(name="synthetic", num_samples=1024)
-TRAIN = TrainConfig(lr=0.1, seed=3)
+TRAIN = TrainConfig(seed=3)
 MEASURE = MeasureConfig(warmup_steps=2, windows=2, stable_windows=2, flops=False)
 
 

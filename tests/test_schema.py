@@ -24,6 +24,10 @@ NOT_ON_ONE_CPU_POINT = {
     "worker_group_launch_seconds", "worker_group_init_seconds", "worker_group_setup_seconds",
     "between_points_seconds", "worker_group_points", "worker_group_restarts", "num_nodes", "memory_budget_bytes",
     "memory_estimated_peak_bytes", "memory_estimate_error",
+    # the recipe's: fp16's loss scaling, checkpointing and compilation (not asked for here)
+    "grad_scaler_scale", "grad_scaler_skipped_steps", "checkpointed_blocks", "compile_step_seconds",
+    # a target's and a divergence's (none here)
+    "reached_target", "samples_to_target", "steps_to_target", "time_to_target_seconds", "diverged_at_step",
 }
 
 
@@ -50,22 +54,26 @@ def test_a_flat_result_round_trips_and_records_only_finite_numbers():
                               plain=FrontierSearch(micro_batch_size=64, fit_points=3),
                               accumulating=FrontierSearch(micro_batch_size=48))
     assert FrontierResult.from_flat(frontier.to_flat()) == frontier
-    assert frontier.metrics(2) == {"frontier_micro_batch_size_w2": 64.0, "frontier_fit_points_w2": 3.0,
-                                   "frontier_accumulating_micro_batch_size_w2": 48.0, "memory_budget_bytes_w2": 100.0}
+    assert frontier.metrics("w2") == {
+        "frontier_micro_batch_size_w2": 64.0, "frontier_fit_points_w2": 3.0,
+        "frontier_accumulating_micro_batch_size_w2": 48.0, "memory_budget_bytes_w2": 100.0,
+    }
+    assert set(frontier.metrics("w2-bf16-ckpt")) >= {"frontier_micro_batch_size_w2_bf16_ckpt"}
 
 
 def test_every_metric_a_cpu_point_can_have_is_produced_and_recorded(tmp_path):
     model = ModelConfig(name="mlp", depth=2, width=32, input_shape=[1, 8, 8])
     spec = PointSpec(
-        model=model, data=DataConfig(name="digits"), train=TrainConfig(lr=0.1, epochs=1), point=GridPoint(16, 2, 1),
+        model=model, data=DataConfig(name="digits"), train=TrainConfig(epochs=1), point=GridPoint(16, 2, 1),
         lr=0.1, steps=8, measure=MeasureConfig(warmup_steps=2, windows=3, stable_windows=2, stability_tolerance=0.5),
         flop_count=flops.count_flops(lambda: __import__("sweeper.models").models.build(model, 10), [1, 8, 8], 10),
     )
     peak = flops.PeakFlops(1e10, "a test's figure")
-    result = run_point(spec, WorkerContext(), facts=GroupFacts(peak=peak))
+    result = run_point(spec, WorkerContext(), facts=GroupFacts(peaks={"fp32": peak}))
     assert result.status == "ok", result.error
-    produced = set(result.metrics()) | set(result.series())
+    produced = set(result.metrics()) | set(result.series()) | set(result.curves())
     expected = set(PointResult.names(METRIC)) - NOT_ON_ONE_CPU_POINT - {"bn_recalibration_samples"}  # no BatchNorm
+    expected |= {"val_accuracy_curve", "val_loss_curve", "grad_norm", "train_loss", "window_samples_per_second"}
     assert expected - produced == set()
     tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "schema")
     tracker.start_sweep("sweep-schema", {}, "")

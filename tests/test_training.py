@@ -15,18 +15,18 @@ from sweeper.plan import GridPoint
 from sweeper.worker.evaluate import recalibrate_batchnorm
 from sweeper.worker.points import run_points
 from sweeper.worker.spec import PointSpec, WorkerContext
-from sweeper.worker.step import train_point
+from sweeper.worker.train import train_point
 from tests.conftest import free_port
 
 MLP = ModelConfig(name="mlp", input_shape=[1, 8, 8], depth=3, width=32)
 DIGITS = DataConfig(name="digits")
-TRAIN = TrainConfig(lr=0.1, seed=3)
+TRAIN = TrainConfig(seed=3)
 MEASURE = MeasureConfig(warmup_steps=2, windows=3, flops=False)
 STEPS = 12
 
 
 def spec(point: GridPoint, model=MLP, data=DIGITS) -> PointSpec:
-    return PointSpec(model=model, data=data, train=TRAIN, measure=MEASURE, point=point, lr=TRAIN.lr, steps=STEPS)
+    return PointSpec(model=model, data=data, train=TRAIN, measure=MEASURE, point=point, lr=0.1, steps=STEPS)
 
 
 def test_same_global_batch_gives_same_loss_curve_in_one_process():

@@ -58,13 +58,13 @@ def group_trial(
 
 
 def frontier_trial(config: Dict[str, Any], fspecs, resources: Resources, storage_path: str, experiment: str) -> None:
-    workers = config["num_workers"]
+    fspec = fspecs[config["search"]]
     _fit(
         frontier_worker,
-        {"fspec": fspecs[workers], "threads": resources.threads_per_worker},
-        workers,
+        {"fspec": fspec, "threads": resources.threads_per_worker},
+        fspec.num_workers,
         resources,
-        f"{experiment}-w{workers}",
+        f"{experiment}-{fspec.label}",
         storage_path,
     )
 

@@ -139,24 +139,25 @@ def run_points(
 
 
 class FrontierSink(Sink):
-    """Probes as they end, then each worker count's frontier (a failed search is a result too)."""
+    """Probes as they end, then each search's frontier (a failed search is a result too); each
+    reaches the caller with its search's template point (workers and recipe)."""
 
-    def __init__(self, on_probe, on_frontier):
-        self.on_probe, self.on_frontier = on_probe, on_frontier
+    def __init__(self, searches: List[GridPoint], on_probe, on_frontier):
+        self.searches, self.on_probe, self.on_frontier = searches, on_probe, on_frontier
         self.ended_searches: set = set()
 
     def result(self, trial_id, config, result):
-        workers, key = config["num_workers"], str(result.get("trial_key", ""))
+        search, key = self.searches[config["search"]], str(result.get("trial_key", ""))
         if key.startswith("frontier-"):
-            self.ended_searches.add(workers)
-            self.on_frontier(workers, FrontierResult.from_flat(result))
+            self.ended_searches.add(config["search"])
+            self.on_frontier(search, FrontierResult.from_flat(result))
         elif key.startswith("probe"):
-            self.on_probe(workers, PointResult.from_flat(result))
+            self.on_probe(search, PointResult.from_flat(result))
 
     def ended(self, trial_id, config, error):
-        if error is not None and config["num_workers"] not in self.ended_searches:
+        if error is not None and config["search"] not in self.ended_searches:
             failed = FrontierResult(status="failed", error=f"the frontier search failed: {error}")
-            self.on_frontier(config["num_workers"], failed)
+            self.on_frontier(self.searches[config["search"]], failed)
 
 
 def run_frontiers(
@@ -164,24 +165,25 @@ def run_frontiers(
     fspecs: List["FrontierSpec"],
     resources: Resources,
     cluster: Cluster,
-    on_probe: Callable[[int, PointResult], None],
-    on_frontier: Callable[[int, FrontierResult], None],
+    on_probe: Callable[[GridPoint, PointResult], None],
+    on_frontier: Callable[[GridPoint, FrontierResult], None],
 ) -> None:
-    """One Ray Tune trial per worker count, each a worker group searching its memory frontier; every
-    probe and then the frontier reach the caller in this process (`on_probe(num_workers, result)`,
-    `on_frontier(num_workers, result)`, its `status` ok or failed). Searches run one after another:
-    a probe's peak must not share the device with another's."""
+    """One Ray Tune trial per search (a worker count in one recipe), each a worker group searching its
+    memory frontier; every probe and then the frontier reach the caller in this process
+    (`on_probe(search, result)`, `on_frontier(search, result)`, its `status` ok or failed, `search`
+    the spec's template point). Searches run one after another: a probe's peak must not share the
+    device with another's."""
     from sweeper.cluster import entry, launch
 
-    by_workers = {f.num_workers: replace(f, template=replace(f.template, use_gpu=resources.use_gpu)) for f in fspecs}
+    fspecs = [replace(f, template=replace(f.template, use_gpu=resources.use_gpu)) for f in fspecs]
     launch.launch(
         experiment,
         entry.frontier_trial,
-        dict(fspecs=by_workers, resources=resources, storage_path=cluster.results_dir, experiment=experiment),
+        dict(fspecs=fspecs, resources=resources, storage_path=cluster.results_dir, experiment=experiment),
         {"CPU": resources.cpus_per_trial},
-        {"num_workers": _grid(sorted(by_workers))},
+        {"search": _grid(list(range(len(fspecs))))},
         cluster.results_dir,
-        FrontierSink(on_probe, on_frontier),
+        FrontierSink([f.template.point for f in fspecs], on_probe, on_frontier),
     )
 
 

@@ -39,35 +39,45 @@ def print_start(num_points: int, num_groups: int, groups: str = "Ray Train worke
     console.print(f"[bold]sweeper[/]: {num_points} points in {num_groups} {groups}", soft_wrap=True)
 
 
-def print_frontier_start(workers: List[int], budget_gb: Optional[float]) -> None:
+def describe(search: GridPoint) -> str:
+    """A frontier search in words: `2 worker(s)`, `2 worker(s), bf16, checkpointing`."""
+    words = [f"{search.num_workers} worker(s)"]
+    if search.precision != "fp32":
+        words.append(search.precision)
+    if search.checkpointing != "none":
+        words.append("checkpointing")
+    return ", ".join(words)
+
+
+def print_frontier_start(searches: List[GridPoint], budget_gb: Optional[float]) -> None:
     budget = f"{budget_gb:g} GiB" if budget_gb is not None else "the whole device"
     console.print(
         f"[bold]sweeper[/]: finding the largest micro-batch that fits {budget} for "
-        f"{', '.join(map(str, workers))} worker(s)",
+        f"{'; '.join(describe(s) for s in searches)}",
         soft_wrap=True,
     )
 
 
-def print_probe(num_workers: int, result: PointResult) -> None:
+def print_probe(search: GridPoint, result: PointResult) -> None:
     peak = result.memory.peak_memory_bytes
     measured = f"peak {format_bytes(peak)}" if result.status == "ok" and peak is not None else result.status
     accumulation = " with accumulation" if (result.accumulation_steps or 1) > 1 else ""
     console.print(
         f"  probe ({result.probe_role}) micro-batch {result.micro_batch_size}{accumulation} on "
-        f"{num_workers} worker(s): {measured}",
+        f"{describe(search)}: {measured}",
         soft_wrap=True,
     )
 
 
-def print_frontier(num_workers: int, result: FrontierResult) -> None:
+def print_frontier(search: GridPoint, result: FrontierResult) -> None:
     if result.status != "ok":
-        warn(f"{num_workers} worker(s): the frontier search failed: {result.error}")
+        warn(f"{describe(search)}: the frontier search failed: {result.error}")
         return
     for label, found in (("", result.plain), (" with accumulation", result.accumulating)):
         if found is None:
             continue
         text = (
-            f"  frontier, {num_workers} worker(s){label}: micro-batch {found.micro_batch_size} "
+            f"  frontier, {describe(search)}{label}: micro-batch {found.micro_batch_size} "
             f"({found.reason}; {found.fit_probes} fit probe(s) + {found.verifications} verification(s))"
         )
         if found.per_sample_bytes is not None:

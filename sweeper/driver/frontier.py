@@ -15,58 +15,66 @@ from sweeper.driver.preflight import Prepared
 from sweeper.driver.skeleton import Session
 from sweeper.errors import first_line
 from sweeper.measure import estimate
-from sweeper.plan import GridPoint
+from sweeper.plan import GridPoint, frontier_label
 from sweeper.report import build as report_build
 from sweeper.schema import FrontierResult, PointResult
 from sweeper.worker.spec import FrontierSpec, PointSpec
 
-Frontiers = Dict[int, Tuple[int, Optional[int]]]  # workers -> (largest micro-batch, with accumulation)
+# A search's template point (micro-batch and accumulation 1: its workers and recipe) -> (largest
+# micro-batch, with accumulation or None when not searched).
+Frontiers = Dict[GridPoint, Tuple[int, Optional[int]]]
 
 
 def search_frontiers(cfg: SweeperConfig, prepared: Prepared, session: Session, name: str) -> Frontiers:
-    """Each worker count's largest micro-batch under the budget, without and (when the grid
-    accumulates) with gradient accumulation; a worker count whose search failed is left out."""
-    workers = sorted(set(cfg.sweep.num_workers))
-    probes: Dict[int, List[PointResult]] = {w: [] for w in workers}
-    found: Dict[int, FrontierResult] = {}
+    """For each worker count in each recipe (precision x checkpointing), the largest micro-batch under
+    the budget, without and (when the grid accumulates) with gradient accumulation; a search that
+    failed is left out."""
+    searches = [GridPoint(1, 1, w, p, c) for w in sorted(set(cfg.sweep.num_workers))
+                for p in cfg.sweep.precisions for c in cfg.sweep.activation_checkpointing]
+    probes: Dict[GridPoint, List[PointResult]] = {s: [] for s in searches}
+    found: Dict[GridPoint, FrontierResult] = {}
 
-    def on_probe(w: int, result: PointResult) -> None:
+    def on_probe(search: GridPoint, result: PointResult) -> None:
         params = {
             "model": cfg.model.name,
             "dataset": cfg.data.name,
             "micro_batch_size": result.micro_batch_size,
             "accumulation_steps": result.accumulation_steps,
-            "num_workers": w,
+            "num_workers": search.num_workers,
+            "precision": search.precision,
+            "activation_checkpointing": search.checkpointing,
             "probe_role": result.probe_role,
         }
         session.tracker.log_probe(params, result)
-        probes[w].append(result)
-        console.print_probe(w, result)
+        probes[search].append(result)
+        console.print_probe(search, result)
 
-    console.print_frontier_start(workers, cfg.device.memory_budget_gb)
-    runs.run_frontiers(f"{name}-frontier", frontier_specs(cfg, prepared, workers), session.resources,
+    console.print_frontier_start(searches, cfg.device.memory_budget_gb)
+    runs.run_frontiers(f"{name}-frontier", frontier_specs(cfg, prepared, searches), session.resources,
                        session.cluster, on_probe, found.__setitem__)
     out: Frontiers = {}
-    for w in workers:
-        result = found.get(w) or FrontierResult(status="failed", error="the frontier search reported nothing")
+    for search in searches:
+        result = found.get(search) or FrontierResult(status="failed", error="the frontier search reported nothing")
         if result.status == "ok":
-            add_estimates(cfg, prepared, w, result)
-        folder = report_build.frontier_files(report_build.default_folder(session.uri, name), w, probes[w], result)
-        session.tracker.log_frontier(w, result, folder)
-        console.print_frontier(w, result)
-        if result.status == "ok" and result.plain is not None:  # a failed search leaves its workers unmeasured
+            add_estimates(cfg, prepared, search, result)
+        folder = report_build.frontier_files(report_build.default_folder(session.uri, name), search, probes[search],
+                                             result)
+        session.tracker.log_frontier(frontier_label(search), result, folder)
+        console.print_frontier(search, result)
+        if result.status == "ok" and result.plain is not None:  # a failed search leaves its points unmeasured
             accumulating = result.accumulating.micro_batch_size if result.accumulating else None
-            out[w] = (int(result.plain.micro_batch_size), None if accumulating is None else int(accumulating))
+            out[search] = (int(result.plain.micro_batch_size), None if accumulating is None else int(accumulating))
     return out
 
 
-def frontier_specs(cfg: SweeperConfig, prepared: Prepared, workers: List[int]) -> List[FrontierSpec]:
+def frontier_specs(cfg: SweeperConfig, prepared: Prepared, searches: List[GridPoint]) -> List[FrontierSpec]:
     measure = cfg.measure
     fspecs = []
-    for w in workers:
+    for search in searches:
+        w = search.num_workers
         template = PointSpec(
-            model=cfg.model, data=cfg.data, train=cfg.train, measure=measure, point=GridPoint(1, 1, w),
-            lr=cfg.train.lr, steps=measure.warmup_steps,
+            model=cfg.model, data=cfg.data, train=cfg.train, measure=measure, point=search,
+            lr=cfg.optim.lr, steps=measure.warmup_steps, optim=cfg.optim, loss=cfg.loss,
         )
         # A frontier the points could not time is no use: cap it where a point still gets its
         # warm-up and stability windows from the data (one micro-batch per worker per step).
@@ -80,14 +88,15 @@ def frontier_specs(cfg: SweeperConfig, prepared: Prepared, workers: List[int]) -
     return fspecs
 
 
-def add_estimates(cfg: SweeperConfig, prepared: Prepared, num_workers: int, result: FrontierResult) -> None:
+def add_estimates(cfg: SweeperConfig, prepared: Prepared, search: GridPoint, result: FrontierResult) -> None:
     """What a laptop would have predicted (fake tensors), set beside what the device measured."""
     try:
         for accumulation, found in ((1, result.plain), (2, result.accumulating)):
             if found is None:
                 continue
             predicted = estimate.predicted_frontier(
-                cfg, prepared.num_classes, num_workers, int(result.memory_budget_bytes), accumulation
+                cfg, prepared.num_classes, search.num_workers, int(result.memory_budget_bytes), accumulation,
+                *search.recipe,
             )
             found.estimated_micro_batch_size = predicted.micro_batch_size
     except Exception as exc:  # noqa: BLE001 - the estimate is extra

@@ -60,7 +60,7 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
         knees = record_knees(cfg, s.tracker, chosen, num_classes, rows, facts)
         png = plot(cfg, s, name, chosen, rows, knees)
         statuses = Counter(r.status for _, r in rows)
-        s.end(SweepSummary(**{f"num_trials_{k}": statuses[k] for k in ("ok", "oom", "failed")}),
+        s.end(SweepSummary().count(statuses),
               "FAILED" if statuses["failed"] else "FINISHED")
         console.print_inference_summary(rows, knees, facts, uri, parent, cfg.tracking.experiment_name, png)
         return EXIT_POINT_FAILED if statuses["failed"] else EXIT_OK

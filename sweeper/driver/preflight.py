@@ -6,11 +6,11 @@ All problems are collected into one ConfigError, so a bad sweep stops with one `
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from dataclasses import dataclass, replace
+from typing import Dict, List, Tuple
 
 from sweeper import data as data_mod
-from sweeper import models, plan, tracking
+from sweeper import models, plan, recipe, tracking
 from sweeper.config import AUTO_NEEDS_BUDGET, SweeperConfig, budget_bytes, is_auto, tracking_uri, validate
 from sweeper.driver import console
 from sweeper.errors import ConfigError, first_line
@@ -29,7 +29,8 @@ class Prepared:
     points: List[GridPoint]
     num_train: int
     num_classes: int
-    flop_count: Optional[flops.FlopCount]
+    # FLOPs per sample by activation checkpointing mode (its hardware FLOPs count the recompute).
+    flop_counts: Dict[str, flops.FlopCount]
 
     @property
     def auto(self) -> bool:
@@ -40,6 +41,8 @@ def preflight(cfg: SweeperConfig) -> Tuple[Prepared, Dict[GridPoint, PointSpec]]
     """Every check that needs no cluster, all problems collected into one ConfigError."""
     problems = validate(cfg) + models.check(cfg.model, cfg.data.num_classes) + data_mod.check(cfg.data)
     problems += tracking.check(tracking_uri(cfg.tracking))
+    if not problems:
+        problems += check_recipe(cfg)
     auto = is_auto(cfg.sweep.micro_batch_sizes)
     if auto and cfg.device.memory_budget_gb is None and cfg.cluster.use_gpu == "auto" and cfg.cluster.address is None:
         import torch
@@ -50,8 +53,8 @@ def preflight(cfg: SweeperConfig) -> Tuple[Prepared, Dict[GridPoint, PointSpec]]
     if problems:
         raise ConfigError(problems)
     splits = data_mod.load(cfg.data, cfg.model.input_shape)
-    flop_count = count_flops(cfg, splits.num_classes) if cfg.measure.flops else None
-    prepared = Prepared(points, len(splits.train), splits.num_classes, flop_count)
+    counts = count_flops(cfg, splits.num_classes) if cfg.measure.flops else {}
+    prepared = Prepared(points, len(splits.train), splits.num_classes, counts)
     return prepared, (build_specs(cfg, prepared, points) if points else {})
 
 
@@ -59,7 +62,8 @@ def grid(cfg: SweeperConfig, problems: List[str]) -> List[GridPoint]:
     """The grid's points; a problem when sweep.global_batch_sizes keeps none of them."""
     sweep = cfg.sweep
     points = plan.expand_grid(
-        sweep.micro_batch_sizes, sweep.accumulation_steps, sweep.num_workers, sweep.global_batch_sizes
+        sweep.micro_batch_sizes, sweep.accumulation_steps, sweep.num_workers, sweep.global_batch_sizes,
+        sweep.precisions, sweep.activation_checkpointing, sweep.lr_multipliers, sweep.seeds,
     )
     if not points:
         unfiltered = plan.expand_grid(sweep.micro_batch_sizes, sweep.accumulation_steps, sweep.num_workers)
@@ -84,10 +88,16 @@ def build_specs(cfg: SweeperConfig, prepared: Prepared, points: List[GridPoint])
             train=cfg.train,
             measure=cfg.measure,
             point=point,
-            lr=plan.scaled_lr(cfg.train.lr, point.global_batch_size, cfg.train.base_batch_size, cfg.train.lr_scaling),
+            lr=point.lr_multiplier * plan.scaled_lr(
+                cfg.optim.lr, point.global_batch_size, cfg.train.base_batch_size, cfg.train.lr_scaling
+            ),
             steps=steps,
+            optim=cfg.optim,
+            loss=cfg.loss,
+            eval=cfg.eval,
+            divergence=cfg.divergence,
             profile=cfg.profile,
-            flop_count=prepared.flop_count,
+            flop_count=prepared.flop_counts.get(point.checkpointing),
             memory_budget_bytes=budget_bytes(cfg.device),
             memory_estimate_bytes=estimates.get(point),
             timeout_seconds=cfg.cluster.point_timeout_seconds,
@@ -120,11 +130,55 @@ def estimate_memory(cfg: SweeperConfig, points: List[GridPoint], num_classes: in
         return {}
 
 
-def count_flops(cfg: SweeperConfig, num_classes: int) -> Optional[flops.FlopCount]:
-    """FLOPs per sample, counted once for the sweep on a model traced with fake tensors (nothing is
-    computed or allocated); a model that cannot be counted is measured without FLOPs and MFU."""
+def count_flops(cfg: SweeperConfig, num_classes: int) -> Dict[str, flops.FlopCount]:
+    """FLOPs per sample for each activation checkpointing mode, counted once for the sweep on a
+    model traced with fake tensors (nothing is computed or allocated): the model's own (MFU), and
+    with checkpointing what the hardware computes, the recomputed forward included (HFU). A model
+    that cannot be counted is measured without FLOPs, MFU and HFU."""
+    def build(mode: str):
+        def made():
+            model = models.build(cfg.model, num_classes)
+            recipe.apply_checkpointing(model, mode, cfg.model.checkpoint_modules)
+            return model
+        return made
+
+    counts: Dict[str, flops.FlopCount] = {}
     try:
-        return flops.count_flops(lambda: models.build(cfg.model, num_classes), cfg.model.input_shape, num_classes)
+        plain = flops.count_flops(build("none"), cfg.model.input_shape, num_classes)
+        for mode in cfg.sweep.activation_checkpointing:
+            hardware = plain if mode == "none" else flops.count_flops(build(mode), cfg.model.input_shape, num_classes)
+            counts[mode] = replace(plain, hardware_per_sample=hardware.train_per_sample)
     except Exception as exc:  # the points themselves will say whether the model works
         console.warn(f"FLOPs not counted for model {cfg.model.name!r}: {first_line(exc)}")
-        return None
+    return counts
+
+
+def check_recipe(cfg: SweeperConfig) -> List[str]:
+    """What the recipe asks of the model and the device, tried before any worker starts:
+    checkpointing needs blocks to wrap, fp16 needs its ops on the device that will run them."""
+    problems: List[str] = []
+    model = models.build_on_meta(cfg.model, cfg.data.num_classes)
+    if "blocks" in cfg.sweep.activation_checkpointing and not recipe.wrappable(model, cfg.model.checkpoint_modules):
+        problems.append(
+            f"sweep.activation_checkpointing=blocks: model {cfg.model.name!r} has no block to wrap (looked for "
+            f"{', '.join(recipe.BLOCK_TYPES)}): name its block classes in model.checkpoint_modules, e.g. "
+            "model.checkpoint_modules=[MyBlock], or use none"
+        )
+    if "fp16" in cfg.sweep.precisions and cfg.cluster.use_gpu != "true" and not _gpu_here(cfg):
+        failure = recipe.try_step(lambda: models.build(cfg.model, cfg.data.num_classes), cfg.model.input_shape,
+                                  cfg.data.num_classes, "fp16")
+        if failure:
+            problems.append(
+                f"sweep.precisions has fp16, which this model cannot train in on CPU ({failure}): use bf16 on "
+                "CPU, or run on GPUs (cluster.use_gpu=true)"
+            )
+    return problems
+
+
+def _gpu_here(cfg: SweeperConfig) -> bool:
+    """Whether the points may run on a GPU: a cluster's GPUs are not known yet; a local Ray's are."""
+    if cfg.cluster.address is not None:
+        return True
+    import torch
+
+    return torch.cuda.is_available()

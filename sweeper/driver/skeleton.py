@@ -101,9 +101,7 @@ def _end_unfinished(s: Optional[Session], phases: Phases, status: str, why: str)
         return
     try:
         statuses = Counter(child["status"] for child in s.tracker.load_sweep(s.tracker.parent_run_id).children)
-        summary = SweepSummary(sweep_wall_seconds=phases.wall)
-        summary.update({f"num_trials_{k}": statuses[k] for k in ("ok", "oom", "failed")})
-        s.end(summary, status)
+        s.end(SweepSummary(sweep_wall_seconds=phases.wall).count(statuses), status)
     except Exception as exc:  # noqa: BLE001 - the store itself may be what failed; say so and go on ending
         console.warn(f"the sweep's run could not be ended {status}: {type(exc).__name__}: {first_line(exc)}")
     console.stopped(why, s.tracker.parent_run_id, status)

@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import replace
 from typing import Any, Dict, List, Tuple
 
-from sweeper import tracking
+from sweeper import plan, tracking
 from sweeper.cluster import runs
 from sweeper.cluster.resources import Resources, concurrent_trials
 from sweeper.config import SweeperConfig
@@ -96,17 +96,22 @@ def open_sweep(cfg: SweeperConfig, s: Session, auto: bool, resolved_yaml: str) -
 def grid_from_frontier(
     cfg: SweeperConfig, prepared: Prepared, s: Session, name: str
 ) -> Tuple[List[GridPoint], Dict[GridPoint, PointSpec], bool]:
-    """sweep.micro_batch_sizes=auto: the grid built from each worker count's frontier; whether a
-    search failed."""
+    """sweep.micro_batch_sizes=auto: the grid built from each search's frontier, recipe by recipe;
+    whether a search failed."""
     frontiers = search_frontiers(cfg, prepared, s, name)
-    sweep = cfg.sweep
-    points, skipped = frontier.grid_from_frontiers(frontiers, sweep.accumulation_steps, sweep.global_batch_sizes)
-    for line in skipped:
-        console.warn(f"not measured: {line}")
+    points: List[GridPoint] = []
+    for recipe in dict.fromkeys(search.recipe for search in frontiers):
+        found = {search.num_workers: sizes for search, sizes in frontiers.items() if search.recipe == recipe}
+        made, skipped = frontier.grid_from_frontiers(found, cfg.sweep.accumulation_steps,
+                                                     cfg.sweep.global_batch_sizes, recipe)
+        points += plan.replicate(made, cfg.sweep.lr_multipliers, cfg.sweep.seeds)
+        for line in skipped:
+            console.warn(f"not measured ({', '.join(recipe)}): {line}")
     if not points:
         console.warn("the frontier search left no grid point to measure")
         return [], {}, True
-    return points, build_specs(cfg, prepared, points), len(frontiers) < len(set(cfg.sweep.num_workers))
+    searched = len(set(cfg.sweep.num_workers)) * len(cfg.sweep.precisions) * len(cfg.sweep.activation_checkpointing)
+    return points, build_specs(cfg, prepared, points), len(frontiers) < searched
 
 
 def measure_grid(
@@ -171,6 +176,8 @@ def accuracy_note(cfg: SweeperConfig):
 def point_params(cfg: SweeperConfig, spec: PointSpec) -> Dict[str, Any]:
     point = spec.point
     return {
+        # the point its replicates share (every axis but the seed): group runs by it to compare points
+        "point": point.point_key,
         "model": cfg.model.name,
         "dataset": cfg.data.name,
         "micro_batch_size": point.micro_batch_size,
@@ -180,9 +187,22 @@ def point_params(cfg: SweeperConfig, spec: PointSpec) -> Dict[str, Any]:
         "lr": spec.lr,
         "lr_scaling": cfg.train.lr_scaling,
         "epochs": cfg.train.epochs,
-        "seed": cfg.train.seed,
+        "seed": spec.seed,
+        "lr_multiplier": point.lr_multiplier,
+        "warmup_steps": cfg.train.warmup_steps,
         "bn_recalibration_samples": cfg.train.bn_recalibration_samples,
+        # the recipe, as trained
+        "precision": point.precision,
+        "activation_checkpointing": point.checkpointing,
+        "optimizer": optimizer_name(cfg),
+        "compiled": cfg.train.compile,
+        "label_smoothing": cfg.loss.label_smoothing if not cfg.loss._target_ else None,
+        "loss": cfg.loss._target_ or cfg.loss.name,
     }
+
+
+def optimizer_name(cfg: SweeperConfig) -> str:
+    return cfg.optim._target_ or cfg.optim.name
 
 
 def sweep_params(cfg: SweeperConfig, auto: bool, resources: Resources) -> Dict[str, Any]:
@@ -198,6 +218,17 @@ def sweep_params(cfg: SweeperConfig, auto: bool, resources: Resources) -> Dict[s
         "profile": cfg.profile,
         "lr_scaling": cfg.train.lr_scaling,
         "base_batch_size": cfg.train.base_batch_size,
+        "base_lr": cfg.optim.lr,
+        "optimizer": optimizer_name(cfg),
+        "precisions": list(cfg.sweep.precisions),
+        "activation_checkpointing": list(cfg.sweep.activation_checkpointing),
+        "compiled": cfg.train.compile,
+        "lr_multipliers": list(cfg.sweep.lr_multipliers),
+        "seeds": cfg.sweep.seeds if cfg.sweep.seeds is not None else [cfg.train.seed],
+        "warmup_steps": cfg.train.warmup_steps,
+        "eval_every_samples": cfg.eval.every_samples,
+        "eval_target_accuracy": cfg.eval.target_accuracy,
+        "eval_target_loss": cfg.eval.target_loss,
         "use_gpu": resources.use_gpu,
         "cpus_per_worker": resources.cpus_per_worker,
         "device_memory_budget_gb": cfg.device.memory_budget_gb,
@@ -212,7 +243,7 @@ def summary(rows: Rows, phases: Phases, statuses: Counter) -> SweepSummary:
     evaluation (`trial_seconds`), and its optimizer steps alone (`train_seconds`)."""
     wall = phases.wall
     out = SweepSummary(sweep_wall_seconds=wall)
-    out.update({f"num_trials_{status}": statuses[status] for status in ("ok", "oom", "failed")})
+    out.count(statuses)
     out.update({f"sweep_{name}_seconds": seconds for name, seconds in phases.seconds.items()})
     for name in ("trial", "train"):
         total = sum(r.cost.get(f"{name}_seconds", 0.0) for _, r in rows)

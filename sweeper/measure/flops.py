@@ -31,10 +31,18 @@ class FlopCount:
     # convolutions and attention are counted (bias adds, norms, activations and the
     # loss are not), which is the convention MFU figures are quoted in.
     forward_per_sample: float
-    train_per_sample: float  # forward + backward
+    train_per_sample: float  # forward + backward: the model's FLOPs, what MFU counts
     # The share of the train FLOPs in convolutions: on GPU, fp32 convolutions and matmuls run
     # as TF32 under different switches, so the right peak depends on which dominates.
     convolution_share: float = 0.0
+    # What the hardware computes per sample, recomputation included (activation checkpointing runs
+    # each wrapped block's forward again in backward): HFU counts these (PaLM, appendix B). None:
+    # the same as train_per_sample.
+    hardware_per_sample: Optional[float] = None
+
+    @property
+    def hardware(self) -> float:
+        return self.train_per_sample if self.hardware_per_sample is None else self.hardware_per_sample
 
 
 @dataclass(frozen=True)
@@ -389,12 +397,20 @@ def mfu(achieved_flops_per_second: float, peak: Optional[PeakFlops]) -> Optional
     return achieved_flops_per_second / peak.flops_per_second
 
 
-def device_peak(device_name: str, is_cuda: bool, count: FlopCount, threads: int = 1) -> Optional[PeakFlops]:
-    """The peak a model's achieved FLOP/s is compared with. GPU: the table's dense peak of the math the
+def device_peak(
+    device_name: str, is_cuda: bool, count: FlopCount, threads: int = 1, precision: str = "fp32"
+) -> Optional[PeakFlops]:
+    """The peak a model's achieved FLOP/s is compared with, in the precision its matmuls run in
+    (bf16/fp16 autocast: that dtype's peak). GPU: the table's dense peak; in fp32, of the math the
     model's dominant op runs in: fp32 convolutions run as TF32 when cuDNN allows it (torch's default),
     fp32 matmuls only when torch.backends.cuda.matmul.allow_tf32 is set; fp32 on GPUs without TF32
-    (V100, T4). CPU: the faster of a matmul and a convolution measured on `threads` threads (a worker's
-    share), measure_cpu_peak_flops."""
+    (V100, T4). CPU: the faster of a matmul and a convolution in that dtype, measured on `threads`
+    threads (a worker's share), measure_cpu_peak_flops."""
+    if precision != "fp32":
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+        if not is_cuda:
+            return measure_cpu_peak_flops(threads, dtype=dtype)
+        return gpu_peak_flops(device_name, dtype_key(dtype))
     if not is_cuda:
         return measure_cpu_peak_flops(threads)
     if count.convolution_share >= 0.5:

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from sweeper.plan import GridPoint
+from sweeper.plan import DEFAULT_CHECKPOINTING, DEFAULT_PRECISION, GridPoint
 
 
 @dataclass(frozen=True)
@@ -311,9 +311,11 @@ def grid_from_frontiers(
     frontiers: Dict[int, Tuple[int, Optional[int]]],
     accumulation_steps: Sequence[int],
     global_batch_sizes: Optional[Sequence[int]] = None,
+    recipe: Tuple[str, str] = (DEFAULT_PRECISION, DEFAULT_CHECKPOINTING),
 ) -> Tuple[List[GridPoint], List[str]]:
     """The grid `sweep.micro_batch_sizes=auto` measures, from each worker count's frontiers
-    (without accumulation, with accumulation or None when not searched).
+    (without accumulation, with accumulation or None when not searched) in one recipe (precision,
+    checkpointing: the points' own).
 
     With global batch sizes: each (global batch, workers) with the fewest accumulation steps whose
     micro-batch fits (the list of accumulation steps is not used: it is derived). Without: each
@@ -333,11 +335,11 @@ def grid_from_frontiers(
                         "needs accumulation, and not even a micro-batch of 1 fits with it"
                     skipped.append(f"global batch {global_batch} on {workers} worker(s): it {why}")
                     continue
-                points.append(GridPoint(split[0], split[1], workers))
+                points.append(GridPoint(split[0], split[1], workers, *recipe))
         else:
             for accum in accumulation_steps:
                 limit = largest if accum == 1 or accumulating is None else accumulating
                 for micro in frontier_grid(limit):
-                    points.append(GridPoint(micro, int(accum), workers))
+                    points.append(GridPoint(micro, int(accum), workers, *recipe))
     unique = list(dict.fromkeys(points))
     return unique, skipped

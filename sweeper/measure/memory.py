@@ -26,6 +26,9 @@ from torch.nn.modules.module import (
     register_module_forward_pre_hook,
 )
 
+from sweeper import recipe
+from sweeper.config import OptimConfig
+
 _CATEGORIES = {
     "parameters_bytes": _MemRefType.PARAM,
     "buffers_bytes": _MemRefType.BUFFER,
@@ -292,12 +295,15 @@ def estimate_step(
     micro_batch_size: int,
     accumulation_steps: int = 1,
     num_workers: int = 1,
-    momentum: float = 0.9,
-    weight_decay: float = 0.0,
+    optim: Optional[OptimConfig] = None,
+    precision: str = "fp32",
+    checkpointing: str = "none",
+    checkpoint_modules: Sequence[str] = (),
 ) -> MemoryBreakdown:
-    """The breakdown of one steady-state training step (SGD, as the trials train) predicted without
-    computing or allocating anything: the model is built and the step run on fake tensors, so a
-    laptop answers for a model and a batch no device here could hold.
+    """The breakdown of one steady-state training step, in the points' recipe (optimizer, autocast
+    precision, activation checkpointing; SGD with momentum by default), predicted without computing
+    or allocating anything: the model is built and the step run on fake tensors, so a laptop answers
+    for a model and a batch no device here could hold.
 
     Two steps run: the first builds the optimizer state, the second is tracked. With more than one
     worker, DDP's gradient buckets (one flat copy of the trainable gradients, alive through the
@@ -309,14 +315,18 @@ def estimate_step(
     # random stream of the training run that asked for it.
     with torch.random.fork_rng(devices=[]), torch.enable_grad(), FakeTensorMode():
         model = build_model()
+        recipe.apply_checkpointing(model, checkpointing, checkpoint_modules)
         model.train()
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum, weight_decay=weight_decay)
+        optimizer = recipe.build_optimizer(optim or OptimConfig(), model.parameters(), lr=0.1)
+        cpu = torch.device("cpu")
 
         def step() -> None:
             for _ in range(accumulation_steps):
                 inputs = torch.randn(micro_batch_size, *input_shape)
                 targets = torch.randint(0, num_classes, (micro_batch_size,))
-                (F.cross_entropy(model(inputs), targets) / accumulation_steps).backward()
+                with recipe.autocast(cpu, precision):
+                    loss = F.cross_entropy(model(inputs), targets)
+                (loss / accumulation_steps).backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 

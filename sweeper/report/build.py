@@ -19,6 +19,7 @@ from sweeper.errors import first_line
 from sweeper.report import analysis, plots
 from sweeper.report import html as html_report
 from sweeper.report.analysis import Recommendation, Trial
+from sweeper.plan import GridPoint, frontier_label
 from sweeper.schema import FrontierResult, PointResult
 from sweeper.units import MiB, format_bytes
 
@@ -144,9 +145,11 @@ def _write_text(path: str, text: str) -> str:
     return path
 
 
-def frontier_files(sweep_folder: str, num_workers: int, probes: List[PointResult], result: FrontierResult) -> str:
-    """A worker count's frontier search as files in `<sweep folder>/frontier`: its probes and fitted
-    line against the budget (PNG) and every probe's numbers (JSON). Returns the folder."""
+def frontier_files(sweep_folder: str, search: GridPoint, probes: List[PointResult], result: FrontierResult) -> str:
+    """A frontier search (a worker count in one recipe) as files in `<sweep folder>/frontier`: its
+    probes and fitted line against the budget (PNG) and every probe's numbers (JSON), named by the
+    search's label (w2, w2-bf16-ckpt). Returns the folder."""
+    num_workers, label = search.num_workers, frontier_label(search)
     folder = os.path.join(sweep_folder, "frontier")
     os.makedirs(folder, exist_ok=True)
     trials = [
@@ -163,13 +166,13 @@ def frontier_files(sweep_folder: str, num_workers: int, probes: List[PointResult
     ]
     # One line per (accumulation) series, fitted by the plot itself over that series' probes.
     plots.memory_vs_micro_batch(
-        trials, os.path.join(folder, f"memory_frontier_w{num_workers}.png"), budget_bytes=result.memory_budget_bytes,
+        trials, os.path.join(folder, f"memory_frontier_{label}.png"), budget_bytes=result.memory_budget_bytes,
     )
     keep = ("trial_key", "probe_role", "micro_batch_size", "accumulation_steps", "status", "error", "peak_memory_bytes",
             "memory_tracked_peak_bytes", "memory_activations_bytes", "memory_forward_activations_bytes")
     flat = [p.to_flat() for p in probes]
     record = {"frontier": result.to_flat(), "probes": [{k: p[k] for k in keep if k in p} for p in flat]}
-    with open(os.path.join(folder, f"frontier_w{num_workers}.json"), "w") as f:
+    with open(os.path.join(folder, f"frontier_{label}.json"), "w") as f:
         json.dump(record, f, indent=2, default=str)
     return folder
 

@@ -3,13 +3,19 @@ scored across ranks."""
 
 from __future__ import annotations
 
+import math
+import time
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
+
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Subset
 
 from sweeper.worker.collectives import all_reduce
-from sweeper.worker.spec import WorkerContext
+from sweeper.worker.spec import PointSpec, WorkerContext
 
 EVAL_BATCH_SIZE = 256
 
@@ -41,15 +47,75 @@ def recalibrate_batchnorm(
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, dataset, device: torch.device, ctx: WorkerContext) -> float:
-    """Accuracy over the whole held-out split: each rank scores a disjoint share, nothing padded."""
+def evaluate(model: nn.Module, dataset, device: torch.device, ctx: WorkerContext) -> Tuple[float, float]:
+    """(accuracy, mean cross-entropy) over the whole held-out split: each rank scores a disjoint
+    share, nothing padded."""
     model.eval()
     share = Subset(dataset, range(ctx.rank, len(dataset), ctx.world_size))
-    counts = torch.zeros(2, dtype=torch.float64, device=device)
+    sums = torch.zeros(3, dtype=torch.float64, device=device)  # correct, loss, samples
     for inputs, targets in DataLoader(share, batch_size=EVAL_BATCH_SIZE):
-        logits = model(inputs.to(device))
-        counts[0] += (logits.argmax(dim=1).cpu() == targets).sum().item()
-        counts[1] += len(targets)
-    all_reduce(counts, ctx, dist.ReduceOp.SUM)
+        logits = model(inputs.to(device)).float()
+        targets = targets.to(device)
+        sums[0] += (logits.argmax(dim=1) == targets).sum()
+        sums[1] += F.cross_entropy(logits, targets, reduction="sum")
+        sums[2] += len(targets)
+    all_reduce(sums, ctx, dist.ReduceOp.SUM)
     model.train()
-    return float(counts[0] / counts[1])
+    correct, loss, samples = sums.cpu().tolist()
+    return correct / samples, loss / samples
+
+
+@dataclass
+class Progress:
+    """A point's evaluations: during training every `every_steps` optimizer steps (eval.every_samples
+    rounded up to whole global batches, as MLPerf does) and once at the end; the accuracy curve
+    against samples seen, and when the target was first reached, on a clock that counts the
+    evaluations themselves (time to target) while the throughput windows leave them out."""
+
+    every_steps: Optional[int]
+    samples_per_step: int
+    target_accuracy: Optional[float] = None
+    target_loss: Optional[float] = None
+    stop_at_target: bool = False
+    curve: List[Tuple[int, float, float]] = field(default_factory=list)  # (samples seen, accuracy, loss)
+    reached: Optional[Tuple[int, float]] = None  # (optimizer steps, seconds since training started)
+    seconds: float = 0.0  # spent evaluating
+    recalibrated: int = 0  # samples BatchNorm's statistics were last re-estimated over
+
+    @classmethod
+    def of(cls, spec: PointSpec) -> "Progress":
+        g, every = spec.point.global_batch_size, spec.eval.every_samples
+        return cls(math.ceil(every / g) if every else None, g, spec.eval.target_accuracy, spec.eval.target_loss,
+                   spec.eval.stop_at_target)
+
+    @property
+    def has_target(self) -> bool:
+        return self.target_accuracy is not None or self.target_loss is not None
+
+    def due(self, steps_done: int) -> bool:
+        return bool(self.every_steps) and steps_done % self.every_steps == 0
+
+    @property
+    def stop(self) -> bool:
+        return self.stop_at_target and self.reached is not None
+
+    def evaluate(self, model: nn.Module, train_set, val_set, micro_batch_size: int, bn_samples: int, seed: int,
+                 device: torch.device, ctx: WorkerContext, steps_done: int, since: float) -> float:
+        """One evaluation after `steps_done` steps (BatchNorm re-estimated first); returns the seconds
+        it took, for the throughput windows to leave out. `since`: the time training started."""
+        began = time.perf_counter()
+        self.recalibrated = recalibrate_batchnorm(model, train_set, micro_batch_size, bn_samples, seed, device)
+        accuracy, loss = evaluate(model, val_set, device, ctx)
+        self.curve.append((steps_done * self.samples_per_step, accuracy, loss))
+        hit = (self.target_accuracy is not None and accuracy >= self.target_accuracy) or (
+            self.target_loss is not None and loss <= self.target_loss)
+        if hit and self.reached is None:
+            self.reached = (steps_done, time.time() - since)
+        spent = time.perf_counter() - began
+        self.seconds += spent
+        return spent
+
+    @property
+    def evaluated_at(self) -> Optional[int]:
+        """Samples seen at the latest evaluation."""
+        return self.curve[-1][0] if self.curve else None

@@ -16,13 +16,13 @@ from sweeper import errors
 from sweeper.measure import flops as flops_mod
 from sweeper.measure import telemetry
 from sweeper.plan import GridPoint
-from sweeper.schema import PointResult
+from sweeper.schema import STATUSES, PointResult
 from sweeper.worker import collectives as comm
 from sweeper.worker.deadline import Deadline
 from sweeper.worker.spec import GroupFacts, PointSpec, WorkerContext
-from sweeper.worker.step import train_point
+from sweeper.worker.train import train_point
 
-STATUS_ORDER = ("ok", "oom", "failed")  # the worst status over ranks wins
+STATUS_ORDER = STATUSES  # the worst status over ranks wins
 # Ranks that failed together reach the status exchange within seconds of each other; a rank still
 # training after this long means the failure was one rank's alone.
 STATUS_TIMEOUT = datetime.timedelta(seconds=120)
@@ -52,7 +52,7 @@ def run_points(
     first = specs[0]
     device = telemetry.select(first.use_gpu, ctx.local_rank)
     splits = data_mod.load(first.data, first.model.input_shape)
-    facts = group_facts(first, device, ctx, threads)
+    facts = group_facts(specs, device, ctx, threads)
     subgroups = comm.subgroups(sorted({s.point.num_workers for s in specs}), ctx, status_timeout)
     nodes = comm.gather_objects(ctx.node, ctx) if ctx.node else []
     freeze_long_lived_objects()
@@ -119,11 +119,12 @@ def freeze_long_lived_objects() -> None:
 
 
 def implied_oom(point: GridPoint, out_of_memory: Sequence[GridPoint]) -> Optional[GridPoint]:
-    """The point already out of memory that implies `point` is too: same workers, a micro-batch at
-    least as large, and accumulation if it accumulated (from the second micro-step on, the
-    accumulated gradients are alive beside the next micro-batch's activations)."""
+    """The point already out of memory that implies `point` is too: same workers and recipe
+    (precision, checkpointing), a micro-batch at least as large, and accumulation if it accumulated
+    (from the second micro-step on, the accumulated gradients are alive beside the next
+    micro-batch's activations)."""
     for seen in out_of_memory:
-        if seen.num_workers != point.num_workers or seen == point:
+        if seen.num_workers != point.num_workers or seen.recipe != point.recipe or seen == point:
             continue
         # Accumulating (any number of steps > 1) holds gradients beside the activations: more memory
         # than one micro-batch per step, the same whatever the number of steps.
@@ -134,16 +135,22 @@ def implied_oom(point: GridPoint, out_of_memory: Sequence[GridPoint]) -> Optiona
     return None
 
 
-def group_facts(spec: PointSpec, device: telemetry.Device, ctx: WorkerContext, threads: int) -> GroupFacts:
-    if spec.flop_count is None:
+def group_facts(specs: Sequence[PointSpec], device: telemetry.Device, ctx: WorkerContext, threads: int) -> GroupFacts:
+    counted = [s for s in specs if s.flop_count is not None]
+    if not counted:
         return GroupFacts()
-    if device.is_cuda:
-        peak = flops_mod.device_peak(device.name, True, spec.flop_count, threads)
-    else:
-        # Every worker gets the same CPU share; one measurement on rank 0 stands for all of them.
-        peak = flops_mod.device_peak(device.name, False, spec.flop_count, threads) if ctx.rank == 0 else None
-        peak = comm.broadcast_object(peak, ctx)
-    return GroupFacts(peak=peak)
+    peaks = {}
+    for precision in sorted({s.point.precision for s in counted}):
+        count = counted[0].flop_count
+        if device.is_cuda:
+            peak = flops_mod.device_peak(device.name, True, count, threads, precision)
+        else:
+            # Every worker gets the same CPU share; one measurement on rank 0 stands for all of them.
+            peak = flops_mod.device_peak(device.name, False, count, threads, precision) if ctx.rank == 0 else None
+            peak = comm.broadcast_object(peak, ctx)
+        if peak is not None:
+            peaks[precision] = peak
+    return GroupFacts(peaks=peaks)
 
 
 def run_point(
@@ -154,7 +161,8 @@ def run_point(
     facts: Optional[GroupFacts] = None,
     deadline: Optional[Deadline] = None,
 ) -> PointResult:
-    """One grid point, its failure included: every rank agrees on the status (ok | oom | failed).
+    """One grid point, its failure included: every rank agrees on the status (ok | diverged | oom |
+    failed).
 
     A point that raises on every rank (bad model code, an OOM of the same size everywhere) is
     recorded and the group goes on to the next point. A rank that fails alone cannot agree with
@@ -182,10 +190,12 @@ def run_point(
             raise raised from None
         raise
     worst = max(outcomes, key=lambda o: STATUS_ORDER.index(o[0]))
-    if worst[0] != "ok":
+    # A divergence every rank decided together (worker.divergence) keeps its result: how far it got.
+    agreed_divergence = worst[0] == "diverged" and result.status == "diverged"
+    if worst[0] != "ok" and not agreed_divergence:
         result = PointResult(status=worst[0], error=worst[1] or "failed on another rank",
                              oom_simulated=result.oom_simulated)
-    else:
+    elif worst[0] == "ok":
         result.flops.update(_flops_metrics(spec, result, facts or GroupFacts()))
         tracked = result.memory.memory_tracked_peak_bytes
         if spec.memory_estimate_bytes is not None and tracked:
@@ -210,14 +220,18 @@ def _flops_metrics(spec: PointSpec, result: PointResult, facts: GroupFacts) -> D
     out: Dict[str, Any] = {
         "flops_per_sample_forward": count.forward_per_sample,
         "flops_per_sample_train": count.train_per_sample,
+        "flops_per_sample_hardware": count.hardware,
         "achieved_flops_per_second": achieved,
     }
-    if facts.peak is not None:
+    peak = facts.peaks.get(spec.point.precision)
+    if peak is not None:
         # Every worker has the same device: the point's peak is one device's times the workers,
         # and its utilization is each device's share of the work against one device's peak.
+        workers = spec.point.num_workers
         out.update(
-            peak_flops_per_second=facts.peak.flops_per_second * spec.point.num_workers,
-            peak_flops_source=facts.peak.source,
-            mfu=flops_mod.mfu(achieved / spec.point.num_workers, facts.peak),
+            peak_flops_per_second=peak.flops_per_second * workers,
+            peak_flops_source=peak.source,
+            mfu=flops_mod.mfu(achieved / workers, peak),
+            hfu=flops_mod.mfu(count.hardware * rate / workers, peak),
         )
     return out

@@ -37,7 +37,7 @@ def run_frontier(
     freeze_long_lived_objects()
     # No budget given: a GPU's whole memory (a CPU sweep is refused one before it starts).
     budget = fspec.budget_bytes if fspec.budget_bytes is not None else device.total_memory_bytes()
-    summary = FrontierResult(trial_key=f"frontier-w{fspec.num_workers}", memory_budget_bytes=budget)
+    summary = FrontierResult(trial_key=f"frontier-{fspec.label}", memory_budget_bytes=budget)
     prober = _Prober(fspec, member, device, splits, budget, report)
     summary.plain = prober.search(1, fspec.upper)
     largest = summary.plain.micro_batch_size if summary.plain else None
@@ -65,7 +65,8 @@ class _Prober:
         finder = frontier_mod.FrontierSearch(budget_bytes=self.budget, upper=upper, **self.fspec.search)
         while (size := finder.next_size()) is not None:
             role = finder.pending_role
-            result = self.probe(GridPoint(size, accumulation_steps, self.fspec.num_workers), role)
+            search = self.fspec.template.point
+            result = self.probe(replace(search, micro_batch_size=size, accumulation_steps=accumulation_steps), role)
             if result.status == "failed":
                 # Not a memory answer: the model or data is broken at this size; say so and stop.
                 self.failed = result.error

@@ -8,9 +8,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from sweeper.config import DataConfig, MeasureConfig, ModelConfig, TrainConfig
+from sweeper.config import (
+    DataConfig,
+    DivergenceConfig,
+    EvalConfig,
+    GnsConfig,
+    LossConfig,
+    MeasureConfig,
+    ModelConfig,
+    OptimConfig,
+    TrainConfig,
+)
 from sweeper.measure.flops import FlopCount, PeakFlops
-from sweeper.plan import GridPoint
+from sweeper.plan import GridPoint, frontier_label
 
 
 @dataclass
@@ -21,9 +31,16 @@ class PointSpec:
     data: DataConfig
     train: TrainConfig
     point: GridPoint
-    lr: float
+    lr: float  # optim.lr after the LR-scaling rule, for this point's global batch
     steps: int
     measure: MeasureConfig = field(default_factory=MeasureConfig)
+    # The recipe beyond the point's own axes (precision, checkpointing: on `point`).
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    # Evaluations during training and the target; what makes a point diverged.
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
+    gns: GnsConfig = field(default_factory=GnsConfig)
     use_gpu: bool = False
     # FLOPs per sample of this model, counted once per sweep by the driver (None: not counted).
     flop_count: Optional[FlopCount] = None
@@ -40,6 +57,11 @@ class PointSpec:
     # cluster.point_timeout_seconds: the point's time limit on a worker (None: projected from its
     # warm-up; worker.deadline).
     timeout_seconds: Optional[float] = None
+
+    @property
+    def seed(self) -> int:
+        """This replicate's seed (initial weights, sample order): the point's, else train.seed."""
+        return self.train.seed if self.point.seed is None else self.point.seed
 
     @property
     def profile_steps(self) -> int:
@@ -69,6 +91,11 @@ class FrontierSpec:
     def num_workers(self) -> int:
         return self.template.point.num_workers
 
+    @property
+    def label(self) -> str:
+        """w2, or w2-bf16-ckpt: the worker count and the recipe this search is for."""
+        return frontier_label(self.template.point)
+
 
 @dataclass
 class WorkerContext:
@@ -87,7 +114,8 @@ class WorkerContext:
 
 @dataclass(frozen=True)
 class GroupFacts:
-    """Measured once per worker group and shared by its points: the device's peak FLOP/s (a table
-    entry on GPU, the faster of a matmul and a convolution measured on this worker's CPU share)."""
+    """Measured once per worker group and shared by its points: the device's peak FLOP/s in each
+    precision its points train in (a table entry on GPU, the faster of a matmul and a convolution
+    measured on this worker's CPU share)."""
 
-    peak: Optional[PeakFlops] = None
+    peaks: Dict[str, PeakFlops] = field(default_factory=dict)

@@ -1,0 +1,129 @@
+"""The training recipe a point measures, as users train: the optimizer, the loss, mixed precision
+(autocast, a GradScaler for fp16) and activation checkpointing. Knows torch only.
+
+The same functions serve the workers, the driver's checks and the fake-tensor estimates, so what is
+estimated, counted and measured is one recipe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterable, List, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from hydra.utils import get_method
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from sweeper.config import LossConfig, OptimConfig
+
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+CHECKPOINTING = ("none", "blocks")
+# What `blocks` wraps when the model has these: torchvision's residual blocks, the transformer
+# encoder layers, and the MLP's Linear+ReLU layers (sweeper.models.MLPBlock), by class name so that
+# the types need not be imported. model.checkpoint_modules adds a custom model's own.
+BLOCK_TYPES = ("BasicBlock", "Bottleneck", "InvertedResidual", "EncoderBlock", "TransformerEncoderLayer",
+               "MLPBlock")
+
+
+def build_optimizer(cfg: OptimConfig, params: Iterable[nn.Parameter], lr: float) -> torch.optim.Optimizer:
+    """optim=sgd | adamw, or a `_target_` factory called with the parameters (Hydra's `_partial_`
+    style: `factory(params, lr=..., **kwargs)`); `lr` is optim.lr after the LR-scaling rule."""
+    if cfg._target_:
+        factory: Callable[..., Any] = get_method(cfg._target_)
+        optimizer = factory(params, lr=lr, **dict(cfg.kwargs))
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"optim._target_={cfg._target_!r} returned {type(optimizer).__name__}, not a "
+                            "torch.optim.Optimizer")
+        return optimizer
+    if cfg.name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
+    return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+                           nesterov=cfg.nesterov)
+
+
+def build_loss(cfg: LossConfig) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Cross-entropy (with loss.label_smoothing), or a `_target_` factory returning loss(logits, targets)."""
+    if cfg._target_:
+        factory = get_method(cfg._target_)
+        made = factory(**dict(cfg.kwargs))
+        if not callable(made):
+            raise TypeError(f"loss._target_={cfg._target_!r} returned {type(made).__name__}, not a callable "
+                            "loss(logits, targets)")
+        return made
+    smoothing = cfg.label_smoothing
+    return lambda logits, targets: F.cross_entropy(logits, targets, label_smoothing=smoothing)
+
+
+def autocast(device: torch.device, precision: str):
+    """Autocast around forward and loss (parameters, gradients and optimizer state stay fp32);
+    fp32 runs as it is."""
+    dtype = PRECISIONS[precision]
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def grad_scaler(device: torch.device, precision: str) -> Optional[torch.amp.GradScaler]:
+    """fp16's gradients underflow without loss scaling; bf16 has fp32's exponent range and needs none."""
+    return torch.amp.GradScaler(device.type) if precision == "fp16" else None
+
+
+def apply_checkpointing(model: nn.Module, mode: str, extra_types: Sequence[str] = ()) -> int:
+    """`blocks`: every block of the model (BLOCK_TYPES and `extra_types`, by class name) recomputes
+    its forward in backward instead of keeping its activations (non-reentrant
+    torch.utils.checkpoint: the reentrant kind breaks DDP). Blocks inside a wrapped block are left as
+    they are. Returns how many were wrapped (0 for `none`)."""
+    if mode == "none":
+        return 0
+    names = set(BLOCK_TYPES) | set(extra_types)
+    wrapped = 0
+    for parent in list(model.modules()):
+        for child_name, child in list(parent.named_children()):
+            if type(child).__name__ in names and not isinstance(parent, Checkpointed) and not _inside(model, child):
+                setattr(parent, child_name, Checkpointed(child))
+                wrapped += 1
+    return wrapped
+
+
+def _inside(model: nn.Module, module: nn.Module) -> bool:
+    """Whether `module` already sits inside a Checkpointed block of `model`."""
+    return any(isinstance(m, Checkpointed) and any(sub is module for sub in m.modules()) for m in model.modules())
+
+
+class Checkpointed(nn.Module):
+    """A block whose forward is recomputed during backward (its inner activations are not kept)."""
+
+    def __init__(self, block: nn.Module):
+        super().__init__()
+        self.block = block
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if not torch.is_grad_enabled():  # evaluation: nothing to recompute
+            return self.block(*args, **kwargs)
+        return checkpoint(self.block, *args, use_reentrant=False, **kwargs)
+
+
+def wrappable(model: nn.Module, extra_types: Sequence[str] = ()) -> List[str]:
+    """The class names of the blocks `blocks` would wrap in this model."""
+    names = set(BLOCK_TYPES) | set(extra_types)
+    return sorted({type(m).__name__ for m in model.modules() if type(m).__name__ in names})
+
+
+def try_step(build_model: Callable[[], nn.Module], input_shape: Sequence[int], num_classes: int,
+             precision: str) -> Optional[str]:
+    """One training step of a batch of 2 on the CPU in `precision` (autocast, loss scaling): None if
+    it runs, else the error's first line. Whether the CPU has the ops for it (fp16 on CPU often
+    lacks some) is found out here, before any worker starts."""
+    with torch.random.fork_rng(devices=[]):
+        try:
+            model = build_model()
+            cpu = torch.device("cpu")
+            scaler = grad_scaler(cpu, precision)
+            with autocast(cpu, precision):
+                loss = F.cross_entropy(model(torch.randn(2, *input_shape)), torch.randint(0, num_classes, (2,)))
+            (scaler.scale(loss) if scaler else loss).backward()
+        except Exception as exc:  # noqa: BLE001 - whatever the device lacks, in one line
+            return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return None

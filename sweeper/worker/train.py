@@ -1,0 +1,410 @@
+"""One grid point on one data-parallel worker: train `spec.steps` optimizer steps and measure them
+(timed windows, memory, utilization, an optional profiler trace, divergence, evaluations and the time
+to a target) into a PointResult. Every rank returns the same result.
+
+Knows torch only, like the rest of worker/.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from sweeper import data as data_mod
+from sweeper.measure import telemetry, timing
+from sweeper.schema import PointResult
+from sweeper.worker import collectives as comm
+from sweeper.worker.deadline import Deadline
+from sweeper.worker import divergence, gns
+from sweeper.worker.divergence import Diverged
+from sweeper.worker.evaluate import Progress
+from sweeper.worker.spec import PointSpec, WorkerContext
+from sweeper.worker.step import Training, setup
+
+TRACE_FILE = "rank0.pt.trace.json.gz"
+
+
+class Clock:
+    """The timed windows of a point: opened and closed on step boundaries, the device synchronized at
+    each edge (and nowhere else), with the utilization sampler running from the first timed step."""
+
+    def __init__(self, run: Training, windows: int, deadline: Optional[Deadline] = None):
+        self.run, self.deadline = run, deadline
+        self.window_seconds: List[float] = [0.0] * windows
+        self.step_marks: List[List[Any]] = []
+        self.sampler: Optional[telemetry.UtilizationSampler] = None
+        self.utilization: Optional[telemetry.Utilization] = None
+        self.first_step_time: Optional[float] = None
+        self.closed: List[int] = []  # windows timed to their end (a point stopped early has fewer)
+        self._opened = 0.0
+
+    def open(self, window: int) -> None:
+        device = self.run.device
+        if window == 0:
+            if self.deadline is not None:
+                spec = self.run.spec
+                self.deadline.project(spec.first_timed_step, spec.steps, time.time() - self.run.started)
+            self.sampler = device.utilization_sampler(self.run.spec.measure.utilization_interval_seconds).start()
+            # Ranks leave warm-up (and rank 0 the profiler's trace export) at different times; line
+            # them up so the first window does not time the wait.
+            comm.barrier(self.run.ctx)
+        device.synchronize()
+        self._opened = time.perf_counter()
+
+    def timed_step(self, step: int) -> None:
+        marks = [self.run.device.mark()]
+        self.run.step(step, marks)
+        marks.append(self.run.device.mark())
+        self.step_marks.append(marks)
+
+    def after_step(self) -> None:
+        if self.first_step_time is None:
+            self.run.device.synchronize()
+            self.first_step_time = time.time()
+
+    def close(self, window: int) -> None:
+        self.run.device.synchronize()
+        self.window_seconds[window] = time.perf_counter() - self._opened
+        self.closed.append(window)
+
+    def leave_out(self, seconds: float) -> None:
+        """Work inside an open window that is not training (an evaluation): not timed as throughput."""
+        self._opened += seconds
+
+    def stop(self) -> None:
+        # Also on failure: the sampler may not outlive this point into the next one's measurement.
+        if self.sampler is not None and self.utilization is None:
+            self.utilization = self.sampler.stop()
+
+
+def train_point(
+    spec: PointSpec,
+    ctx: WorkerContext,
+    device: Optional[telemetry.Device] = None,
+    splits: Optional[data_mod.Splits] = None,
+    deadline: Optional[Deadline] = None,
+) -> PointResult:
+    """Train `spec.steps` optimizer steps and measure them. Every rank returns the same result.
+    `deadline`, if given, is projected from the warm-up once the first timed window opens."""
+    if spec.point.num_workers != ctx.world_size:
+        raise ValueError(f"grid point wants {spec.point.num_workers} workers, world size is {ctx.world_size}")
+    cfg = spec.measure
+    device = device or telemetry.select(spec.use_gpu, ctx.local_rank)
+    run = setup(spec, ctx, device, splits or data_mod.load(spec.data, spec.model.input_shape))
+    track_memory = cfg.memory_breakdown or run.budget_mode == "simulated"
+    roles = timing.step_roles(spec.steps, cfg.warmup_steps, spec.profile_steps, cfg.windows, track_memory)
+    clock = Clock(run, sum(role.opens_window is not None for role in roles), deadline)
+    profiler = _Profiling(_profiler(spec, ctx, device))
+    progress = Progress.of(spec)
+    train_start, loop_started = time.perf_counter(), time.time()
+    run.model.train()
+    try:
+        breakdown, diverged = _loop(run, roles, clock, profiler, progress, loop_started)
+    finally:
+        clock.stop()
+        profiler.stop()
+    return _result(run, clock, breakdown, time.perf_counter() - train_start, loop_started, progress, diverged)
+
+
+def _loop(run: Training, roles: List[timing.StepRole], clock: Clock, profiler: "_Profiling", progress: Progress,
+          since: float) -> Tuple[Any, Optional[Diverged]]:
+    """The steps, each in its role; evaluations when due; divergence checked where the device is
+    synchronized anyway (the window edges). Returns the memory breakdown and the divergence, if any."""
+    breakdown, check = None, run.spec.divergence
+    for step, role in enumerate(roles):
+        if role.opens_window is not None:
+            clock.open(role.opens_window)
+            if diverged := divergence.check(run, check):
+                return breakdown, diverged
+        if role.starts_profiler:
+            profiler.start()
+        if role.kind == timing.TRACKED:
+            breakdown = run.tracked_step(step)
+        elif role.kind == timing.TIMED:
+            clock.timed_step(step)
+        else:
+            run.step(step)
+        profiler.after(role)
+        clock.after_step()
+        if progress.due(step + 1) and step + 1 < len(roles) and _has_accuracy(run):
+            clock.leave_out(_evaluate(run, progress, since))
+            if progress.stop:
+                return breakdown, None
+        if role.closes_window is not None:
+            clock.close(role.closes_window)
+            if diverged := divergence.check(run, check):
+                return breakdown, diverged
+    return breakdown, divergence.check(run, check)
+
+
+def _has_accuracy(run: Training) -> bool:
+    spec, splits = run.spec, run.splits
+    return spec.evaluate and splits.val is not None and splits.has_real_labels
+
+
+def _evaluate(run: Training, progress: Progress, since: float) -> float:
+    spec = run.spec
+    return progress.evaluate(run.inner_model, run.splits.train,
+                             run.splits.val, spec.point.micro_batch_size, spec.train.bn_recalibration_samples,
+                             spec.seed, run.device.torch_device, run.ctx, run.steps_done, since)
+
+
+class _Profiling:
+    """The profiler (or none) through the steps: started, stepped over the profiled steps, stopped once."""
+
+    def __init__(self, profiler):
+        self.profiler = profiler
+
+    def start(self) -> None:
+        if self.profiler is not None:
+            self.profiler.start()
+
+    def after(self, role: timing.StepRole) -> None:
+        if self.profiler is None:
+            return
+        if role.kind == timing.PROFILED:
+            self.profiler.step()
+        if role.stops_profiler:
+            self.stop()
+
+    def stop(self) -> None:
+        if self.profiler is not None:
+            profiler, self.profiler = self.profiler, None
+            profiler.stop()
+
+
+def _result(run: Training, clock: "Clock", breakdown, train_seconds: float, loop_started: float,
+            progress: Progress, diverged: Optional[Diverged]) -> PointResult:
+    """The point's result, section by section: loss, cost, memory, throughput, utilization, recipe,
+    accuracy and its progress, divergence."""
+    spec = run.spec
+    result = PointResult(trial_key=spec.point.key, device=run.device.torch_device.type,
+                         train_loss=divergence.global_losses(run))
+    result.cost.update(dict(
+        train_seconds=train_seconds,
+        optimizer_steps=run.steps_done,
+        samples_seen=run.steps_done * spec.point.global_batch_size,
+    ))
+    if clock.first_step_time is not None:
+        result.cost.startup_seconds = clock.first_step_time - run.started
+    _memory(result, run, breakdown)
+    _throughput(result, run, clock)
+    _utilization(result, run, clock.utilization)
+    _recipe(result, run, clock, loop_started)
+    if spec.profile and run.ctx.rank == 0:
+        result.profile_trace_dir = _trace_dir(spec)
+    if diverged is None or diverged.reason != divergence.NONFINITE:
+        _accuracy(result, run, progress, loop_started)
+    _progress(result, progress)
+    _divergence(result, run, diverged)
+    _noise_scale(result, run)
+    return result
+
+
+def _noise_scale(result: PointResult, run: Training) -> None:
+    """B_simple from the point's micro-gradients (worker.gns), or why there is none."""
+    spec, point = run.spec, run.spec.point
+    if not spec.gns.enabled:
+        return
+    if run.micro_grads is None:
+        result.noise.gns_note = ("no estimate: one micro-batch per step (accumulation x workers = 1); "
+                                 "a point with accumulation or workers > 1 measures it")
+        return
+    run.micro_grads.remove()
+    done, k = run.steps_done, point.accumulation_steps * point.num_workers
+    small = run.micro_grads.mean_sq(run.ctx, k, done, run.scales[:done] if run.scaler is not None else None)
+    big = (run.grad_norms[:done] ** 2).cpu().tolist()
+    n = len(run.splits.train)
+    steps = [gns.estimate(s, g, point.micro_batch_size, point.global_batch_size, n) for s, g in zip(small, big)]
+    steps = [e for e in steps if math.isfinite(e.grad_sq_norm) and math.isfinite(e.trace_sigma)]
+    if not steps:
+        result.noise.gns_note = "no estimate: no step had finite gradients"
+        return
+    ema = gns.ema_ratio(steps, spec.gns.ema_beta)
+    trace = sum(e.trace_sigma for e in steps) / len(steps)
+    g2 = sum(e.grad_sq_norm for e in steps) / len(steps)
+    result.noise.update(dict(
+        gns_b_simple=ema[-1], gns_b_simple_ema=ema, gns_b_simple_train_avg=trace / g2 if g2 else None,
+        gns_trace_sigma_per_step=[e.trace_sigma for e in steps],
+        gns_grad_sq_norm_per_step=[e.grad_sq_norm for e in steps],
+        gns_trace_sigma=trace, gns_grad_sq_norm=g2, gns_small_batch=point.micro_batch_size,
+        gns_big_batch=point.global_batch_size, gns_train_samples=n,
+    ))
+
+
+def _recipe(result: PointResult, run: Training, clock: "Clock", loop_started: float) -> None:
+    figures = result.recipe
+    figures.checkpointed_blocks = run.checkpointed_blocks if run.spec.point.checkpointing != "none" else None
+    if run.scaler is not None and len(run.scales) > 1:
+        # The scale before the first step, then after each: a skipped step halves it (a growth,
+        # after 2000 clean steps, doubles it).
+        figures.grad_scaler_scale = run.scales[-1]
+        figures.grad_scaler_skipped_steps = sum(after < before for before, after in zip(run.scales, run.scales[1:]))
+    if run.spec.train.compile and clock.first_step_time is not None:
+        figures.compile_step_seconds = clock.first_step_time - loop_started
+
+
+def _memory(result: PointResult, run: Training, breakdown) -> None:
+    """Memory: the largest over workers, each figure under a name that says what it measures; the
+    headline peak_memory_bytes is the best measure this device has."""
+    memory, device, spec = result.memory, run.device, run.spec
+    memory.update(comm.reduce_numbers(dict(device.memory_metrics()), run.ctx, device.torch_device, dist.ReduceOp.MAX))
+    if breakdown is not None:
+        # The whole breakdown of the worker with the largest peak, so its parts still add up.
+        breakdowns = comm.gather_objects(breakdown.as_metrics(), run.ctx)
+        memory.update(max(breakdowns, key=lambda b: b["memory_tracked_peak_bytes"]))
+    if device.is_cuda:
+        memory.peak_memory_bytes = memory.cuda_max_memory_allocated_bytes
+        memory.memory_measure = "cuda: torch.cuda.max_memory_allocated over the point, largest worker"
+    elif breakdown is not None:
+        memory.peak_memory_bytes = memory.memory_tracked_peak_bytes
+        memory.memory_measure = (
+            "cpu: peak tensor memory of one training step (torch MemTracker), largest worker; "
+            "process RSS above its pre-point baseline is cpu_rss_peak_above_baseline_bytes"
+        )
+    elif memory.cpu_rss_peak_above_baseline_bytes is not None:
+        memory.peak_memory_bytes = memory.cpu_rss_peak_above_baseline_bytes
+        memory.memory_measure = (
+            "cpu: process RSS high-water mark above its pre-point baseline (measure.memory_breakdown=false, "
+            "so no tensor-level peak), largest worker"
+        )
+    if run.budget_mode != "none":
+        memory.memory_budget_bytes = spec.memory_budget_bytes
+        memory.memory_budget_mode = run.budget_mode
+
+
+def _throughput(result: PointResult, run: Training, clock: Clock) -> None:
+    """Throughput of the timed windows, paced by the slowest rank, and the phases of a step."""
+    if not clock.closed:
+        return
+    cfg, device, spec = run.spec.measure, run.device, run.spec
+    bounds = timing.window_bounds(spec.steps, spec.first_timed_step, cfg.windows)
+    steps_per_window = [bounds[i][1] - bounds[i][0] for i in clock.closed]
+    # The slowest rank sets the pace of a data-parallel step.
+    seconds = torch.tensor([clock.window_seconds[i] for i in clock.closed], dtype=torch.float64,
+                           device=device.torch_device)
+    comm.all_reduce(seconds, run.ctx, dist.ReduceOp.MAX)
+    tp = timing.summarize(
+        seconds.cpu().tolist(), steps_per_window, run.spec.point.global_batch_size,
+        cfg.stable_windows, cfg.stability_tolerance,
+    )
+    result.throughput.update(dict(
+        samples_per_second=tp.samples_per_second,
+        samples_per_second_cv=tp.samples_per_second_cv,
+        step_time_seconds=tp.step_time_seconds,
+        window_samples_per_second=tp.window_samples_per_second,
+        throughput_stable=tp.stable,
+        timing_windows=len(clock.closed),
+        stable_windows_used=tp.stable_window_count,
+    ))
+    phases = timing.phase_split([_phases(device, marks) for marks in clock.step_marks])
+    result.throughput.update(comm.reduce_numbers(phases, run.ctx, device.torch_device, dist.ReduceOp.SUM, mean=True))
+
+
+def _phases(device: telemetry.Device, marks: List[Any]):
+    """(data, forward_backward, optimizer) seconds of one step from its marks:
+    [start, (after data, after backward) per micro-step, end]."""
+    data = compute = 0.0
+    previous = marks[0]
+    for loaded, backward_done in zip(marks[1:-1:2], marks[2:-1:2]):
+        data += device.seconds_between(previous, loaded)
+        compute += device.seconds_between(loaded, backward_done)
+        previous = backward_done
+    return data, compute, device.seconds_between(previous, marks[-1])
+
+
+def _utilization(result: PointResult, run: Training, utilization: Optional[telemetry.Utilization]) -> None:
+    """Utilization in the timed windows: maxima over workers, means averaged over workers."""
+    if utilization is None:
+        return
+    util = utilization.as_metrics()
+    util.pop("utilization_samples")
+    device = run.device.torch_device
+    maxima = {k: v for k, v in util.items() if k.endswith("_max")}
+    means = {k: v for k, v in util.items() if not k.endswith("_max")}
+    result.utilization.update(comm.reduce_numbers(maxima, run.ctx, device, dist.ReduceOp.MAX))
+    result.utilization.update(comm.reduce_numbers(means, run.ctx, device, dist.ReduceOp.SUM, mean=True))
+    if utilization.gpu_unavailable_reason:
+        result.utilization.gpu_telemetry_note = f"no GPU utilization: {utilization.gpu_unavailable_reason}"
+
+
+def _accuracy(result: PointResult, run: Training, progress: Progress, since: float) -> None:
+    """The final evaluation (the last one during training, when it came after the last step)."""
+    if not _has_accuracy(run):
+        return
+    if progress.evaluated_at != run.steps_done * run.spec.point.global_batch_size:
+        _evaluate(run, progress, since)
+    _, accuracy, loss = progress.curve[-1]
+    result.accuracy.update(dict(val_accuracy=accuracy, val_loss=loss, val_samples=len(run.splits.val)))
+    if progress.recalibrated:
+        result.accuracy.bn_recalibration_samples = progress.recalibrated
+
+
+def _progress(result: PointResult, progress: Progress) -> None:
+    if not progress.curve:
+        return
+    result.progress.update(dict(
+        val_accuracy_curve=[(samples, accuracy) for samples, accuracy, _ in progress.curve],
+        val_loss_curve=[(samples, loss) for samples, _, loss in progress.curve],
+        evaluations=len(progress.curve),
+        eval_seconds=progress.seconds,
+    ))
+    if progress.has_target:
+        result.progress.reached_target = int(progress.reached is not None)
+    if progress.reached is not None:
+        steps, seconds = progress.reached
+        result.progress.update(dict(steps_to_target=steps, samples_to_target=steps * progress.samples_per_step,
+                                    time_to_target_seconds=seconds))
+
+
+def _divergence(result: PointResult, run: Training, diverged: Optional[Diverged]) -> None:
+    """Diverged during training, or learned nothing (an accuracy at chance): status `diverged`."""
+    if run.grad_norms is not None:
+        result.divergence.grad_norm = run.grad_norms[: run.steps_done].cpu().tolist()
+    accuracy = result.accuracy.val_accuracy
+    if diverged is None and accuracy is not None:
+        why = divergence.chance_reason(accuracy, run.splits.num_classes, result["train_loss"], run.spec.divergence)
+        diverged = Diverged(max(run.steps_done - 1, 0), divergence.CHANCE, why) if why else None
+    if diverged is not None:
+        result.status = "diverged"
+        result.error = f"diverged ({diverged.reason}): {diverged.detail}"
+        result.divergence.update(dict(diverged_at_step=diverged.step, divergence_reason=diverged.reason))
+
+
+def _profiler(spec: PointSpec, ctx: WorkerContext, device: telemetry.Device):
+    """torch.profiler for the untimed steps after warm-up (rank 0; one profiler warm-up step, then
+    `profile_steps` recorded), written as a Chrome trace that TensorBoard's profiler plugin and
+    Perfetto open. None when not profiling."""
+    if not spec.profile or ctx.rank != 0:
+        return _NoProfiler() if spec.profile else None
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    folder = _trace_dir(spec)
+    os.makedirs(folder, exist_ok=True)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.is_cuda else [])
+    return profile(
+        activities=activities,
+        schedule=schedule(wait=0, warmup=1, active=spec.measure.profile_steps, repeat=1),
+        on_trace_ready=lambda p: p.export_chrome_trace(os.path.join(folder, TRACE_FILE)),
+        record_shapes=True,
+        profile_memory=True,
+    )
+
+
+class _NoProfiler:
+    """The other ranks' profiler: they run the profiled steps untimed and record nothing."""
+
+    def start(self) -> None: ...
+
+    def step(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+def _trace_dir(spec: PointSpec) -> str:
+    return os.path.join(spec.profile_dir or "profile", spec.point.key)

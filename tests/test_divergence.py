@@ -1,0 +1,125 @@
+"""Diverged is a result: a NaN at step k is found at step k exactly, without a host sync per step, by
+every rank together; spikes and a point stuck at chance are named; nothing hangs."""
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from sweeper.config import DataConfig, DivergenceConfig, MeasureConfig, ModelConfig, TrainConfig
+from sweeper.plan import GridPoint
+from sweeper.worker.divergence import CHANCE_MIN_STEPS, chance_reason, find_spike
+from sweeper.worker.points import run_point
+from sweeper.worker.spec import PointSpec, WorkerContext
+from tests.conftest import free_port
+
+NAN_AT = 7
+
+
+class NanAt(torch.nn.Module):
+    """Returns NaN from its 8th training forward on (step 7 with one micro-batch a step), on the rank
+    named by NAN_RANK (all ranks when unset)."""
+
+    def __init__(self, num_classes):
+        super().__init__()
+        self.linear = torch.nn.Linear(64, num_classes)
+        self.calls = 0
+
+    def forward(self, x):
+        out = self.linear(x.flatten(1))
+        if self.training and torch.is_grad_enabled():
+            self.calls += 1
+            rank = os.environ.get("NAN_RANK")
+            mine = rank is None or not dist.is_initialized() or dist.get_rank() == int(rank)
+            if mine and self.calls > NAN_AT:
+                out = out * float("nan")
+        return out
+
+
+MODEL = ModelConfig(name="nan", _target_="tests.test_divergence.NanAt", input_shape=[1, 8, 8])
+MEASURE = MeasureConfig(warmup_steps=2, windows=4, stable_windows=2, flops=False, memory_breakdown=False)
+
+
+def spec(point: GridPoint, steps: int = 40) -> PointSpec:
+    return PointSpec(model=MODEL, data=DataConfig(name="digits"), train=TrainConfig(seed=1), measure=MEASURE,
+                     point=point, lr=0.05, steps=steps)
+
+
+def test_a_nan_at_step_k_is_diverged_at_step_k_and_training_stops_at_the_next_check():
+    result = run_point(spec(GridPoint(8, 1, 1)), WorkerContext())
+    assert result.status == "diverged" and result["divergence_reason"] == "nonfinite"
+    assert result["diverged_at_step"] == NAN_AT
+    assert "not finite at step 7" in result.error
+    # Stopped at the first window edge after it (windows of 9-10 steps from step 2), not at the end.
+    assert NAN_AT < result["optimizer_steps"] < 40 and len(result["train_loss"]) == result["optimizer_steps"]
+    assert "val_accuracy" not in result  # a NaN model is not evaluated
+
+
+def _gloo_worker(rank, port, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NAN_RANK="1")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        result = run_point(spec(GridPoint(8, 1, 2)), WorkerContext(rank=rank, world_size=2))
+        out[rank] = (result.status, result.get("diverged_at_step"), result.get("optimizer_steps"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_nan_on_one_rank_only_is_agreed_by_both_and_nothing_hangs():
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(_gloo_worker, args=(free_port(), out), nprocs=2, join=True)
+        ranks = dict(out)
+    assert ranks[0] == ranks[1] and ranks[0][:2] == ("diverged", NAN_AT)
+
+
+CFG = DivergenceConfig(spike_factor=2.0, spike_steps=3, spike_window=4)
+
+
+def test_a_spike_is_three_losses_in_a_row_over_twice_the_mean_before():
+    losses = [1.0, 1.0, 1.0, 1.0, 2.5, 2.5, 1.0, 1.0, 1.0, 1.0, 2.1, 2.2, 2.3, 1.0]
+    found = find_spike(losses, CFG)
+    assert found is not None and found.step == 10 and found.reason == "spike"  # steps 4-5: only two in a row
+    assert find_spike([1.0, 0.9, 0.8, 0.7, 0.6, 1.9, 1.9, 1.9], CFG) is not None
+    assert find_spike([1.0, 0.9, 0.8, 0.7, 0.6, 1.4, 1.4, 1.4], CFG) is None  # under 2x
+    assert find_spike([1.0] * 3 + [9.0] * 3, CFG) is None  # no full window before it
+    # A trained classifier's small-batch losses: three hard batches over 2x a small mean, but under
+    # where training started: not a divergence (measured: digits, micro-batch 8, accuracy 0.89).
+    assert find_spike([2.5, 2.3, 0.2, 0.2, 0.2, 0.2, 0.5, 0.6, 0.7, 0.2], CFG) is None
+
+
+def test_chance_needs_both_an_accuracy_near_guessing_and_a_loss_that_did_not_come_down():
+    flat = [2.30] * CHANCE_MIN_STEPS
+    falling = [2.3 - 0.05 * i for i in range(CHANCE_MIN_STEPS)]
+    assert chance_reason(0.11, 10, flat, DivergenceConfig()) is not None
+    assert chance_reason(0.11, 10, falling, DivergenceConfig()) is None  # still learning
+    assert chance_reason(0.30, 10, flat, DivergenceConfig()) is None  # better than guessing
+    assert chance_reason(0.11, 10, flat[:5], DivergenceConfig()) is None  # too short to say
+    assert chance_reason(0.11, 10, flat, DivergenceConfig(check=False)) is None
+
+
+def test_no_check_means_no_status_change():
+    unchecked = PointSpec(**{**spec(GridPoint(8, 1, 1)).__dict__, "divergence": DivergenceConfig(check=False)})
+    result = run_point(unchecked, WorkerContext())
+    assert result.status == "ok" and "grad_norm" not in result
+
+
+@pytest.mark.parametrize("samples,steps_expected", [(100, 4)])
+def test_evaluations_every_n_samples_round_up_to_whole_global_batches(samples, steps_expected):
+    from sweeper.config import EvalConfig
+
+    mlp = ModelConfig(name="mlp", depth=2, width=32, input_shape=[1, 8, 8])
+    every = PointSpec(model=mlp, data=DataConfig(name="digits"), train=TrainConfig(seed=1), measure=MEASURE,
+                      point=GridPoint(16, 2, 1), lr=0.1, steps=12, eval=EvalConfig(every_samples=samples,
+                                                                                    target_accuracy=0.3))
+    result = run_point(every, WorkerContext())
+    curve = result["val_accuracy_curve"]
+    # 100 samples is 3.1 global batches of 32: every 4 steps (128 samples), then the last step.
+    assert [samples for samples, _ in curve] == [128, 256, 384]
+    assert result["evaluations"] == 3 and result["eval_seconds"] > 0
+    assert result["reached_target"] in (0, 1)
+    if result["reached_target"]:
+        assert result["samples_to_target"] == 32 * result["steps_to_target"] and result["time_to_target_seconds"] > 0
