@@ -32,6 +32,7 @@ DIGITS_SAMPLES = 1797
 OPTIMIZERS = ("sgd", "adamw")
 PRECISIONS = ("fp32", "bf16", "fp16")
 CHECKPOINTING = ("none", "blocks")
+STRATEGIES = ("grid", "smart")
 # Keys that moved when the optimizer became a config group: their old names get a pointer.
 MOVED_KEYS = {"train.lr": "optim.lr", "train.momentum": "optim.momentum", "train.weight_decay": "optim.weight_decay"}
 
@@ -125,6 +126,29 @@ class SweepConfig:
     # The LR as an axis, on top of the scaling rule (batch size and LR are not independent): each
     # point trains at optim.lr x scaling x each multiplier. One value or a list.
     lr_multipliers: Any = field(default_factory=lambda: [1.0])
+    # grid: every point trains its whole sample budget. smart: every layout's throughput and memory
+    # in a short run, then one representative per accuracy-equivalence class and seed trained for
+    # accuracy, in rungs of successive halving (see `smart` and docs/strategy.md).
+    strategy: str = "grid"
+
+
+@dataclass
+class SmartConfig:
+    """sweep.strategy=smart (docs/strategy.md)."""
+
+    # Optimizer steps of each layout's throughput-and-memory run, warm-up included (a point whose
+    # whole budget is shorter runs its budget).
+    throughput_steps: int = 30
+    # Successive halving: rungs train to budget/eta^(rungs-1), ..., budget/eta, budget; after each
+    # rung but the last, the best 1/eta of the classes go on (and any within the noise of the best).
+    eta: int = 3
+    rungs: int = 3
+    # The confidence of the interval a class must leave (not overlap the best one's) to be stopped.
+    confidence: float = 0.95
+    # Whether the model mixes the samples of a micro-batch (BatchNorm): then layouts share a class only
+    # with the same micro-batch. auto: found from the model's modules; true/false: your word for it
+    # (a layer of your own that couples samples cannot be detected).
+    batch_coupled: Any = "auto"
 
 
 @dataclass
@@ -161,6 +185,13 @@ class FrontierConfig:
     max_verifications: int = 3
     # Round the frontier down to a multiple (8 suits tensor cores).
     multiple_of: int = 1
+    # The grid's micro-batches stay this far below the largest that fit (a share: 0.05 is 5 %): a size
+    # that fit for a few steps can run out of memory later (allocator fragmentation, a longer
+    # sequence; Lightning's finder gained `margin` for this, Lightning #20231, #8028).
+    margin: float = 0.05
+    # A verification probe runs this many steps beyond the warm-up, so allocator growth shows in its
+    # peak (on GPU: torch.cuda.max_memory_allocated over all of them).
+    verify_steps: int = 10
 
 
 @dataclass
@@ -332,6 +363,7 @@ class SweeperConfig:
     divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
     gns: GnsConfig = field(default_factory=GnsConfig)
     measure: MeasureConfig = field(default_factory=MeasureConfig)
+    smart: SmartConfig = field(default_factory=SmartConfig)
     # Lives with its rules in sweeper/report/settings.py: the report CLI reads it without Hydra.
     report: ReportConfig = field(default_factory=ReportConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
@@ -429,6 +461,7 @@ def validate(cfg: SweeperConfig) -> List[str]:
         *check_divergence(cfg.divergence),
         *check_gns(cfg.gns),
         *check_measure(cfg.measure),
+        *check_smart(cfg.smart),
         *check_device(cfg.device),
         *check_frontier(cfg.frontier),
         *check_report(cfg.report),
@@ -521,6 +554,9 @@ def check_sweep(sweep: SweepConfig) -> List[str]:
     problems += _choices(
         "sweep.activation_checkpointing", sweep.activation_checkpointing, CHECKPOINTING, "[none,blocks]"
     )
+    problem = invalid_choice("sweep.strategy", sweep.strategy, STRATEGIES)
+    if problem:
+        problems.append(problem)
     if sweep.retry_failed and not sweep.resume:
         problems.append(
             "sweep.retry_failed=true needs sweep.resume=true: it retries the failed points of a resumed sweep"
@@ -625,6 +661,23 @@ def check_measure(measure: MeasureConfig) -> List[str]:
     return problems
 
 
+def check_smart(smart: SmartConfig) -> List[str]:
+    problems: List[str] = []
+    _check(problems, "smart.throughput_steps", smart.throughput_steps, _positive, "must be >= 1, e.g. 30")
+    _check(problems, "smart.eta", smart.eta, lambda n: n >= 2, "must be >= 2 (keep the best 1/eta), e.g. 3")
+    _check(problems, "smart.rungs", smart.rungs, _positive, "must be >= 1 (1: no halving), e.g. 3")
+    _check(problems, "smart.confidence", smart.confidence, lambda c: 0 < c < 1, "must be in (0, 1), e.g. 0.95")
+    if normalize_batch_coupled(smart.batch_coupled) is None:
+        problems.append(f"smart.batch_coupled={smart.batch_coupled!r} is invalid: use auto, true or false")
+    return problems
+
+
+def normalize_batch_coupled(value: Any) -> Optional[str]:
+    """auto | true | false (YAML may hand over a bool); None when it is none of them."""
+    text = str(value).lower()
+    return text if text in ("auto", "true", "false") else None
+
+
 def check_device(device: DeviceConfig) -> List[str]:
     problems: List[str] = []
     _check(
@@ -642,6 +695,8 @@ def check_frontier(frontier: FrontierConfig) -> List[str]:
         problems, "frontier.max_fit_probes", frontier.max_fit_probes, lambda n: n >= 2,
         "a line needs two probes, use >= 2",
     )
+    _check(problems, "frontier.margin", frontier.margin, lambda m: 0 <= m < 1, "must be in [0, 1), e.g. 0.05")
+    _check(problems, "frontier.verify_steps", frontier.verify_steps, _not_negative, "must be >= 0")
     return problems
 
 

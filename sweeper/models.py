@@ -109,6 +109,17 @@ def build(cfg: ModelConfig, num_classes: int) -> nn.Module:
     return torchvision.models.get_model(cfg.name, weights=None, num_classes=num_classes, **cfg.kwargs)
 
 
+def batch_coupled_layers(model: nn.Module) -> List[str]:
+    """The model's layer types that mix the samples of a (micro-)batch: BatchNorm normalizes each
+    sample by its micro-batch's statistics; an instance norm that keeps running statistics updates
+    them per batch. Layers that work on each sample alone (LayerNorm, GroupNorm, dropout) are not.
+    A layer of your own that couples samples cannot be told apart: smart.batch_coupled=true."""
+    coupled = (nn.modules.batchnorm._BatchNorm,)
+    found = {type(m).__name__ for m in model.modules()
+             if isinstance(m, coupled) or (isinstance(m, nn.modules.instancenorm._InstanceNorm) and m.track_running_stats)}
+    return sorted(found)
+
+
 def build_on_meta(cfg: ModelConfig, num_classes: int) -> nn.Module:
     """The model's structure without its weights (the meta device allocates nothing): what a check
     of its modules needs."""

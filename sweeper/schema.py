@@ -16,7 +16,9 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 METRIC, SERIES, CURVE, TAG, NOTE = "metric", "series", "curve", "tag", "note"
 # How a point ends, best to worst: the worst over a point's ranks is its status.
-STATUSES = ("ok", "diverged", "oom", "failed")
+# `stopped` (sweep.strategy=smart: its class was stopped early by successive halving) is set by the
+# driver only, never by a worker.
+STATUSES = ("ok", "stopped", "diverged", "oom", "failed")
 
 
 def metric() -> Any:
@@ -250,6 +252,7 @@ class Flops(Record):
 class Accuracy(Record):
     val_accuracy: Optional[float] = metric()
     val_loss: Optional[float] = metric()  # mean cross-entropy over the held-out split
+    val_loss_se: Optional[float] = metric()  # its standard error over the held-out samples
     val_samples: Optional[int] = metric()  # the held-out split's size (its binomial interval)
     # BatchNorm statistics re-estimated over these samples before validation (absent without BatchNorm)
     bn_recalibration_samples: Optional[int] = metric()
@@ -269,6 +272,7 @@ class Progress(Record):
     samples_to_target: Optional[int] = metric()
     steps_to_target: Optional[int] = metric()
     time_to_target_seconds: Optional[float] = metric()  # from the first step, evaluations included
+    eval_seconds_to_target: Optional[float] = metric()  # the evaluations' share of it
 
 
 @dataclass
@@ -296,6 +300,21 @@ class Divergence(Record):
     diverged_at_step: Optional[int] = metric()
     divergence_reason: Optional[str] = tag("sweeper.divergence")  # nonfinite | spike | chance
     grad_norm: Optional[List[float]] = series()  # the whole gradient's norm at every step
+
+
+@dataclass
+class Provenance(Record):
+    """sweep.strategy=smart: which measurement each of the point's figures comes from (its layout's
+    throughput run, its class representative's accuracy run), and how far a stopped class got."""
+
+    throughput_from: Optional[str] = tag("sweeper.throughput_from")
+    accuracy_from: Optional[str] = tag("sweeper.accuracy_from")
+    accuracy_class: Optional[str] = tag("sweeper.accuracy_class")
+    # derived: the representative's steps to target x this point's own step time + its evaluations
+    time_to_target_from: Optional[str] = tag("sweeper.time_to_target")
+    stopped_at_rung: Optional[int] = metric()
+    stopped_at_samples: Optional[int] = metric()
+    stopped_reason: Optional[str] = tag("sweeper.stopped")
 
 
 @dataclass
@@ -360,6 +379,7 @@ class PointResult(Record):
     noise: NoiseScale = section(NoiseScale)
     recipe: Recipe = section(Recipe)
     cost: Cost = section(Cost)
+    provenance: Provenance = section(Provenance)
 
     @property
     def oom_source(self) -> Optional[str]:
@@ -429,7 +449,8 @@ class FrontierSearch(Record):
     Recorded on the parent run as `frontier_<name>_w<workers>` (with accumulation:
     `frontier_accumulating_<name>_w<workers>`)."""
 
-    micro_batch_size: Optional[int] = metric()
+    micro_batch_size: Optional[int] = metric()  # the largest that ran and fit
+    safe_micro_batch_size: Optional[int] = metric()  # frontier.margin below it: what the grid trains
     predicted_micro_batch_size: Optional[int] = metric()
     estimated_micro_batch_size: Optional[int] = metric()  # the fake-tensor prediction, set by the driver
     fit_probes: Optional[int] = metric()
@@ -511,6 +532,7 @@ class SweepSummary(Record):
     """Counted and timed once the grid is done: how its points ended and where its wall time went."""
 
     num_trials_ok: Optional[int] = metric()
+    num_trials_stopped: Optional[int] = metric()
     num_trials_diverged: Optional[int] = metric()
     num_trials_oom: Optional[int] = metric()
     num_trials_failed: Optional[int] = metric()
@@ -527,6 +549,17 @@ class SweepSummary(Record):
     sweep_wall_over_trial_seconds: Optional[float] = metric()
     sum_train_seconds: Optional[float] = metric()
     sweep_wall_over_train_seconds: Optional[float] = metric()
+    # sweep.strategy=smart: the compute ledger, in point-seconds (each measurement run's wall time in
+    # its worker) by phase, and what the whole grid would have spent, estimated from the same runs
+    compute_throughput_point_seconds: Optional[float] = metric()
+    compute_accuracy_point_seconds: Optional[float] = metric()
+    compute_stopped_point_seconds: Optional[float] = metric()
+    compute_point_seconds: Optional[float] = metric()
+    full_grid_point_seconds_estimate: Optional[float] = metric()
+    compute_fraction_of_full_grid: Optional[float] = metric()
+    smart_measurement_runs: Optional[int] = metric()
+    smart_accuracy_classes: Optional[int] = metric()
+    smart_classes_stopped: Optional[int] = metric()
 
     def count(self, statuses: Mapping[str, int]) -> "SweepSummary":
         """How many points ended in each status (num_trials_<status>)."""

@@ -8,8 +8,10 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
+import json
 import math
 import os
+import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -28,6 +30,8 @@ IDENTITY_TAG = "sweeper.trial_key"
 # Bumped when what a sweep leaves for `sweep.resume` (Ray Tune's pickled state, the tags) changes
 # shape; a sweep of another format is refused, not half-resumed.
 RESUME_FORMAT = "2"
+# sweep.strategy=smart's measurement runs, and the file that keeps each one's whole result.
+MEASUREMENT_ROLES, MEASUREMENT_FILE = ("throughput", "rung"), "result.json"
 RESULT_TYPES = {"point": PointResult, "inference": InferenceResult}
 
 
@@ -265,6 +269,25 @@ class Tracker:
         """One child run (sweeper.role=inference) per inference batch size of a model."""
         return self._child(result.trial_key, "inference", params, result)
 
+    def log_measurement(self, key: str, role: str, params: Dict[str, Any], result: PointResult) -> Optional[str]:
+        """sweep.strategy=smart: one child run per measurement run (sweeper.role=throughput | rung), its
+        whole result also kept as the run's result.json, so a resumed sweep rebuilds its points from
+        what was measured. The report and the points table leave these runs out."""
+        return self._child(key, role, params, result)
+
+    def measurements(self, role: str) -> Dict[str, Dict[str, Any]]:
+        """This sweep's complete measurement runs of `role`: key -> its result (as it was reported)."""
+        out: Dict[str, Dict[str, Any]] = {}
+        for run in self.children():
+            tags = run.data.tags
+            if tags.get("sweeper.role") != role or IDENTITY_TAG not in tags:
+                continue
+            with tempfile.TemporaryDirectory() as folder:
+                path = self.client.download_artifacts(run.info.run_id, MEASUREMENT_FILE, folder)
+                with open(path) as f:
+                    out[tags[IDENTITY_TAG]] = json.load(f)
+        return out
+
     def recorded_keys(self) -> List[str]:
         """Keys of the points this sweep holds complete (ok, oom or failed alike: each once)."""
         return [r.data.tags[IDENTITY_TAG] for r in self.children()
@@ -366,6 +389,8 @@ class Tracker:
         run_id = run.info.run_id
         self._log_params(run_id, params)
         self._log_metrics(run_id, typed.metrics(), typed.series(), typed.curves())
+        if role in MEASUREMENT_ROLES:
+            self.client.log_dict(run_id, result, MEASUREMENT_FILE)
         trace = getattr(typed, "profile_trace_dir", None)
         if trace and os.path.isdir(trace):
             # A torch.profiler Chrome trace: open in Perfetto or TensorBoard's profiler plugin.

@@ -124,3 +124,13 @@ def test_slightly_convex_memory_measured_on_resnet18_needs_one_verification():
     result, sizes = run(FrontierSearch(budget_bytes=0.2 * 2**30), peak)
     assert 0.9 * truth <= result.micro_batch_size <= truth
     assert result.num_fit_probes <= 3 and result.num_verifications == 1, sizes
+
+
+def test_the_grid_trains_the_margin_below_the_largest_micro_batch_that_fit():
+    from sweeper.measure.frontier import with_margin
+
+    assert with_margin(197, 0.05) == 187  # floor(197 x 0.95)
+    assert with_margin(197, 0.05, multiple_of=8) == 184  # then down to a multiple of 8
+    assert with_margin(100, 0.0) == 100  # no margin: the frontier itself
+    assert with_margin(1, 0.05) == 1  # never below one sample
+    assert with_margin(10, 0.5, multiple_of=8) == 1  # a multiple that rounds to 0 still trains one sample

@@ -78,6 +78,7 @@ def print_frontier(search: GridPoint, result: FrontierResult) -> None:
             continue
         text = (
             f"  frontier, {describe(search)}{label}: micro-batch {found.micro_batch_size} "
+            f"(the grid uses {found.safe_micro_batch_size}) "
             f"({found.reason}; {found.fit_probes} fit probe(s) + {found.verifications} verification(s))"
         )
         if found.per_sample_bytes is not None:
@@ -219,6 +220,20 @@ def print_summary(
         console.print(f"  open it at: {tracking_uri}", soft_wrap=True)
     else:
         console.print(f"  open it with: mlflow ui --backend-store-uri {tracking_uri}", soft_wrap=True)
+
+
+def print_ledger(ledger: Dict[str, float]) -> None:
+    """sweep.strategy=smart: what the sweep spent, by phase, against the whole grid's estimate."""
+    line = (f"[bold]sweeper[/]: compute {ledger['compute_point_seconds']:.1f} point-seconds: throughput "
+            f"{ledger['compute_throughput_point_seconds']:.1f}, accuracy {ledger['compute_accuracy_point_seconds']:.1f}, "
+            f"stopped early {ledger['compute_stopped_point_seconds']:.1f} "
+            f"({ledger['smart_measurement_runs']} runs; {ledger['smart_classes_stopped']} of "
+            f"{ledger['smart_accuracy_classes']} classes stopped)")
+    if "full_grid_point_seconds_estimate" in ledger:
+        line += (f"; the whole grid: ~{ledger['full_grid_point_seconds_estimate']:.1f} point-seconds "
+                 f"(estimated from the throughput runs, evaluations left out) = "
+                 f"{100 * ledger['compute_fraction_of_full_grid']:.0f} %")
+    console.print(line, soft_wrap=True)
 
 
 def print_report(html_path: str, recommendation: str, yaml_path: str) -> None:

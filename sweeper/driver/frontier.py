@@ -14,7 +14,7 @@ from sweeper.driver import console
 from sweeper.driver.preflight import Prepared
 from sweeper.driver.skeleton import Session
 from sweeper.errors import first_line
-from sweeper.measure import estimate
+from sweeper.measure import estimate, frontier
 from sweeper.plan import GridPoint, frontier_label
 from sweeper.report import build as report_build
 from sweeper.schema import FrontierResult, PointResult
@@ -56,14 +56,15 @@ def search_frontiers(cfg: SweeperConfig, prepared: Prepared, session: Session, n
     for search in searches:
         result = found.get(search) or FrontierResult(status="failed", error="the frontier search reported nothing")
         if result.status == "ok":
+            add_margin(cfg, result)
             add_estimates(cfg, prepared, search, result)
         folder = report_build.frontier_files(report_build.default_folder(session.uri, name), search, probes[search],
                                              result)
         session.tracker.log_frontier(frontier_label(search), result, folder)
         console.print_frontier(search, result)
         if result.status == "ok" and result.plain is not None:  # a failed search leaves its points unmeasured
-            accumulating = result.accumulating.micro_batch_size if result.accumulating else None
-            out[search] = (int(result.plain.micro_batch_size), None if accumulating is None else int(accumulating))
+            accumulating = result.accumulating.safe_micro_batch_size if result.accumulating else None
+            out[search] = (int(result.plain.safe_micro_batch_size), None if accumulating is None else int(accumulating))
     return out
 
 
@@ -81,11 +82,25 @@ def frontier_specs(cfg: SweeperConfig, prepared: Prepared, searches: List[GridPo
         upper = prepared.num_train * cfg.train.epochs // (w * (measure.warmup_steps + measure.stable_windows))
         fspecs.append(FrontierSpec(
             # No budget on GPU: the device's whole memory, read by the worker.
-            template, budget_bytes(cfg.device), asdict(cfg.frontier), max(1, upper),
+            template, budget_bytes(cfg.device), search_knobs(cfg), max(1, upper),
             accumulation_steps=list(cfg.sweep.accumulation_steps),
             global_batch_sizes=list(cfg.sweep.global_batch_sizes) if cfg.sweep.global_batch_sizes else None,
+            verify_steps=cfg.frontier.verify_steps,
         ))
     return fspecs
+
+
+def search_knobs(cfg: SweeperConfig) -> Dict[str, int]:
+    """frontier.* as measure.frontier.FrontierSearch takes them (the margin and the verification's
+    length are the driver's and the probes' business)."""
+    return {k: v for k, v in asdict(cfg.frontier).items() if k not in ("margin", "verify_steps")}
+
+
+def add_margin(cfg: SweeperConfig, result: FrontierResult) -> None:
+    for found in (result.plain, result.accumulating):
+        if found is not None and found.micro_batch_size is not None:
+            found.safe_micro_batch_size = frontier.with_margin(found.micro_batch_size, cfg.frontier.margin,
+                                                               cfg.frontier.multiple_of)
 
 
 def add_estimates(cfg: SweeperConfig, prepared: Prepared, search: GridPoint, result: FrontierResult) -> None:

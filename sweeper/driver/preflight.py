@@ -6,12 +6,13 @@ All problems are collected into one ConfigError, so a bad sweep stops with one `
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Dict, List, Tuple
 
 from sweeper import data as data_mod
 from sweeper import models, plan, recipe, tracking
-from sweeper.config import AUTO_NEEDS_BUDGET, SweeperConfig, budget_bytes, is_auto, tracking_uri, validate
+from sweeper.config import (AUTO_NEEDS_BUDGET, SweeperConfig, budget_bytes, is_auto, normalize_batch_coupled,
+                            tracking_uri, validate)
 from sweeper.driver import console
 from sweeper.errors import ConfigError, first_line
 from sweeper.measure import estimate, flops
@@ -31,6 +32,8 @@ class Prepared:
     num_classes: int
     # FLOPs per sample by activation checkpointing mode (its hardware FLOPs count the recompute).
     flop_counts: Dict[str, flops.FlopCount]
+    # sweep.strategy=smart: the model's layers that mix a micro-batch's samples (smart.batch_coupled).
+    batch_coupled: List[str] = field(default_factory=list)
 
     @property
     def auto(self) -> bool:
@@ -54,8 +57,19 @@ def preflight(cfg: SweeperConfig) -> Tuple[Prepared, Dict[GridPoint, PointSpec]]
         raise ConfigError(problems)
     splits = data_mod.load(cfg.data, cfg.model.input_shape)
     counts = count_flops(cfg, splits.num_classes) if cfg.measure.flops else {}
-    prepared = Prepared(points, len(splits.train), splits.num_classes, counts)
+    prepared = Prepared(points, len(splits.train), splits.num_classes, counts, coupled_layers(cfg))
     return prepared, (build_specs(cfg, prepared, points) if points else {})
+
+
+def coupled_layers(cfg: SweeperConfig) -> List[str]:
+    """sweep.strategy=smart: what makes the model's layouts train differently at equal global batch,
+    found from its modules (smart.batch_coupled=auto) or as the user says."""
+    if cfg.sweep.strategy != "smart":
+        return []
+    said = normalize_batch_coupled(cfg.smart.batch_coupled)
+    if said != "auto":
+        return ["smart.batch_coupled=true"] if said == "true" else []
+    return models.batch_coupled_layers(models.build_on_meta(cfg.model, cfg.data.num_classes))
 
 
 def grid(cfg: SweeperConfig, problems: List[str]) -> List[GridPoint]:

@@ -17,6 +17,7 @@ from sweeper.cluster import runs
 from sweeper.cluster.resources import Resources, concurrent_trials
 from sweeper.config import SweeperConfig
 from sweeper.driver import console, resume
+from sweeper.driver import smart as smart_driver
 from sweeper.driver.frontier import search_frontiers
 from sweeper.driver.preflight import NEEDS_BUDGET, Prepared, build_specs, preflight
 from sweeper.driver.skeleton import Phases, Session, session
@@ -51,14 +52,21 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
                 phases("grid")
                 s.end(summary([], phases, Counter()), "FAILED")
                 return EXIT_POINT_FAILED
-        rows = measure_grid(cfg, s, name, points, specs, done_keys)
+        if cfg.sweep.strategy == "smart":
+            rows, ledger = measure_smart(cfg, s, name, points, specs, done_keys, prepared.batch_coupled)
+        else:
+            rows, ledger = measure_grid(cfg, s, name, points, specs, done_keys), None
         phases("grid")
         s.tracker.replay()  # writes the store refused while it was down, before the report reads it
         made = make_report(cfg, s.tracker, parent)
         phases("report")
         statuses = recorded_statuses(s, parent, rows)
         failed = statuses["failed"] > 0 or frontier_failed
-        s.end(summary(rows, phases, statuses), "FAILED" if failed else "FINISHED")
+        closing = summary(rows, phases, statuses)
+        if ledger is not None:
+            closing.update(ledger.metrics())
+            console.print_ledger(ledger.metrics())
+        s.end(closing, "FAILED" if failed else "FINISHED")
         console.print_summary(rows, s.uri, parent, cfg.tracking.experiment_name, accuracy_note(cfg))
         if made is not None:
             console.print_report(made.html_path, made.text, made.yaml_path)
@@ -167,6 +175,26 @@ def measure_grid(
             remaining = [p for p in points if p.key not in recorded]
             attempt += 1
     return rows
+
+
+def measure_smart(
+    cfg: SweeperConfig, s: Session, name: str, points: List[GridPoint], specs: Dict[GridPoint, PointSpec],
+    done_keys: frozenset, coupled: List[str],
+) -> Tuple[Rows, smart_driver.Ledger]:
+    """sweep.strategy=smart (driver/smart.py): the same points recorded, from fewer measurements."""
+    if not cfg.sweep.resume:
+        s.tracker.log_sweep_params({"num_trials": len(points), "strategy": "smart",
+                                    "batch_coupled_layers": ", ".join(coupled) or "none"})
+    console.print_start(len(points), 0, "measurement runs (sweep.strategy=smart)")
+    rows: Rows = []
+
+    def record(point: GridPoint, result: PointResult) -> None:
+        result.accuracy.accuracy_note = accuracy_note(cfg)
+        s.tracker.log_point(point, point_params(cfg, specs[point]), result)
+        rows.append((point, result))
+
+    ledger = smart_driver.measure(cfg, s, name, points, specs, done_keys, bool(coupled), record)
+    return rows, ledger
 
 
 def accuracy_note(cfg: SweeperConfig):

@@ -307,6 +307,16 @@ def frontier_grid(max_micro_batch_size: int, fractions: Sequence[int] = (4, 2, 1
     return sorted({max(1, max_micro_batch_size // f) for f in fractions})
 
 
+def with_margin(micro_batch_size: int, margin: float, multiple_of: int = 1) -> int:
+    """`micro_batch_size` less `margin` (a share), rounded down to `multiple_of`, at least 1 when the
+    frontier was at least 1: the size a grid trains with below the largest that fit."""
+    if micro_batch_size < 1:
+        return micro_batch_size
+    safe = math.floor(micro_batch_size * (1 - margin))
+    safe -= safe % multiple_of
+    return max(1, safe)
+
+
 def grid_from_frontiers(
     frontiers: Dict[int, Tuple[int, Optional[int]]],
     accumulation_steps: Sequence[int],

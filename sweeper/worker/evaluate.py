@@ -47,22 +47,27 @@ def recalibrate_batchnorm(
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, dataset, device: torch.device, ctx: WorkerContext) -> Tuple[float, float]:
-    """(accuracy, mean cross-entropy) over the whole held-out split: each rank scores a disjoint
-    share, nothing padded."""
+def evaluate(model: nn.Module, dataset, device: torch.device, ctx: WorkerContext) -> Tuple[float, float, float]:
+    """(accuracy, mean cross-entropy, the mean's standard error) over the whole held-out split: each
+    rank scores a disjoint share, nothing padded. The standard error is the per-sample losses' spread
+    over sqrt(n): the noise of the validation set, which successive halving compares against."""
     model.eval()
     share = Subset(dataset, range(ctx.rank, len(dataset), ctx.world_size))
-    sums = torch.zeros(3, dtype=torch.float64, device=device)  # correct, loss, samples
+    sums = torch.zeros(4, dtype=torch.float64, device=device)  # correct, loss, squared loss, samples
     for inputs, targets in DataLoader(share, batch_size=EVAL_BATCH_SIZE):
         logits = model(inputs.to(device)).float()
         targets = targets.to(device)
+        losses = F.cross_entropy(logits, targets, reduction="none").double()
         sums[0] += (logits.argmax(dim=1) == targets).sum()
-        sums[1] += F.cross_entropy(logits, targets, reduction="sum")
-        sums[2] += len(targets)
+        sums[1] += losses.sum()
+        sums[2] += (losses * losses).sum()
+        sums[3] += len(targets)
     all_reduce(sums, ctx, dist.ReduceOp.SUM)
     model.train()
-    correct, loss, samples = sums.cpu().tolist()
-    return correct / samples, loss / samples
+    correct, loss, squares, samples = sums.cpu().tolist()
+    mean = loss / samples
+    variance = max(squares / samples - mean * mean, 0.0) * samples / max(samples - 1, 1)
+    return correct / samples, mean, math.sqrt(variance / samples)
 
 
 @dataclass
@@ -78,8 +83,10 @@ class Progress:
     target_loss: Optional[float] = None
     stop_at_target: bool = False
     curve: List[Tuple[int, float, float]] = field(default_factory=list)  # (samples seen, accuracy, loss)
-    reached: Optional[Tuple[int, float]] = None  # (optimizer steps, seconds since training started)
+    reached: Optional[Tuple[int, float, float]] = None  # (optimizer steps, seconds since training
+    # started, of which evaluating)
     seconds: float = 0.0  # spent evaluating
+    loss_se: Optional[float] = None  # the latest evaluation's loss standard error
     recalibrated: int = 0  # samples BatchNorm's statistics were last re-estimated over
 
     @classmethod
@@ -105,14 +112,14 @@ class Progress:
         it took, for the throughput windows to leave out. `since`: the time training started."""
         began = time.perf_counter()
         self.recalibrated = recalibrate_batchnorm(model, train_set, micro_batch_size, bn_samples, seed, device)
-        accuracy, loss = evaluate(model, val_set, device, ctx)
+        accuracy, loss, self.loss_se = evaluate(model, val_set, device, ctx)
         self.curve.append((steps_done * self.samples_per_step, accuracy, loss))
         hit = (self.target_accuracy is not None and accuracy >= self.target_accuracy) or (
             self.target_loss is not None and loss <= self.target_loss)
-        if hit and self.reached is None:
-            self.reached = (steps_done, time.time() - since)
         spent = time.perf_counter() - began
         self.seconds += spent
+        if hit and self.reached is None:
+            self.reached = (steps_done, time.time() - since, self.seconds)
         return spent
 
     @property

@@ -79,7 +79,9 @@ class _Prober:
         spec = replace(
             template,
             point=point,
-            steps=template.measure.warmup_steps,  # no timed windows: memory is all a probe measures
+            # Memory is all a probe measures: its warm-up; a verification runs on, so the allocator's
+            # growth over more steps shows in its peak.
+            steps=template.measure.warmup_steps + (self.fspec.verify_steps if role == "verify" else 0),
             memory_budget_bytes=self.budget,
             measure=replace(template.measure, memory_breakdown=True),
             evaluate=False,

@@ -86,6 +86,7 @@ class FrontierSpec:
     # The grid the frontier is for: whether it will accumulate decides if that frontier is searched too.
     accumulation_steps: List[int] = field(default_factory=lambda: [1])
     global_batch_sizes: Optional[List[int]] = None
+    verify_steps: int = 0  # frontier.verify_steps: a verification probe's steps beyond the warm-up
 
     @property
     def num_workers(self) -> int:

@@ -340,7 +340,8 @@ def _accuracy(result: PointResult, run: Training, progress: Progress, since: flo
     if progress.evaluated_at != run.steps_done * run.spec.point.global_batch_size:
         _evaluate(run, progress, since)
     _, accuracy, loss = progress.curve[-1]
-    result.accuracy.update(dict(val_accuracy=accuracy, val_loss=loss, val_samples=len(run.splits.val)))
+    result.accuracy.update(dict(val_accuracy=accuracy, val_loss=loss, val_loss_se=progress.loss_se,
+                                val_samples=len(run.splits.val)))
     if progress.recalibrated:
         result.accuracy.bn_recalibration_samples = progress.recalibrated
 
@@ -357,9 +358,9 @@ def _progress(result: PointResult, progress: Progress) -> None:
     if progress.has_target:
         result.progress.reached_target = int(progress.reached is not None)
     if progress.reached is not None:
-        steps, seconds = progress.reached
+        steps, seconds, evaluating = progress.reached
         result.progress.update(dict(steps_to_target=steps, samples_to_target=steps * progress.samples_per_step,
-                                    time_to_target_seconds=seconds))
+                                    time_to_target_seconds=seconds, eval_seconds_to_target=evaluating))
 
 
 def _divergence(result: PointResult, run: Training, diverged: Optional[Diverged]) -> None:

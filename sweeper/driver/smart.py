@@ -1,0 +1,313 @@
+"""sweep.strategy=smart, run: every layout's throughput and memory in a short run; one representative
+per accuracy-equivalence class and seed trained for accuracy in rungs of successive halving; every
+point recorded with what was measured for it and where its accuracy came from; the compute ledger.
+
+The rung logic is the driver's own, not Ray Tune's ASHAScheduler/HyperBandScheduler: a Tune trial
+here is a worker group measuring several points one after another, so a Tune scheduler could only
+stop a whole group; and the rule compares classes over their seeds with a confidence interval (never
+stopping one the data cannot separate from the best), which a scheduler ranking one trial's metric
+against a quantile cannot express. Each rung is one Ray Tune run of worker groups. A class that goes
+on trains again from step 0 to its next rung: the sampler and the seed make its first steps the same
+samples and the same weights, so the longer run passes through the shorter one's state (no checkpoint
+to store or ship between nodes), at the cost of repeating the earlier rungs' steps (docs/strategy.md).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from sweeper import smart
+from sweeper.cluster import runs
+from sweeper.cluster.resources import concurrent_trials
+from sweeper.config import SweeperConfig
+from sweeper.driver import console
+from sweeper.driver.skeleton import Session
+from sweeper.plan import GridPoint, worker_groups
+from sweeper.schema import PointResult
+from sweeper.smart import AccuracyClass
+from sweeper.worker.spec import PointSpec
+
+# The sections a point takes from its layout's throughput run, and those from its class representative.
+FROM_LAYOUT = ("throughput", "memory", "utilization", "flops", "recipe")
+FROM_REPRESENTATIVE = ("accuracy", "progress", "divergence", "noise")
+Rows = List[Tuple[GridPoint, PointResult]]
+Record = Callable[[GridPoint, PointResult], None]
+
+
+@dataclass
+class Ledger:
+    """Point-seconds (each measurement run's wall time in its worker) by phase, and by class so a
+    class's rungs count as `stopped` once halving stops it."""
+
+    throughput: float = 0.0
+    by_class: Dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    stopped_classes: List[str] = field(default_factory=list)
+    runs: int = 0
+    full_grid_estimate: float = 0.0
+    classes: int = 0
+
+    def add(self, result: PointResult, class_key: Optional[str] = None) -> None:
+        seconds = result.cost.trial_seconds or 0.0
+        self.runs += 1
+        if class_key is None:
+            self.throughput += seconds
+        else:
+            self.by_class[class_key] += seconds
+
+    def metrics(self) -> Dict[str, float]:
+        stopped = sum(s for k, s in self.by_class.items() if k in self.stopped_classes)
+        accuracy = sum(self.by_class.values()) - stopped
+        total = self.throughput + accuracy + stopped
+        out = {
+            "compute_throughput_point_seconds": self.throughput,
+            "compute_accuracy_point_seconds": accuracy,
+            "compute_stopped_point_seconds": stopped,
+            "compute_point_seconds": total,
+            "smart_measurement_runs": self.runs,
+            "smart_accuracy_classes": self.classes,
+            "smart_classes_stopped": len(self.stopped_classes),
+        }
+        if self.full_grid_estimate > 0:
+            out["full_grid_point_seconds_estimate"] = self.full_grid_estimate
+            out["compute_fraction_of_full_grid"] = total / self.full_grid_estimate
+        return out
+
+
+def measure(cfg: SweeperConfig, s: Session, name: str, points: List[GridPoint], specs: Dict[GridPoint, PointSpec],
+            done_keys: frozenset, coupled: bool, record: Record) -> Ledger:
+    """The smart strategy over `points`: `record(point, result)` once per point not in `done_keys`."""
+    ledger = Ledger()
+    recorded = set(done_keys)
+
+    def keep(point: GridPoint, result: PointResult) -> None:
+        if point.key not in recorded:
+            recorded.add(point.key)
+            record(point, result)
+
+    layouts = list(dict.fromkeys(smart.layout(p) for p in points))
+    console.note(f"smart: {len(layouts)} layout(s) measured for throughput and memory in runs of at most "
+                 f"{cfg.smart.throughput_steps} steps")
+    tp_specs = {layout: throughput_spec(cfg, specs, points, layout) for layout in layouts}
+    throughput = measure_runs(cfg, s, f"{name}-throughput", "throughput", tp_specs, throughput_key, ledger, {})
+    for point in points:
+        measured = throughput.get(smart.layout(point))
+        if measured is None or measured.status != "ok":
+            keep(point, layout_failure(point, measured))
+    excluded = [layout for layout in layouts if layout not in throughput or throughput[layout].status != "ok"]
+    classes = smart.classes(points, coupled, excluded)
+    ledger.classes = len(classes)
+    seeds = list(dict.fromkeys(p.seed for p in points))
+    print_classes(classes, coupled, len(seeds))
+    alive = classes
+    fractions = smart.rung_fractions(cfg.smart.eta, cfg.smart.rungs)
+    for rung, fraction in enumerate(fractions, 1):
+        units = {replace(c.representative, seed=seed): c for c in alive for seed in seeds}
+        unit_specs = {unit: rung_spec(cfg, specs[unit], fraction) for unit in units}
+        console.note(f"smart: rung {rung} of {len(fractions)}: {len(alive)} class(es) x {len(seeds)} seed(s) "
+                     f"trained to {fraction:.3g} of the budget")
+        classes_of = {unit: c.key for unit, c in units.items()}
+        results = measure_runs(cfg, s, f"{name}-rung{rung}", "rung", unit_specs, rung_key(rung), ledger, classes_of)
+        last = rung == len(fractions)
+        scores: Dict[str, smart.Score] = {}
+        for c in alive:
+            reps = [(replace(c.representative, seed=seed), results.get(replace(c.representative, seed=seed)))
+                    for seed in seeds]
+            score = None if last else rung_score(cfg, reps)
+            if score is None:
+                record_class(cfg, c, reps, throughput, specs, rung, None, keep)
+            else:
+                scores[c.key] = score
+        if last:
+            break
+        decision = smart.halve(scores, cfg.smart.eta)
+        for c in alive:
+            if c.key in decision.stopped:
+                reps = [(replace(c.representative, seed=seed), results[replace(c.representative, seed=seed)])
+                        for seed in seeds]
+                ledger.stopped_classes.append(c.key)
+                console.note(f"smart: stopped {c.key} at rung {rung}: {decision.stopped[c.key]}")
+                record_class(cfg, c, reps, throughput, specs, rung, decision.stopped[c.key], keep)
+        alive = [c for c in alive if c.key in decision.keep]
+    ledger.full_grid_estimate = full_grid_estimate(points, specs, throughput)
+    return ledger
+
+
+def throughput_key(point: GridPoint) -> str:
+    return f"tp-{point.key}"
+
+
+def rung_key(rung: int) -> Callable[[GridPoint], str]:
+    return lambda point: f"r{rung}-{point.key}"
+
+
+def throughput_spec(cfg: SweeperConfig, specs: Dict[GridPoint, PointSpec], points: Sequence[GridPoint],
+                    layout: GridPoint) -> PointSpec:
+    """A layout's short run: warm-up, the memory-tracked step and the timed windows of at most
+    smart.throughput_steps steps; no evaluation, divergence check or noise scale (the accuracy runs'
+    business). Throughput and memory depend on neither the seed nor the LR, so one run per layout."""
+    spec = specs[next(p for p in points if smart.layout(p) == layout)]
+    return replace(spec, point=layout, steps=min(spec.steps, cfg.smart.throughput_steps), evaluate=False,
+                   divergence=replace(spec.divergence, check=False), gns=replace(spec.gns, enabled=False))
+
+
+def rung_spec(cfg: SweeperConfig, spec: PointSpec, fraction: float) -> PointSpec:
+    """A representative's accuracy run to `fraction` of its budget, evaluated at its end: no memory
+    breakdown, FLOPs or CPU budget (its layout's throughput run measured those, and fits). One warm-up
+    step, for the point's deadline to be projected from; the windows stay, as the edges where
+    divergence is checked."""
+    light = replace(spec.measure, warmup_steps=1, memory_breakdown=False)
+    return replace(spec, steps=smart.rung_steps(spec.steps, fraction), measure=light, flop_count=None,
+                   memory_estimate_bytes=None, memory_budget_bytes=None, profile=False)
+
+
+def measure_runs(cfg: SweeperConfig, s: Session, label: str, role: str, unit_specs: Dict[GridPoint, PointSpec],
+                 key: Callable[[GridPoint], str], ledger: Ledger, classes_of: Dict[GridPoint, str]
+                 ) -> Dict[GridPoint, PointResult]:
+    """Measurement runs in worker groups, each recorded (sweeper.role=`role`) as it arrives; those a
+    resumed sweep already holds are read back instead of measured again. Rounds go on while each one
+    records something (a group that died is run again in a fresh one)."""
+    held = s.tracker.measurements(role) if cfg.sweep.resume else {}
+    out: Dict[GridPoint, PointResult] = {}
+    for unit in unit_specs:
+        if key(unit) in held:
+            out[unit] = PointResult.from_flat(held[key(unit)])
+            ledger.add(out[unit], classes_of.get(unit))
+
+    def done(unit: GridPoint, result: PointResult) -> None:
+        if unit in out:
+            return
+        out[unit] = result
+        ledger.add(result, classes_of.get(unit))
+        s.tracker.log_measurement(key(unit), role, measurement_params(unit, unit_specs[unit], role), result)
+        bar.update(task, advance=1, description=f"{key(unit)}: {result.status}")
+
+    stamp = time.strftime("%H%M%S")
+    with console.progress() as bar:
+        task = bar.add_task(label, total=len(unit_specs), completed=len(out))
+        attempt = 0
+        while True:
+            remaining = [u for u in unit_specs if u not in out]
+            if not remaining:
+                break
+            before = len(out)
+            run_label = label + (f"-rerun{attempt}" if attempt else "") + (f"-{stamp}" if cfg.sweep.resume else "")
+            concurrency = cfg.sweep.max_concurrent_trials or concurrent_trials(
+                s.cluster, s.resources, max(u.num_workers for u in remaining))
+            runs.run_points(run_label, worker_groups(remaining, cfg.sweep.points_per_worker_group), unit_specs,
+                            s.resources, s.cluster, concurrency,
+                            lambda group: bar.update(task, description=f"{label}: {', '.join(key(u) for u in group)}"),
+                            done, done_keys=frozenset())
+            attempt += 1
+            if len(out) == before:
+                console.warn(f"{label}: a round measured nothing; {len(remaining)} run(s) left unmeasured")
+                break
+    return out
+
+
+def measurement_params(unit: GridPoint, spec: PointSpec, role: str) -> Dict[str, object]:
+    return {"micro_batch_size": unit.micro_batch_size, "accumulation_steps": unit.accumulation_steps,
+            "num_workers": unit.num_workers, "global_batch_size": unit.global_batch_size,
+            "precision": unit.precision, "activation_checkpointing": unit.checkpointing,
+            "lr_multiplier": unit.lr_multiplier, "seed": spec.seed, "lr": spec.lr, "steps": spec.steps,
+            "point": unit.point_key, "measurement": role}
+
+
+def rung_score(cfg: SweeperConfig, reps: List[Tuple[GridPoint, Optional[PointResult]]]) -> Optional[smart.Score]:
+    """The class's validation loss at this rung, or None when it is finished now: a seed's run failed,
+    diverged or is missing; every seed reached the target and stops there (eval.stop_at_target); or
+    there is no validation loss to compare (its class then goes on: halving cannot rank it)."""
+    results = [r for _, r in reps]
+    if any(r is None or r.status != "ok" for r in results):
+        return None
+    if cfg.eval.stop_at_target and all(r.progress.reached_target for r in results):
+        return None
+    losses = [r.accuracy.val_loss for r in results]
+    if any(v is None or not math.isfinite(v) for v in losses):
+        return smart.Score(0.0, -math.inf, math.inf, len(losses), "no validation loss")
+    return smart.score(losses, [r.accuracy.val_loss_se for r in results], cfg.smart.confidence)
+
+
+def record_class(cfg: SweeperConfig, c: AccuracyClass, reps: List[Tuple[GridPoint, Optional[PointResult]]],
+                 throughput: Dict[GridPoint, PointResult], specs: Dict[GridPoint, PointSpec], rung: int,
+                 stopped: Optional[str], keep: Record) -> None:
+    """Every member of class `c`, once per seed: its layout's figures and its representative's."""
+    for unit, rep in reps:
+        for member in c.members:
+            point = replace(member, seed=unit.seed)
+            if point not in specs:
+                continue  # a layout the grid filtered out of this class's global batch
+            tp = throughput[smart.layout(point)]
+            if tp.status != "ok":
+                continue  # recorded already with its own throughput run's status
+            keep(point, compose(point, tp, unit, rep, c, rung, stopped))
+
+
+def compose(point: GridPoint, tp: PointResult, unit: GridPoint, rep: Optional[PointResult], c: AccuracyClass,
+            rung: int, stopped: Optional[str]) -> PointResult:
+    """A point's record: throughput, memory, utilization, FLOPs and recipe from its layout's throughput
+    run; accuracy, progress, divergence and noise scale from its class representative's run at its
+    seed; the time to target from the representative's steps on this point's own step time."""
+    out = PointResult(trial_key=point.key, device=tp.device)
+    for section in FROM_LAYOUT:
+        setattr(out, section, replace(getattr(tp, section)))
+    prov = out.provenance
+    prov.throughput_from, prov.accuracy_class = throughput_key(smart.layout(point)), c.key
+    if rep is None:
+        out.status, out.error = "failed", f"its class representative's accuracy run ({unit.key}) never reported"
+        return out
+    for section in FROM_REPRESENTATIVE:
+        setattr(out, section, replace(getattr(rep, section)))
+    out.train_loss = rep.train_loss
+    out.cost.optimizer_steps, out.cost.samples_seen = rep.cost.optimizer_steps, rep.cost.samples_seen
+    prov.accuracy_from = rung_key(rung)(unit)
+    progress = out.progress
+    if progress.steps_to_target is not None:
+        progress.time_to_target_seconds = smart.derived_time_to_target(
+            progress.steps_to_target, out.throughput.step_time_seconds, progress.eval_seconds_to_target)
+        prov.time_to_target_from = "derived: representative's steps to target x this point's step time + evaluations"
+    out.status, out.error = rep.status, rep.error
+    if rep.status != "ok":
+        out.error = f"{rep.error or rep.status} (in its class representative {prov.accuracy_from})"
+    elif stopped is not None:
+        out.status, out.error = "stopped", f"stopped by successive halving at rung {rung}: {stopped}"
+        prov.stopped_at_rung, prov.stopped_at_samples, prov.stopped_reason = rung, rep.cost.samples_seen, stopped
+    return out
+
+
+def layout_failure(point: GridPoint, measured: Optional[PointResult]) -> PointResult:
+    """A point whose layout did not get through its throughput run: that run's result is the point's."""
+    if measured is None:
+        return PointResult(trial_key=point.key, status="failed", error="its layout's throughput run never reported")
+    out = PointResult.from_flat({**measured.to_flat(), "trial_key": point.key})
+    out.provenance.throughput_from = throughput_key(smart.layout(point))
+    return out
+
+
+def full_grid_estimate(points: Sequence[GridPoint], specs: Dict[GridPoint, PointSpec],
+                       throughput: Dict[GridPoint, PointResult]) -> float:
+    """What the grid strategy would have spent, from the same measurements: per point, its throughput
+    run's start-up plus its whole budget at its measured step time (evaluations left out: a lower
+    bound); a point that did not fit costs what its throughput run did."""
+    total = 0.0
+    for point in points:
+        tp = throughput.get(smart.layout(point))
+        if tp is None:
+            continue
+        step = tp.throughput.step_time_seconds
+        if tp.status != "ok" or step is None:
+            total += tp.cost.trial_seconds or 0.0
+        else:
+            total += (tp.cost.startup_seconds or 0.0) + specs[point].steps * step
+    return total
+
+
+def print_classes(classes: List[AccuracyClass], coupled: bool, seeds: int) -> None:
+    why = "same global batch and micro-batch (the model has batch-coupled layers)" if coupled else \
+        "same global batch (the model has no batch-coupled layer)"
+    console.note(f"smart: {len(classes)} accuracy class(es) ({why}), each trained once per seed ({seeds}) by "
+                 "its representative: " + "; ".join(f"{c.key} <- {c.representative.key}" for c in classes))
+

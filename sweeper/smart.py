@@ -1,0 +1,171 @@
+"""sweep.strategy=smart, the arithmetic: which layouts must train the same model (accuracy-equivalence
+classes), each class's representative, the rungs of successive halving, and which classes a rung stops.
+
+Pure functions on plain values (standard library; scipy's t quantile), tested without processes. The
+driver runs what they decide (sweeper/driver/smart.py); docs/strategy.md tells the whole story.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, replace
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from sweeper.plan import DEFAULT_PRECISION, GridPoint
+
+STOPPED_NOISE = "noise"  # never: a class within the noise of the best goes on (for the docs' table)
+
+
+@dataclass(frozen=True)
+class AccuracyClass:
+    """Layouts that train the same model from the same samples, at one LR multiplier: the same global
+    batch and recipe (and micro-batch, when the model has batch-coupled layers such as BatchNorm).
+    `members` are layouts (seed None); `representative` is the one trained for accuracy, once per seed."""
+
+    members: Tuple[GridPoint, ...]
+    representative: GridPoint
+    coupled: bool = False  # the model has batch-coupled layers: the micro-batch is part of the class
+
+    @property
+    def key(self) -> str:
+        return class_key(self.representative, self.coupled)
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.representative.global_batch_size
+
+
+def layout(point: GridPoint) -> GridPoint:
+    """The point's layout and recipe, without its seed and LR multiplier: what throughput and memory
+    depend on."""
+    return replace(point, lr_multiplier=1.0, seed=None)
+
+
+def class_key(point: GridPoint, coupled: bool) -> str:
+    """gb64-lrx2 (a BatchNorm-free model), gb64-mb16 (batch-coupled layers), with -bf16 / -ckpt for
+    a recipe other than fp32 without checkpointing."""
+    key = f"gb{point.global_batch_size}" + (f"-mb{point.micro_batch_size}" if coupled else "")
+    if point.precision != DEFAULT_PRECISION:
+        key += f"-{point.precision}"
+    if point.checkpointing != "none":
+        key += "-ckpt"
+    if point.lr_multiplier != 1.0:
+        key += f"-lrx{point.lr_multiplier:g}"
+    return key
+
+
+def classes(points: Sequence[GridPoint], coupled: bool,
+            excluded: Sequence[GridPoint] = ()) -> List[AccuracyClass]:
+    """The accuracy-equivalence classes of `points` (seeds folded: a class is trained once per seed).
+
+    Same global batch, recipe and LR multiplier; with `coupled` (BatchNorm or another layer that
+    mixes the samples of a micro-batch) also the same micro-batch. Why this is sound: the sampler
+    gives every layout of a global batch the same samples at every step, and the same micro-batches
+    when the micro-batch size is the same (plan.stream_indices), so gradients agree up to float
+    summation order. `excluded` layouts (out of memory, failed in their throughput run) cannot
+    represent their class; a class whose every member is excluded has no representative and is
+    left out."""
+    groups: Dict[Tuple, List[GridPoint]] = {}
+    for point in points:
+        member = replace(point, seed=None)
+        key = (point.global_batch_size, point.recipe, point.lr_multiplier) + ((point.micro_batch_size,) if coupled else ())
+        if member not in groups.setdefault(key, []):
+            groups[key].append(member)
+    out = []
+    blocked = {layout(p) for p in excluded}
+    for members in groups.values():
+        candidates = [m for m in members if layout(m) not in blocked]
+        if candidates:
+            out.append(AccuracyClass(tuple(members), representative(candidates), coupled))
+    return out
+
+
+def representative(members: Sequence[GridPoint]) -> GridPoint:
+    """The member trained for accuracy: the fewest workers (the least hardware for the same model),
+    then the largest micro-batch (fewest, largest kernels), then the fewest accumulation steps."""
+    return min(members, key=lambda m: (m.num_workers, -m.micro_batch_size, m.accumulation_steps))
+
+
+def rung_fractions(eta: int, rungs: int) -> List[float]:
+    """The share of the sample budget each rung trains to: eta^-(rungs-1), ..., 1/eta, 1."""
+    return [float(eta) ** -(rungs - 1 - r) for r in range(rungs)]
+
+
+def rung_steps(full_steps: int, fraction: float) -> int:
+    """Optimizer steps of a rung: its share of the point's budget, rounded up to a whole step (at least one)."""
+    return max(1, min(full_steps, math.ceil(full_steps * fraction - 1e-9)))
+
+
+@dataclass(frozen=True)
+class Score:
+    """A class's figure at a rung (lower is better: the validation loss at the rung's samples), with
+    the interval the halving rule compares: mean +- t * sd / sqrt(n) over seeds, or with one seed the
+    normal interval of the validation set's per-sample losses."""
+
+    mean: float
+    low: float
+    high: float
+    seeds: int
+    how: str  # "seeds" | "validation set"
+
+    @property
+    def width(self) -> float:
+        return self.high - self.low
+
+
+def score(values: Sequence[float], standard_errors: Sequence[Optional[float]], level: float) -> Score:
+    """The interval of a class's losses over its seeds (`values`), at confidence `level`."""
+    n = len(values)
+    mean = statistics.fmean(values)
+    if n >= 2:
+        half = t_quantile(level, n - 1) * statistics.stdev(values) / math.sqrt(n)
+        return Score(mean, mean - half, mean + half, n, "seeds")
+    se = standard_errors[0] if standard_errors and standard_errors[0] is not None else 0.0
+    half = statistics.NormalDist().inv_cdf(0.5 + level / 2) * se
+    return Score(mean, mean - half, mean + half, 1, "validation set")
+
+
+def t_quantile(level: float, df: int) -> float:
+    """Student's t quantile of a two-sided interval at `level` with `df` degrees of freedom."""
+    from scipy.stats import t
+
+    return float(t.ppf(0.5 + level / 2, df))
+
+
+@dataclass(frozen=True)
+class Decision:
+    keep: List[str]
+    stopped: Dict[str, str]  # class key -> why, in words
+
+
+def halve(scores: Dict[str, Score], eta: int) -> Decision:
+    """Successive halving over classes at one rung: keep the best ceil(n / eta) by mean loss, and
+    every class whose interval overlaps the best one's (the data cannot tell them apart, so halving
+    must not choose between them); stop the rest, each with the figures that stopped it."""
+    if not scores:
+        return Decision([], {})
+    ranked = sorted(scores, key=lambda k: scores[k].mean)
+    best = scores[ranked[0]]
+    quota = set(ranked[: max(1, math.ceil(len(ranked) / eta))])
+    keep, stopped = [], {}
+    for key in ranked:
+        s = scores[key]
+        if key in quota or s.low <= best.high:
+            keep.append(key)
+        else:
+            stopped[key] = (
+                f"val loss {s.mean:.4g} [{s.low:.4g}, {s.high:.4g}] against the best {ranked[0]}'s "
+                f"{best.mean:.4g} [{best.low:.4g}, {best.high:.4g}] ({s.how}): outside the best "
+                f"1/{eta} and the intervals do not overlap"
+            )
+    return Decision(keep, stopped)
+
+
+def derived_time_to_target(steps_to_target: Optional[float], step_time_seconds: Optional[float],
+                           eval_seconds_to_target: Optional[float]) -> Optional[float]:
+    """A member's time to target from its class representative's steps to target, on the member's own
+    measured step time, plus the evaluations the representative spent until the target."""
+    if steps_to_target is None or step_time_seconds is None:
+        return None
+    return steps_to_target * step_time_seconds + (eval_seconds_to_target or 0.0)
