@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass
 from typing import Iterator, List, Optional, Sequence
 
+import numpy as np
 import torch
 from hydra.utils import get_method
 from torch.utils.data import Dataset, Sampler, TensorDataset
@@ -229,10 +230,14 @@ class GlobalBatchSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         epochs = math.ceil(self.steps * self.point.global_batch_size / self.num_samples)
         perms = [
-            torch.randperm(
-                self.num_samples, generator=torch.Generator().manual_seed(self.seed + epoch)
-            ).tolist()
+            torch.randperm(self.num_samples, generator=torch.Generator().manual_seed(epoch_seed(self.seed, epoch))).tolist()
             for epoch in range(epochs)
         ]
         return iter(stream_indices(perms, 0, self.steps, self.point, self.rank))
 
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The sample order's seed for one epoch of one replicate. Not `seed + epoch`: then replicate 1's
+    first epoch would be replicate 0's second, and `sweep.seeds` replicates would replay each other's
+    orders one epoch apart."""
+    return int(np.random.SeedSequence([seed & 0xFFFFFFFF, epoch]).generate_state(1)[0])

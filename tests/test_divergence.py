@@ -2,13 +2,14 @@
 every rank together; spikes and a point stuck at chance are named; nothing hangs."""
 
 import os
+from dataclasses import replace
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from sweeper.config import DataConfig, DivergenceConfig, MeasureConfig, ModelConfig, TrainConfig
+from sweeper.config import DataConfig, DivergenceConfig, LossConfig, MeasureConfig, ModelConfig, TrainConfig
 from sweeper.plan import GridPoint
 from sweeper.worker.divergence import CHANCE_MIN_STEPS, chance_reason, find_spike
 from sweeper.worker.points import run_point
@@ -57,12 +58,43 @@ def test_a_nan_at_step_k_is_diverged_at_step_k_and_training_stops_at_the_next_ch
     assert "val_accuracy" not in result  # a NaN model is not evaluated
 
 
+class _PoisonValue(torch.autograd.Function):
+    """A NaN loss value whose gradient is the loss's own: only this rank's loss goes bad."""
+
+    @staticmethod
+    def forward(ctx, value):
+        return value + float("nan")
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+def nan_loss_on_rank_1():
+    """A loss(logits, targets) that is NaN on rank 1 from its 8th call (step 7) and finite elsewhere,
+    with finite gradients everywhere: DDP's all-reduce cannot carry the NaN to rank 0, so rank 0
+    learns of it only through the ranks' agreement."""
+    calls = {"n": 0}
+
+    def loss(logits, targets):
+        value = torch.nn.functional.cross_entropy(logits, targets)
+        calls["n"] += 1
+        if dist.is_initialized() and dist.get_rank() == 1 and calls["n"] > NAN_AT:
+            return _PoisonValue.apply(value)
+        return value
+
+    return loss
+
+
 def _gloo_worker(rank, port, out):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NAN_RANK="1")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
-        result = run_point(spec(GridPoint(8, 1, 2)), WorkerContext(rank=rank, world_size=2))
+        finite_model = ModelConfig(name="mlp", depth=1, width=16, input_shape=[1, 8, 8])
+        point_spec = replace(spec(GridPoint(8, 1, 2)), model=finite_model,
+                             loss=LossConfig(_target_="tests.test_divergence.nan_loss_on_rank_1"))
+        result = run_point(point_spec, WorkerContext(rank=rank, world_size=2))
         out[rank] = (result.status, result.get("diverged_at_step"), result.get("optimizer_steps"))
     finally:
         dist.destroy_process_group()

@@ -127,6 +127,40 @@ def test_a_point_trains_in_mixed_precision_with_checkpointing_and_adamw(precisio
         assert "grad_scaler_scale" not in result  # bf16 needs no loss scaling
 
 
+class _InfGradient(torch.autograd.Function):
+    """A finite loss whose gradient is infinite: what an fp16 overflow in backward looks like."""
+
+    @staticmethod
+    def forward(ctx, value):
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * float("inf")
+
+
+def inf_gradient_at_step_2():
+    """loss(logits, targets) with an infinite gradient in step 2's first micro-batch (its 5th call at
+    2 micro-batches a step)."""
+    calls = {"n": 0}
+
+    def loss(logits, targets):
+        calls["n"] += 1
+        value = F.cross_entropy(logits, targets)
+        return _InfGradient.apply(value) if calls["n"] == 5 else value
+
+    return loss
+
+
+def test_fp16_counts_the_step_its_grad_scaler_skipped_and_the_halved_scale():
+    spec = PointSpec(**SPEC, point=GridPoint(16, 2, 1, "fp16"),
+                     loss=LossConfig(_target_="tests.test_recipe.inf_gradient_at_step_2"))
+    result = train_point(spec, WorkerContext())
+    assert result.status == "ok"  # an overflowing gradient is the scaler's business, not a divergence
+    assert result["grad_scaler_skipped_steps"] == 1
+    assert result["grad_scaler_scale"] == torch.amp.GradScaler("cpu").get_scale() / 2
+
+
 def test_a_compiled_point_times_its_compilation_apart():
     measure = MeasureConfig(warmup_steps=2, windows=2, stable_windows=2, flops=False, memory_breakdown=False)
     spec = PointSpec(**{**SPEC, "train": TrainConfig(seed=1, compile=True), "measure": measure},

@@ -110,6 +110,7 @@ def build_specs(cfg: SweeperConfig, prepared: Prepared, points: List[GridPoint])
             loss=cfg.loss,
             eval=cfg.eval,
             divergence=cfg.divergence,
+            gns=cfg.gns,
             profile=cfg.profile,
             flop_count=prepared.flop_counts.get(point.checkpointing),
             memory_budget_bytes=budget_bytes(cfg.device),

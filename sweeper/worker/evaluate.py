@@ -83,9 +83,14 @@ class Progress:
     target_loss: Optional[float] = None
     stop_at_target: bool = False
     curve: List[Tuple[int, float, float]] = field(default_factory=list)  # (samples seen, accuracy, loss)
-    reached: Optional[Tuple[int, float, float]] = None  # (optimizer steps, seconds since training
-    # started, of which evaluating)
+    # (optimizer steps, seconds since training started, of which evaluating, instrumented seconds and
+    # steps until then)
+    reached: Optional[Tuple[int, float, float, float, int]] = None
     seconds: float = 0.0  # spent evaluating
+    # Steps that ran instrumented (the memory-tracked step, profiled steps) and their seconds: a real
+    # training run does not pay for them, so the time to target takes out their excess over a step.
+    instrumented_seconds: float = 0.0
+    instrumented_steps: int = 0
     loss_se: Optional[float] = None  # the latest evaluation's loss standard error
     recalibrated: int = 0  # samples BatchNorm's statistics were last re-estimated over
 
@@ -119,7 +124,8 @@ class Progress:
         spent = time.perf_counter() - began
         self.seconds += spent
         if hit and self.reached is None:
-            self.reached = (steps_done, time.time() - since, self.seconds)
+            self.reached = (steps_done, time.time() - since, self.seconds, self.instrumented_seconds,
+                            self.instrumented_steps)
         return spent
 
     @property

@@ -57,7 +57,9 @@ def ema_ratio(estimates: Sequence[Estimate], beta: float) -> List[float]:
         trace = beta * trace + (1 - beta) * e.trace_sigma
         g2 = beta * g2 + (1 - beta) * e.grad_sq_norm
         correction = 1 - beta**t
-        out.append((trace / correction) / (g2 / correction) if g2 != 0 else math.nan)
+        # |G|^2 is a square: an average at or below zero is noise swamping it (no estimate yet), as
+        # k-diffusion's clamp treats it; a negative ratio would read as a batch size.
+        out.append((trace / correction) / (g2 / correction) if g2 > 0 else math.nan)
     return out
 
 

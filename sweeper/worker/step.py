@@ -56,8 +56,9 @@ class Training:
     scaler: Optional[torch.amp.GradScaler] = None  # fp16's loss scaling
     checkpointed_blocks: int = 0
     started: float = field(default_factory=time.time)
-    # fp16: the scale after each step (GradScaler.step already reads the device every step).
-    scales: List[float] = field(default_factory=list)
+    # fp16: the scale before the first step, then after each, kept on the device (GradScaler.get_scale
+    # would read it back every step, a second host sync per step); scale_values() reads them once.
+    scales: List[Any] = field(default_factory=list)
     # The gradient's norm at every step, on the device (divergence.check; read only at window edges).
     grad_norms: Optional[torch.Tensor] = None
     # train.warmup_steps: the LR's linear warmup, advanced once per optimizer step.
@@ -99,13 +100,19 @@ class Training:
         if self.scaler is not None:
             self.scaler.step(self.optimizer)  # skipped when a gradient is not finite
             self.scaler.update()
-            self.scales.append(self.scaler.get_scale())
+            self.scales.append(self.scaler._get_scale_async().detach().clone())
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.scheduler is not None:
             self.scheduler.step()
         self.steps_done = step + 1
+
+    def scale_values(self) -> List[float]:
+        """fp16: every scale as a float, read from the device in one go (after training)."""
+        kept = [s.reshape(()) for s in self.scales if isinstance(s, torch.Tensor)]
+        read = iter(torch.stack(kept).cpu().tolist()) if kept else iter(())
+        return [next(read) if isinstance(s, torch.Tensor) else float(s) for s in self.scales]
 
     def _record_grad_norm(self, step: int) -> None:
         """The whole gradient's norm (after DDP's average; fp16's unscaled), kept on the device."""

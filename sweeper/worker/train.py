@@ -116,11 +116,15 @@ def _loop(run: Training, roles: List[timing.StepRole], clock: Clock, profiler: "
     """The steps, each in its role; evaluations when due; divergence checked where the device is
     synchronized anyway (the window edges). Returns the memory breakdown and the divergence, if any."""
     breakdown, check = None, run.spec.divergence
+    checked = -1  # the last step boundary checked: a window's close is the next one's opening
     for step, role in enumerate(roles):
         if role.opens_window is not None:
-            clock.open(role.opens_window)
-            if diverged := divergence.check(run, check):
+            # Checked before the clock starts: the check's collectives and reads stay out of the window.
+            if checked != step and (diverged := divergence.check(run, check)):
                 return breakdown, diverged
+            clock.open(role.opens_window)
+        instrumented = role.kind in (timing.TRACKED, timing.PROFILED) or role.starts_profiler or role.stops_profiler
+        began = time.perf_counter()
         if role.starts_profiler:
             profiler.start()
         if role.kind == timing.TRACKED:
@@ -130,6 +134,9 @@ def _loop(run: Training, roles: List[timing.StepRole], clock: Clock, profiler: "
         else:
             run.step(step)
         profiler.after(role)
+        if instrumented:
+            progress.instrumented_seconds += time.perf_counter() - began
+            progress.instrumented_steps += 1
         clock.after_step()
         if progress.due(step + 1) and step + 1 < len(roles) and _has_accuracy(run):
             clock.leave_out(_evaluate(run, progress, since))
@@ -139,6 +146,7 @@ def _loop(run: Training, roles: List[timing.StepRole], clock: Clock, profiler: "
             clock.close(role.closes_window)
             if diverged := divergence.check(run, check):
                 return breakdown, diverged
+            checked = step + 1
     return breakdown, divergence.check(run, check)
 
 
@@ -149,6 +157,9 @@ def _has_accuracy(run: Training) -> bool:
 
 def _evaluate(run: Training, progress: Progress, since: float) -> float:
     spec = run.spec
+    # The last step's queued device work finishes first: the seconds returned are left out of the
+    # window, and must hold the evaluation alone, not the training it waited for.
+    run.device.synchronize()
     return progress.evaluate(run.inner_model, run.splits.train,
                              run.splits.val, spec.point.micro_batch_size, spec.train.bn_recalibration_samples,
                              spec.seed, run.device.torch_device, run.ctx, run.steps_done, since)
@@ -217,7 +228,7 @@ def _noise_scale(result: PointResult, run: Training) -> None:
         return
     run.micro_grads.remove()
     done, k = run.steps_done, point.accumulation_steps * point.num_workers
-    small = run.micro_grads.mean_sq(run.ctx, k, done, run.scales[:done] if run.scaler is not None else None)
+    small = run.micro_grads.mean_sq(run.ctx, k, done, run.scale_values()[:done] if run.scaler is not None else None)
     big = (run.grad_norms[:done] ** 2).cpu().tolist()
     n = len(run.splits.train)
     steps = [gns.estimate(s, g, point.micro_batch_size, point.global_batch_size, n) for s, g in zip(small, big)]
@@ -228,8 +239,12 @@ def _noise_scale(result: PointResult, run: Training) -> None:
     ema = gns.ema_ratio(steps, spec.gns.ema_beta)
     trace = sum(e.trace_sigma for e in steps) / len(steps)
     g2 = sum(e.grad_sq_norm for e in steps) / len(steps)
+    if not math.isfinite(ema[-1]) or g2 <= 0:
+        result.noise.gns_note = ("no estimate: the gradient's squared norm averaged to <= 0 (the noise "
+                                 "swamps the signal: more steps or a larger global batch)")
     result.noise.update(dict(
-        gns_b_simple=ema[-1], gns_b_simple_ema=ema, gns_b_simple_train_avg=trace / g2 if g2 else None,
+        gns_b_simple=ema[-1] if math.isfinite(ema[-1]) else None, gns_b_simple_ema=ema,
+        gns_b_simple_train_avg=trace / g2 if g2 > 0 else None,
         gns_trace_sigma_per_step=[e.trace_sigma for e in steps],
         gns_grad_sq_norm_per_step=[e.grad_sq_norm for e in steps],
         gns_trace_sigma=trace, gns_grad_sq_norm=g2, gns_small_batch=point.micro_batch_size,
@@ -243,8 +258,9 @@ def _recipe(result: PointResult, run: Training, clock: "Clock", loop_started: fl
     if run.scaler is not None and len(run.scales) > 1:
         # The scale before the first step, then after each: a skipped step halves it (a growth,
         # after 2000 clean steps, doubles it).
-        figures.grad_scaler_scale = run.scales[-1]
-        figures.grad_scaler_skipped_steps = sum(after < before for before, after in zip(run.scales, run.scales[1:]))
+        scales = run.scale_values()
+        figures.grad_scaler_scale = scales[-1]
+        figures.grad_scaler_skipped_steps = sum(after < before for before, after in zip(scales, scales[1:]))
     if run.spec.train.compile and clock.first_step_time is not None:
         figures.compile_step_seconds = clock.first_step_time - loop_started
 
@@ -358,7 +374,10 @@ def _progress(result: PointResult, progress: Progress) -> None:
     if progress.has_target:
         result.progress.reached_target = int(progress.reached is not None)
     if progress.reached is not None:
-        steps, seconds, evaluating = progress.reached
+        steps, seconds, evaluating, instrumented, count = progress.reached
+        step_time = result.throughput.step_time_seconds
+        if step_time is not None:  # the instrumentation's excess over as many plain steps
+            seconds -= max(0.0, instrumented - count * step_time)
         result.progress.update(dict(steps_to_target=steps, samples_to_target=steps * progress.samples_per_step,
                                     time_to_target_seconds=seconds, eval_seconds_to_target=evaluating))
 
