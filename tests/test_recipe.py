@@ -177,3 +177,23 @@ def test_checkpointing_wraps_only_what_it_knows_and_what_the_user_names():
     assert recipe.apply_checkpointing(models.build(RESNET, 10), "none") == 0
     plain = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 2))
     assert recipe.wrappable(plain) == [] and recipe.apply_checkpointing(plain, "blocks", ["Linear"]) == 1
+
+
+def test_a_checkpointed_points_hfu_over_mfu_is_its_recompute_share(cfg_of):
+    """HFU and MFU reach a point's record from the sweep's FLOP counts: with every MLP layer
+    checkpointed, the hardware does one more forward than the model needs (HFU/MFU > 1), and the
+    recorded ratio is the counted one exactly."""
+    from sweeper.driver.preflight import count_flops
+    from sweeper.worker.points import run_point
+    from sweeper.worker.spec import GroupFacts
+
+    cfg = cfg_of("model=mlp", "model.depth=4", "model.width=256", "model.input_shape=[1,16,16]",
+                 "sweep.activation_checkpointing=[none,blocks]")
+    counts = count_flops(cfg, 10)
+    measure = MeasureConfig(warmup_steps=2, windows=2, stable_windows=2, flops=True)
+    spec = PointSpec(**{**SPEC, "measure": measure}, point=GridPoint(16, 1, 1, "fp32", "blocks"),
+                     flop_count=counts["blocks"])
+    result = run_point(spec, WorkerContext(), facts=GroupFacts(peaks={"fp32": flops.PeakFlops(1e10, "a test's")}))
+    expected = counts["blocks"].hardware_per_sample / counts["blocks"].train_per_sample
+    assert 1.2 < expected < 1.5
+    assert result["hfu"] / result["mfu"] == pytest.approx(expected, rel=1e-9)
