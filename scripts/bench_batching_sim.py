@@ -270,6 +270,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small run for smoke testing")
     parser.add_argument("--dump", type=Path, help="save every request's timestamps and the curves to this .npz")
     args = parser.parse_args()
+    try:
+        from ray import serve  # noqa: F401 - only this benchmark needs Ray Serve: sweeper's `serve` extra
+    except ImportError as exc:
+        sys.exit(f"error: Ray Serve is not installed ({exc}): pip install -e '.[serve]'")
     if args.quick:
         args.requests, args.curve_runs, args.path_requests, args.max_curve_batch = 300, 15, 80, 16
     loads = [float(v) for v in args.loads.split(",")]

@@ -8,10 +8,11 @@ sweep's run ends KILLED). A multirun (`-m`) exits with its worst job's status; a
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import sys
 import traceback
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -48,6 +49,7 @@ def run_task(cfg: DictConfig) -> int:
             if secret:
                 resolved = resolved.replace(secret, "***")
                 redact_hydra_outputs(secret)
+        tracking.record_launch(launch_files(tracking.password(cfg.tracking.uri or "")))
         # Each validates everything (values, model, data, store) before Ray starts.
         if typed.task == "inference":
             from sweeper.driver import inference as task
@@ -63,6 +65,22 @@ def run_task(cfg: DictConfig) -> int:
         print(f"error: internal: {type(exc).__name__}: {first_line(exc)} (a bug in sweeper; the sweep's run, "
               "if it had one, is ended FAILED)", file=sys.stderr)
         return EXIT_INTERNAL
+
+
+def launch_files(secret: Optional[str]) -> Dict[str, str]:
+    """What launched this job, for the sweep's run beside its config.yaml: Hydra's overrides (the
+    job's own, as in Hydra's `overrides.yaml`; a multirun's job has its values) and the command line
+    as typed, a password in them replaced by ***."""
+    from hydra.core.hydra_config import HydraConfig
+
+    def clean(text: str) -> str:
+        return text.replace(secret, "***") if secret else text
+
+    command = ["python", "-m", "sweeper"] if sys.argv[0].endswith("__main__.py") else [os.path.basename(sys.argv[0])]
+    return {
+        "overrides.yaml": clean(OmegaConf.to_yaml(HydraConfig.get().overrides.task)),
+        "command.txt": shlex.join(command + [clean(arg) for arg in sys.argv[1:]]) + "\n",
+    }
 
 
 def redact_hydra_outputs(secret: str) -> None:

@@ -11,6 +11,7 @@ import fcntl
 import json
 import math
 import os
+import socket
 import tempfile
 import time
 import urllib.error
@@ -33,6 +34,38 @@ RESUME_FORMAT = "2"
 # sweep.strategy=smart's measurement runs, and the file that keeps each one's whole result.
 MEASUREMENT_ROLES, MEASUREMENT_FILE = ("throughput", "rung"), "result.json"
 RESULT_TYPES = {"point": PointResult, "inference": InferenceResult}
+# MLflow 3's kind of experiment: model training, not GenAI (traces, judges, prompts). Set on experiments
+# that lack it. MLflow 3.17.2's web UI picks its view by a per-browser toggle instead (docs/mlflow.md).
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+# The command line that launched this process's sweep, beside its config.yaml: artifact name -> text,
+# credentials already redacted. Set by __main__ per job (record_launch); a library user has none.
+_launch: Dict[str, str] = {}
+
+
+def record_launch(files: Dict[str, str]) -> None:
+    """The launch files (e.g. Hydra's `overrides.yaml`, `command.txt`) the next sweep's parent run
+    records beside `config.yaml`. __main__ calls it once per job, before the job's sweep starts."""
+    _launch.clear()
+    _launch.update(files)
+
+
+@dataclass(frozen=True)
+class Monitor:
+    """MLflow's system-metrics monitor (CPU, memory, disk, network; GPU through pynvml) on the
+    parent run while the sweep runs. `node`: a label in the names (system/<node>/...), for a driver
+    on a cluster. MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL overrides `interval_seconds`."""
+
+    node: Optional[str] = None
+    interval_seconds: float = 10.0
+
+    @classmethod
+    def for_driver(cls, on_cluster: bool) -> "Optional[Monitor]":
+        """The sweep driver's monitor: labelled with this host's name when it joined a cluster (other
+        nodes' figures are the points' own utilization metrics); None when the user turned MLflow's
+        system metrics off (MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING=false)."""
+        if os.environ.get("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "").strip().lower() in ("false", "0"):
+            return None
+        return cls(node=socket.gethostname() if on_cluster else None)
 
 
 def check(uri: str, must_exist: bool = False) -> List[str]:
@@ -131,7 +164,8 @@ class Tracker:
             raise LookupError(f"experiment {ref!r} holds no sweep in {redact(uri)}")
         return cls(uri, ref), sweeps[0].info.run_id
 
-    def __init__(self, uri: str, experiment_name: str, journal_dir: Optional[str] = None):
+    def __init__(self, uri: str, experiment_name: str, journal_dir: Optional[str] = None,
+                 monitor: Optional[Monitor] = None):
         # A tracking server that went away would hold each write ~4 minutes in the client's retries
         # (7 retries, backoff factor 2, 120 s a try); the journal keeps what fails, so fail fast.
         for name, value in (("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2"), ("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1"),
@@ -144,11 +178,17 @@ class Tracker:
         with _store_lock(uri):
             self.client = MlflowClient(tracking_uri=uri)
             experiment = self.client.get_experiment_by_name(experiment_name)
-            self.experiment_id = (
-                experiment.experiment_id if experiment is not None else self.client.create_experiment(experiment_name)
-            )
+            if experiment is None:
+                self.experiment_id = self.client.create_experiment(experiment_name, tags=dict([EXPERIMENT_KIND]))
+            else:
+                self.experiment_id = experiment.experiment_id
+                if EXPERIMENT_KIND[0] not in experiment.tags:
+                    self.client.set_experiment_tag(self.experiment_id, *EXPERIMENT_KIND)
         self.parent_run_id: Optional[str] = None
         self.journal: Optional[Journal] = None
+        self.monitor = monitor
+        self._monitor: Optional[Any] = None  # the running SystemMetricsMonitor
+        self._context: Optional[Dict[str, str]] = None
 
     # ---------------------------------------------------------------------------------------------
     # The parent run
@@ -162,11 +202,46 @@ class Tracker:
         }
         if config_hash:
             tags["sweeper.config_hash"] = config_hash
-        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
+        run = self.client.create_run(self.experiment_id, run_name=run_name, tags={**self.context_tags(), **tags})
         self._attach(run.info.run_id)
         self._log_params(self.parent_run_id, params)
         self.client.log_text(self.parent_run_id, config_yaml, "config.yaml")
+        for name, text in _launch.items():
+            self.client.log_text(self.parent_run_id, text, name)
+        self.start_monitor()
         return self.parent_run_id
+
+    def context_tags(self) -> Dict[str, str]:
+        """MLflow's own context tags, as `mlflow.start_run` would set them (`MlflowClient.create_run`
+        resolves none): mlflow.user, mlflow.source.name/type, mlflow.source.git.commit/branch/repoURL
+        where the source is in a git checkout. Resolved once per tracker: resolving runs git."""
+        if self._context is None:
+            from mlflow.tracking.context.registry import resolve_tags
+
+            tags = {k: v for k, v in resolve_tags().items() if k.startswith(("mlflow.user", "mlflow.source."))}
+            if "mlflow.source.git.repoURL" in tags:  # a remote URL may carry a token
+                tags["mlflow.source.git.repoURL"] = redact(tags["mlflow.source.git.repoURL"])
+            self._context = tags
+        return self._context
+
+    def start_monitor(self) -> None:
+        """MLflow's system-metrics monitor on the parent run, if this tracker was given one; it
+        samples this machine until stop_monitor() (called by end_sweep) or the run ends."""
+        if self.monitor is None or self._monitor is not None or self.parent_run_id is None:
+            return
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        # resume_logging: a resumed sweep's samples continue after the interrupted run's last step.
+        self._monitor = SystemMetricsMonitor(self.parent_run_id, sampling_interval=self.monitor.interval_seconds,
+                                             node_id=self.monitor.node, tracking_uri=self.uri, resume_logging=True)
+        self._monitor.start()
+
+    def stop_monitor(self) -> None:
+        """Stop the monitor and write its last samples (before the run ends: the monitor stops
+        itself, losing them, once it sees the run ended). Safe to call more than once."""
+        running, self._monitor = self._monitor, None
+        if running is not None:
+            running.finish()
 
     def find_sweep(self, ray_experiment: str) -> Optional[Any]:
         """The parent run of the sweep whose Ray Tune experiment is `ray_experiment`, if recorded."""
@@ -192,6 +267,7 @@ class Tracker:
         writes replayed, points found half-written)."""
         self._attach(run_id)
         self.client.update_run(run_id, status="RUNNING")
+        self.start_monitor()
         replayed, _ = self.replay()
         return replayed, self.reconcile()
 
@@ -236,6 +312,7 @@ class Tracker:
         is: a later resume replays them and ends it."""
         if self.parent_run_id is None:
             return 0, 0
+        self.stop_monitor()
         replayed, pending = self.replay()
         self._journaled("end", {"summary": summary.to_flat(), "status": status})
         return replayed, (self.journal.pending if self.journal else pending)
@@ -345,6 +422,16 @@ class Tracker:
         if override_line:
             self.client.set_tag(run_id, "sweeper.recommended_overrides", override_line)
 
+    def log_sweep_metrics(self, run_id: str, metrics: Dict[str, float], tags: Optional[Dict[str, str]] = None) -> None:
+        """Figures the report derives from the whole sweep (the critical batch size), written to its
+        parent run directly like the report itself (a rebuild has no journal): a rebuild logs them again."""
+        self._log_metrics(run_id, metrics)
+        self._log_tags(run_id, tags or {})
+
+    def sweep_metrics(self, run_id: str) -> Dict[str, float]:
+        """The parent run's metrics by name (e.g. the frontier's `frontier_micro_batch_size_w1`)."""
+        return dict(self.client.get_run(run_id).data.metrics)
+
     # ---------------------------------------------------------------------------------------------
     # Writing, through the journal
 
@@ -385,7 +472,7 @@ class Tracker:
         start_ms = None if started is None else int(started * 1000)
         end_ms = None if started is None or seconds is None else int((started + seconds) * 1000)
         run = self.client.create_run(self.experiment_id, run_name=key, start_time=start_ms,
-                                     tags={"mlflow.parentRunId": parent, "sweeper.role": role})
+                                     tags={**self.context_tags(), "mlflow.parentRunId": parent, "sweeper.role": role})
         run_id = run.info.run_id
         self._log_params(run_id, params)
         self._log_metrics(run_id, typed.metrics(), typed.series(), typed.curves())

@@ -90,6 +90,27 @@ def test_the_server_holds_one_parent_with_nested_trials_and_named_metrics(server
     assert "report/report.html" in {f["path"] for f in json.loads(raw)["files"]}
 
 
+def test_the_sweep_fills_mlflows_own_views_kind_source_command_and_system_metrics(server):
+    experiment = _experiment_id(server)
+    _, raw = _get(f"{server}/api/2.0/mlflow/experiments/get?experiment_id={experiment}")
+    kinds = {t["key"]: t["value"] for t in json.loads(raw)["experiment"].get("tags", [])}
+    assert kinds.get("mlflow.experimentKind") == "custom_model_development"
+    (parent,) = _search(server, experiment, "tags.`sweeper.role` = 'sweep'")
+    run_id = parent["info"]["run_id"]
+    children = _search(server, experiment, f"tags.mlflow.parentRunId = '{run_id}'")
+    for run in [parent, *children]:
+        tags = {t["key"]: t["value"] for t in run["data"]["tags"]}
+        assert tags["mlflow.source.name"].endswith(os.path.join("sweeper", "__main__.py"))
+        assert tags["mlflow.user"] not in ("", "unknown") and tags["mlflow.source.type"] == "LOCAL"
+    _, raw = _get(f"{server}/api/2.0/mlflow/artifacts/list?run_id={run_id}")
+    assert {"config.yaml", "overrides.yaml", "command.txt"} <= {f["path"] for f in json.loads(raw)["files"]}
+    _, raw = _get(f"{server}/get-artifact?path=overrides.yaml&run_uuid={run_id}")
+    assert raw.decode().splitlines() == [f"- {o}" for o in TINY] + [f"- tracking.uri={server}"]
+    # MLflow's monitor sampled the driver's machine while the sweep ran: the System metrics tab.
+    metrics = {m["key"] for m in parent["data"]["metrics"]}
+    assert {"system/cpu_utilization_percentage", "system/system_memory_usage_megabytes"} <= metrics, metrics
+
+
 def _render(url: str, profile) -> str:
     """The page's DOM after its scripts ran, from headless Chromium. Flags from this machine's
     notes: without the background-networking ones Chromium keeps trying the closed network."""
@@ -101,9 +122,9 @@ def _render(url: str, profile) -> str:
     return dom.stdout
 
 
-def _click_through(url: str, profile, shown: str, click: str, then: list, timeout: float = 120.0) -> str:
+def _click_through(url: str, profile, shown: str, click, then: list, timeout: float = 120.0) -> str:
     """What a user sees: open `url` in headless Chromium, wait for text `shown`, click every element
-    matching the CSS selector `click`, wait until every text in `then` is on the page; the page's
+    matching the CSS selector `click` (None: nothing), wait until every text in `then` is on the page; the page's
     text. Driven over the DevTools protocol (aiohttp's websocket client: Ray's dashboard needs it)."""
     port = free_port()
     proc = subprocess.Popen(
@@ -118,7 +139,7 @@ def _click_through(url: str, profile, shown: str, click: str, then: list, timeou
         proc.wait(timeout=30)
 
 
-async def _drive(port: int, url: str, shown: str, click: str, then: list, deadline: float) -> str:
+async def _drive(port: int, url: str, shown: str, click, then: list, deadline: float) -> str:
     import aiohttp
 
     while True:
@@ -153,8 +174,9 @@ async def _drive(port: int, url: str, shown: str, click: str, then: list, deadli
 
             await call("Page.navigate", url=url)
             await wait_for([shown])
-            clicked = await js(f"[...document.querySelectorAll({json.dumps(click)})].map(e => e.click()).length")
-            assert clicked, f"nothing on the page matches {click}"
+            if click is not None:
+                clicked = await js(f"[...document.querySelectorAll({json.dumps(click)})].map(e => e.click()).length")
+                assert clicked, f"nothing on the page matches {click}"
             await wait_for(then)
             return await js("document.body.innerText")
 
@@ -205,3 +227,23 @@ def test_the_ray_dashboard_answers_with_the_token_while_a_sweep_runs(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+@pytest.mark.ui
+@pytest.mark.skipif(CHROMIUM is None and not UI_REQUIRED, reason="needs Debian's chromium (.ci/run installs it)")
+def test_the_mlflow_ui_shows_system_metrics_and_the_source_in_headless_chromium(server, tmp_path):
+    assert CHROMIUM, "SWEEPER_REQUIRE_UI=1 but there is no chromium: .ci/run's apt-get install failed"
+    experiment = _experiment_id(server)
+    (parent,) = _search(server, experiment, "tags.`sweeper.role` = 'sweep'")
+    run_id = parent["info"]["run_id"]
+    # The run page's System metrics tab: MLflow's charts of what its monitor sampled (the charts
+    # render lazily, so wait for them as a user would).
+    name = parent["info"]["run_name"]
+    system = _click_through(f"{server}/#/experiments/{experiment}/runs/{run_id}/system-metrics", tmp_path / "p3",
+                            "System metrics", None, [f"{name} (system/cpu_utilization_percentage)"])
+    assert "cpu_utilization_percentage" in system and "disk_usage_megabytes" in system
+    # The runs table's Source column: the entry point MLflow resolved (it was empty). MLflow 3.17's
+    # UI picks GenAI or model-training by a per-browser toggle (default GenAI) or this URL parameter.
+    runs = _click_through(f"{server}/#/experiments/{experiment}?workflowType=machine_learning", tmp_path / "p4",
+                          name, None, ["Source", "Model registry"])
+    assert "__main__.py" in runs.split("Source", 1)[1], runs[:3000]

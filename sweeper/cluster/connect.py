@@ -66,6 +66,11 @@ def _prepare_environment(cfg: ClusterConfig, ray_dir: str) -> Optional[str]:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     # Tune's own console tables would interleave with sweeper's progress bar and summary.
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    # Tune's automatic CSV, JSON and TensorBoard loggers (read by tune.run, inside Tuner.fit() in this
+    # process) would write progress.csv, result.json and events.out.tfevents per trial; a trial is a
+    # worker group of several points, so their curves would join unrelated points. The points' record
+    # is MLflow. TUNE_DISABLE_AUTO_CALLBACK_LOGGERS=0 in the environment brings them back.
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     if cfg.address is not None:
         return None
     # Ray 2.60 turns on token auth for a new local cluster and would write the token to

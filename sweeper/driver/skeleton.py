@@ -68,8 +68,9 @@ class Session:
 @contextlib.contextmanager
 def session(cfg: SweeperConfig, phases: Phases, sizing: List[GridPoint]) -> Iterator[Session]:
     """Ray started (or joined) and the store opened, worker resources sized for `sizing`'s largest
-    point. However the sweep ends, its parent run is ended (KILLED when interrupted, FAILED on a
-    crash) and Ray is shut down."""
+    point; MLflow's system-metrics monitor watches the parent run from its start. However the sweep
+    ends, its parent run is ended (KILLED when interrupted, FAILED on a crash), the monitor stopped
+    and Ray shut down."""
     uri = tracking_uri(cfg.tracking)
     signals = Signals()
     signals.install()
@@ -78,7 +79,8 @@ def session(cfg: SweeperConfig, phases: Phases, sizing: List[GridPoint]) -> Iter
     phases("ray_start")
     s: Optional[Session] = None
     try:
-        s = Session(cluster, tracking.Tracker(uri, cfg.tracking.experiment_name),
+        monitor = tracking.Monitor.for_driver(on_cluster=cfg.cluster.address is not None)
+        s = Session(cluster, tracking.Tracker(uri, cfg.tracking.experiment_name, monitor=monitor),
                     plan_resources(cfg.cluster, cluster, sizing), uri)
         yield s
     except BaseException as exc:
@@ -90,6 +92,8 @@ def session(cfg: SweeperConfig, phases: Phases, sizing: List[GridPoint]) -> Iter
             _end_unfinished(s, phases, "FAILED", f"{type(exc).__name__}: {first_line(exc)}")
         raise
     finally:
+        if s is not None:
+            s.tracker.stop_monitor()  # ended runs stopped it already; a crash before the end did not
         connect.shutdown()
         signals.restore()
 
