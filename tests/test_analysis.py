@@ -1,18 +1,25 @@
 """From trials to an answer: knees, the Pareto front, recommendations per objective, the override line and YAML."""
 
+from dataclasses import replace
+
 import pytest
 import yaml
 
+from sweeper.report import stats
 from sweeper.report.analysis import (
     OBJECTIVES,
     Recommendation,
     Trial,
+    accuracy_interval,
     knee,
     knees,
+    loss_interval,
+    lr_table,
     override_line,
     pareto,
     recommend,
     recommendation_yaml,
+    replicates,
     seconds_to_train,
 )
 
@@ -267,12 +274,13 @@ def test_an_unstable_winner_is_still_recommended_with_a_warning():
 
 
 def test_override_line_pins_the_lr_the_trial_used():
+    # optim.lr, not train.lr: the LR moved to the optim group (train.lr is refused with a pointer).
     best = trial(64, acc=4, w=2, lr=0.07071067811865477)
     assert override_line(best, "sqrt") == (
         "sweep.micro_batch_sizes=[64] sweep.accumulation_steps=[4] sweep.num_workers=[2] "
-        "train.lr=0.07071067811865477 train.lr_scaling=none"
+        "optim.lr=0.07071067811865477 train.lr_scaling=none"
     )
-    assert override_line(best, "none").endswith("train.lr=0.07071067811865477")
+    assert override_line(best, "none").endswith("optim.lr=0.07071067811865477")
     assert override_line(best).endswith("train.lr_scaling=none")  # rule unknown: pin it
     assert override_line(trial(64, acc=4, w=2)) == (
         "sweep.micro_batch_sizes=[64] sweep.accumulation_steps=[4] sweep.num_workers=[2]"
@@ -345,3 +353,240 @@ def test_a_fast_trial_that_learned_less_is_not_recommended_and_the_reason_says_s
     assert recommend(blind, "throughput", max_accuracy_drop=0.02).best.key == "mb32-acc1-w1"
     with pytest.raises(ValueError, match="report.max_accuracy_drop=2"):
         recommend(trials, max_accuracy_drop=2)
+
+
+# --- seeds, noise, divergence, time to target (issue 16) -------------------------------------------
+
+
+def seeded(mb, acc=1, w=1, accuracies=(), rates=None, status="ok", **figures):
+    """One point's seed replicates: accuracies[i] (and rates[i]) for seed i."""
+    point = f"mb{mb}-acc{acc}-w{w}"
+    rates = rates or [100.0] * len(accuracies)
+    return [
+        Trial(key=f"{point}-s{seed}", point_key=point, seed=seed, micro_batch_size=mb, accumulation_steps=acc,
+              num_workers=w, global_batch_size=mb * acc * w, status=status, val_accuracy=accuracy,
+              samples_per_second=rate, **figures)
+        for seed, (accuracy, rate) in enumerate(zip(accuracies, rates))
+    ]
+
+
+def test_replicates_are_one_candidate_with_their_mean_figures():
+    trials = [*seeded(32, accuracies=[0.90, 0.92, 0.94], rates=[200.0, 220.0, 240.0], peak_memory_bytes=GiB),
+              *seeded(16, accuracies=[0.91, 0.93, 0.95], rates=[100.0, 110.0, 120.0], peak_memory_bytes=GiB / 2)]
+    assert list(replicates(trials)) == ["mb32-acc1-w1", "mb16-acc1-w1"]
+    rec = recommend(trials, max_accuracy_drop=0.02)
+    assert rec.best.key == "mb32-acc1-w1" and rec.best.seed is None
+    assert rec.best.samples_per_second == pytest.approx(220.0) and rec.best.val_accuracy == pytest.approx(0.92)
+    assert [t.key for t in rec.runners_up] == ["mb16-acc1-w1"]  # never another seed of the winner
+    assert "each the mean over its 3 seeds" in rec.reason
+    assert "Its val_accuracy 0.920 [0.870, 0.970] is within report.max_accuracy_drop=0.02 of the best, 0.930 [" \
+        in rec.reason
+    interval = rec.points["mb32-acc1-w1"].accuracy
+    assert interval.how == "t interval over 3 seeds, 95 %" and interval.sd == pytest.approx(0.02)
+    assert accuracy_interval(replicates(trials)["mb16-acc1-w1"]).mean == pytest.approx(0.93)
+    # One seed with the validation set's size: the Wilson interval stands in, labelled as such.
+    one = trial(8, val_accuracy=0.8, val_samples=360)
+    assert accuracy_interval([one]).how == "Wilson interval of 360 validation samples, 95 % (one seed)"
+    assert accuracy_interval([trial(8, val_accuracy=0.8)]) is None  # no size recorded: no interval
+    losses = [replace(t, train_loss=loss) for t, loss in zip(seeded(8, accuracies=[0.8] * 3), [0.5, 0.6, 0.7])]
+    assert loss_interval(losses).mean == pytest.approx(0.6) and loss_interval(losses[:1]) is None
+
+
+def test_the_demo_gap_inside_one_seeds_noise_is_a_tie_not_an_exclusion():
+    # Issue 16's demo: 0.78 vs 0.822 on 360 validation samples is inside the binomial noise.
+    fast = trial(32, acc=2, w=2, samples_per_second=600.0, val_accuracy=0.78, val_samples=360)
+    slow = trial(16, acc=2, w=1, samples_per_second=300.0, val_accuracy=0.822, val_samples=360)
+    poor = trial(64, acc=2, w=2, samples_per_second=900.0, val_accuracy=0.60, val_samples=360)
+    rec = recommend([fast, slow, poor], "throughput", max_accuracy_drop=0.02)
+    assert rec.best.key == "mb32-acc2-w2"
+    low, high = stats.binomial(0.78, 360), stats.binomial(0.822, 360)
+    sentence = (f"mb32-acc2-w2 (0.780 [{low.low:.3f}, {low.high:.3f}]) and mb16-acc2-w1 (0.822 [{high.low:.3f}, "
+                f"{high.high:.3f}]) cannot be told apart at 95 % (Wilson intervals of 360 validation samples, one "
+                "seed): treated as a tie")
+    assert rec.ties == {"mb32-acc2-w2": sentence} and sentence[1:] in rec.reason
+    # 0.60 is separable from 0.822: excluded, and the test is named.
+    assert rec.excluded["mb64-acc2-w2"].startswith("val_accuracy 0.600 [")
+    assert "beyond the noise at 95 % (Wilson intervals of 360 validation samples, one seed)" in \
+        rec.excluded["mb64-acc2-w2"]
+    assert "Not recommended although faster: mb64-acc2-w2 (900.0 samples/s" in rec.reason
+    assert "a gap the data separate at 95 % (non-overlapping intervals)" in rec.reason
+
+
+def test_a_point_is_excluded_only_when_welchs_test_separates_it():
+    top = seeded(16, accuracies=[0.84, 0.86, 0.82], rates=[100.0] * 3)
+    close = seeded(32, accuracies=[0.80, 0.82, 0.78], rates=[200.0] * 3)  # 4 points below, p = 0.0705
+    far = seeded(64, accuracies=[0.70, 0.72, 0.68], rates=[400.0] * 3)  # 14 points below, p < 0.001
+    rec = recommend([*top, *close, *far], "throughput", max_accuracy_drop=0.02)
+    assert rec.best.key == "mb32-acc1-w1"
+    assert "Welch's t-test over 3 seeds each, p = 0.07 >= 0.05" in rec.ties["mb32-acc1-w1"]
+    assert "cannot be told apart at 95 %" in rec.reason
+    assert "beyond the noise at 95 % (Welch's t-test over 3 seeds each, p = " in rec.excluded["mb64-acc1-w1"]
+    assert "mb32-acc1-w1" not in rec.excluded
+    # At 90 % the same 4-point gap is separable (|t| = 2.449 > 2.132): then the guard applies.
+    strict = recommend([*top, *close, *far], "throughput", max_accuracy_drop=0.02, level=0.90)
+    assert strict.best.key == "mb16-acc1-w1" and "mb32-acc1-w1" in strict.excluded
+
+
+def test_accuracy_objective_breaks_a_noise_tie_by_throughput():
+    top = seeded(16, accuracies=[0.84, 0.86, 0.82], rates=[100.0] * 3)
+    close = seeded(32, accuracies=[0.80, 0.82, 0.78], rates=[200.0] * 3)
+    rec = recommend([*top, *close], "accuracy")
+    assert rec.best.key == "mb32-acc1-w1"
+    assert "which the data cannot tell apart from the best" in rec.reason and "fastest of that tie" in rec.reason
+    assert "mb32-acc1-w1" in rec.ties
+    far = seeded(32, accuracies=[0.70, 0.72, 0.68], rates=[200.0] * 3)
+    assert recommend([*top, *far], "accuracy").best.key == "mb16-acc1-w1"
+
+
+def test_diverged_points_are_not_eligible_and_the_reason_says_what_to_try():
+    trials = [
+        trial(64, status="diverged", lr=0.8, diverged_reason="nonfinite", diverged_at_step=12),
+        *seeded(32, accuracies=[0.9, 0.9, 0.9], rates=[300.0] * 3),
+        *seeded(16, accuracies=[0.9, 0.9, 0.9], rates=[200.0] * 3),
+    ]
+    # Seed 1 of mb32 diverged (a spike at step 40): the layout is not eligible.
+    trials[2] = replace(trials[2], status="diverged", diverged_reason="spike", diverged_at_step=40)
+    rec = recommend(trials)
+    assert rec.best.key == "mb16-acc1-w1"
+    assert rec.excluded["mb64-acc1-w1"] == "diverged (nonfinite at step 12) at lr 0.8"
+    assert rec.excluded["mb32-acc1-w1"] == ("diverged in 1 of 3 seeds (spike at step 40 in seed 1): a layout that "
+                                            "diverges in some seeds is not eligible")
+    assert set(rec.diverged) == {"mb64-acc1-w1", "mb32-acc1-w1"}
+    assert "Not eligible because they diverged: mb64-acc1-w1 diverged (nonfinite at step 12) at lr 0.8" in rec.reason
+    assert "sweep.lr_multipliers" in rec.reason and "train.warmup_steps" in rec.reason
+    assert "train.lr_scaling" in rec.reason
+
+
+def test_when_every_point_diverged_nothing_is_recommended_and_it_says_so():
+    trials = [trial(16, status="diverged", diverged_reason="nonfinite", diverged_at_step=3),
+              trial(32, status="diverged", diverged_reason="chance")]
+    rec = recommend(trials)
+    assert rec.best is None and rec.runners_up == []
+    assert rec.reason.startswith("every point diverged (2 of 2), so there is nothing to recommend: "
+                                 "mb16-acc1-w1 diverged (nonfinite at step 3); mb32-acc1-w1 diverged (chance)")
+    assert "Try a lower LR" in rec.reason
+    mixed = recommend([trials[0], trial(8, status="oom")])
+    assert mixed.reason.startswith("no trial finished ok: 1 diverged, 1 oom. Not eligible because they diverged")
+
+
+def test_time_to_target_ranks_partial_reach_behind_full_reach():
+    def reps(mb, times):
+        return [replace(t, time_to_target_seconds=s, reached_target=s is not None, steps_to_target=None if s is None
+                        else 10.0 * s, samples_to_target=None if s is None else 100.0 * s)
+                for t, s in zip(seeded(mb, accuracies=[0.9] * len(times)), times)]
+
+    always = reps(16, [10.0, 12.0, 14.0])  # mean 12 s, every seed
+    sometimes = reps(32, [5.0, None, 7.0])  # faster, but missed the target in seed 1
+    never = reps(64, [None, None, None])
+    rec = recommend([*sometimes, *always, *never], "time_to_target")
+    assert rec.best.key == "mb16-acc1-w1" and rec.best.time_to_target_seconds == pytest.approx(12.0)
+    assert [t.key for t in rec.runners_up] == ["mb32-acc1-w1"]
+    assert rec.runners_up[0].time_to_target_seconds == pytest.approx(6.0)  # mean over the 2 that reached it
+    assert "reaches the target the soonest" in rec.reason and "12.0 s" in rec.reason
+    assert ("Ranked behind every point that reached the target in all its seeds, although faster when they did: "
+            "mb32-acc1-w1 (6.0 s, reached in 2 of 3 seeds)") in rec.reason
+    assert rec.excluded["mb64-acc1-w1"] == "did not reach the target in any of its 3 seeds"
+    # Only partial reach left: recommended, and said.
+    alone = recommend(sometimes, "time_to_target")
+    assert alone.best.key == "mb32-acc1-w1" and "reached it in 2 of 3" in alone.reason
+    nothing = recommend([trial(16, samples_per_second=1.0)], "time_to_target")
+    assert nothing.best is None and "eval.target_accuracy" in nothing.reason
+
+
+class _Fit:
+    """The CriticalBatch interface recommend uses: S(B) = S_min (1 + B_crit / B)."""
+
+    def __init__(self, b_crit, s_min):
+        self.critical_batch_size, self.s_min, self.e_min = b_crit, s_min, s_min * b_crit
+
+    def steps(self, batch):
+        return self.s_min * (1 + self.critical_batch_size / batch)
+
+
+def test_time_to_target_far_above_the_critical_batch_says_what_it_costs_in_samples():
+    big = replace(trial(64, acc=2, w=2), time_to_target_seconds=5.0, reached_target=True, samples_to_target=5000.0)
+    rec = recommend([big], "time_to_target", critical_batch=_Fit(64.0, 20.0))
+    # S(256) 256 = 20 x 1.25 x 256 = 6400 samples; S(64) 64 = 20 x 2 x 64 = 2560: 2.5x.
+    assert ("Its global batch 256 is 4.0x the critical batch size (~64): the fit puts its samples to the target at "
+            "6400 (measured: 5000) against 2560 at a global batch of ~64, 2.5x the data") in rec.reason
+    assert "critical batch" not in recommend([big], "time_to_target", critical_batch=_Fit(128.0, 20.0)).reason
+    assert "critical batch" not in recommend([big], "time_to_target").reason
+
+
+def test_override_line_names_the_whole_recipe_and_the_multiplier():
+    best = trial(64, acc=2, w=1, lr=0.15, lr_multiplier=0.5, precision="bf16", activation_checkpointing="blocks",
+                 optimizer="adamw", compiled=True)
+    assert override_line(best, "linear") == (
+        "sweep.micro_batch_sizes=[64] sweep.accumulation_steps=[2] sweep.num_workers=[1] sweep.precisions=[bf16] "
+        "sweep.activation_checkpointing=[blocks] train.compile=true optim=adamw optim.lr=0.3 "
+        "train.lr_scaling=none sweep.lr_multipliers=[0.5]"
+    )
+    plain = trial(16, lr=0.05, lr_multiplier=1.0, precision="fp32", activation_checkpointing="none",
+                  optimizer="sgd", compiled=False)
+    assert override_line(plain, "none") == (
+        "sweep.micro_batch_sizes=[16] sweep.accumulation_steps=[1] sweep.num_workers=[1] sweep.precisions=[fp32] "
+        "sweep.activation_checkpointing=[none] optim=sgd optim.lr=0.05 sweep.lr_multipliers=[1.0]")
+    # optim.lr x the multiplier gives back the LR the point trained with, bit for bit.
+    for lr, m in ((0.1, 3.0), (0.07071067811865477, 0.3), (1e-3, 7.0)):
+        line = override_line(trial(8, lr=lr, lr_multiplier=m))
+        base = float(line.split("optim.lr=")[1].split()[0])
+        assert base * m == lr
+
+
+def test_lr_table_per_global_batch():
+    def at(mb, m, accuracy, status="ok", seed=0):
+        return Trial(key=f"mb{mb}-acc1-w1-lrx{m:g}-s{seed}", point_key=f"mb{mb}-acc1-w1-lrx{m:g}", seed=seed,
+                     micro_batch_size=mb, accumulation_steps=1, num_workers=1, global_batch_size=mb, status=status,
+                     lr_multiplier=m, val_accuracy=accuracy)
+
+    trials = [at(32, 0.5, 0.85), at(32, 1.0, 0.90), at(32, 1.0, 0.92, seed=1), at(32, 2.0, 0.88),
+              at(64, 0.5, 0.86), at(64, 1.0, 0.89), at(64, 2.0, None, status="diverged"),
+              at(64, 2.0, 0.5, seed=1)]
+    table = lr_table(trials)
+    assert list(table) == [32, 64]
+    assert table[32].multipliers == (0.5, 1.0, 2.0) and table[32].metric == "val_accuracy"
+    assert (table[32].best_multiplier, table[32].best_value) == (1.0, pytest.approx(0.91))
+    assert table[32].largest_stable == 2.0 and table[32].diverged == ()
+    # At 64, x2 diverged in one seed: 1 is the largest multiplier that did not.
+    assert table[64].best_multiplier == 1.0 and table[64].largest_stable == 1.0 and table[64].diverged == (2.0,)
+    # Without accuracy, the final train loss decides (lower is better).
+    losses = [replace(t, val_accuracy=None, train_loss=loss) for t, loss in zip(trials[:4], [0.3, 0.5, 0.5, 0.4])]
+    assert lr_table(losses)[32].metric == "train_loss" and lr_table(losses)[32].best_multiplier == 0.5
+
+
+def test_recommendation_yaml_carries_seeds_intervals_ties_diverged_and_the_lr_table():
+    trials = [*seeded(32, accuracies=[0.80, 0.82, 0.78], rates=[200.0] * 3, lr=0.1, lr_multiplier=1.0),
+              *seeded(16, accuracies=[0.84, 0.86, 0.82], rates=[100.0] * 3, lr=0.1, lr_multiplier=1.0),
+              trial(64, status="diverged", diverged_reason="nonfinite", diverged_at_step=7)]
+    rec = recommend(trials, max_accuracy_drop=0.02)
+    doc = yaml.safe_load(recommendation_yaml(rec))
+    chosen = doc["recommendation"]
+    assert chosen["key"] == "mb32-acc1-w1" and chosen["seeds"] == [0, 1, 2]
+    assert chosen["accuracy_interval"]["how"] == "t interval over 3 seeds, 95 %"
+    assert chosen["accuracy_interval"]["mean"] == pytest.approx(0.80) and chosen["lr_multiplier"] == 1.0
+    assert doc["confidence_level"] == 0.95
+    assert doc["ties"] == rec.ties and "mb32-acc1-w1" in doc["ties"]
+    assert doc["diverged"] == {"mb64-acc1-w1": "diverged (nonfinite at step 7)"}
+    assert doc["points"]["mb16-acc1-w1"]["statuses"] == ["ok", "ok", "ok"]
+    assert doc["lr_table"][0]["global_batch_size"] == 16 and doc["lr_table"][0]["best_multiplier"] == 1.0
+    assert doc["lr_table"][-1] == {"global_batch_size": 64, "multipliers": [1.0], "metric": "val_accuracy",
+                                   "best_multiplier": None, "best_value": None, "largest_stable_multiplier": None,
+                                   "diverged_multipliers": [1.0]}
+
+
+def test_time_to_target_needs_a_target_in_the_sweep():
+    from sweeper.report.settings import target_problem
+
+    assert "time_to_target" in OBJECTIVES
+    assert target_problem("time_to_target", None, None).startswith(
+        "report.objective=time_to_target needs a target to time: set eval.target_accuracy")
+    assert target_problem("time_to_target", 0.9, None) is None and target_problem("throughput", None, None) is None
+
+
+def test_the_sweep_refuses_time_to_target_without_a_target(cfg_of):
+    from sweeper.errors import ConfigError
+
+    with pytest.raises(ConfigError) as error:
+        cfg_of("report.objective=time_to_target")
+    assert any(p.startswith("report.objective=time_to_target needs a target") for p in error.value.problems)
+    assert cfg_of("report.objective=time_to_target", "eval.target_accuracy=0.9").report.objective == "time_to_target"

@@ -214,3 +214,94 @@ def test_the_pareto_view_stars_the_recommended_trial_even_off_the_front(monkeypa
     ax = _drawn(monkeypatch, lambda: plots.pareto_throughput_memory(
         [fast, slow], analysis.pareto([fast, slow]), tmp_path / "p.png"))
     assert not [line for line in ax.get_lines() if line.get_marker() == "*"]
+
+
+# -- seeds, diverged points, recipes, the critical batch --------------------------------------------
+
+
+def replicate(t, seed, **figures):
+    """Seed `seed` of point `t`: its key gets -s<seed>, the point key stays."""
+    return dataclasses.replace(t, key=f"{t.key}-s{seed}", point_key=t.point, seed=seed, **figures)
+
+
+def seeded(micro, accums=(1,), accuracies=(0.90, 0.92, 0.94), **figures):
+    return [replicate(trial(micro, a, **figures), s, val_accuracy=acc, val_samples=360)
+            for a in accums for s, acc in enumerate(accuracies)]
+
+
+def diverged(micro, seed=0, reason="nonfinite", step=7):
+    return replicate(trial(micro, status="diverged"), seed, diverged_reason=reason, diverged_at_step=step)
+
+
+def test_the_accuracy_plot_draws_one_mark_per_point_with_its_interval(monkeypatch, tmp_path):
+    trials = seeded(16) + seeded(32)
+    trials += [diverged(64, 0), diverged(64, 1, step=9), replicate(trial(64), 2, val_samples=360)]
+    ax = _drawn(monkeypatch, lambda: plots.accuracy_vs_global_batch(trials, tmp_path / "a.png", "LR scaling: none"))
+    marks = [line for line in ax.get_lines() if line.get_marker() == "o" and len(line.get_xdata()) > 0]
+    # Three points (16, 32 and 64's one ok seed), not seven runs; the mean over seeds.
+    assert sorted(len(m.get_xdata()) for m in marks) == [3]
+    assert list(marks[0].get_ydata())[:2] == pytest.approx([0.92, 0.92])
+    texts = _legend_texts(ax)
+    assert "error bar: 95 % t interval over seeds" in texts  # 16 and 32: three seeds
+    assert "error bar: 95 % Wilson interval of the\n  validation set (one seed)" in texts  # 64: one ok seed
+    assert "diverged (reason @step; left out)" in texts
+    assert "diverged (nonfinite) (2/3 seeds)" in [t.get_text() for t in ax.texts]
+    monkeypatch.undo()
+    assert_png(plots.accuracy_vs_global_batch(trials, tmp_path / "a.png", "LR scaling: none"))
+
+
+def test_seeds_lr_multipliers_and_recipes_are_one_mark_per_layout_on_the_throughput_plot(tmp_path):
+    trials = []
+    for precision in ("fp32", "bf16"):
+        for multiplier in (1.0, 2.0):
+            for micro in (16, 32, 64):
+                base = dataclasses.replace(trial(micro), precision=precision, lr_multiplier=multiplier,
+                                           point_key=f"mb{micro}-acc1-w1-{precision}-lrx{multiplier:g}")
+                trials += [replicate(base, s) for s in (0, 1)]
+    layouts = plots.folding.fold_layouts(trials)
+    assert len(layouts) == 6  # 3 micro-batches x 2 recipes
+    knees = {(1, 1, ""): 32, (1, 1, "bf16"): None}
+    assert_png(plots.throughput_vs_micro_batch(trials, knees, tmp_path / "t.png", 0.1))
+    assert_png(plots.memory_vs_micro_batch(trials, tmp_path / "m.png"))
+    assert_png(plots.memory_by_recipe(trials, tmp_path / "r.png"))
+    # One recipe: nothing to compare.
+    assert plots.memory_by_recipe([t for t in trials if t.precision == "fp32"], tmp_path / "one.png") is None
+
+
+def test_memory_by_recipe_draws_a_line_per_recipe(monkeypatch, tmp_path):
+    fp32 = [trial(m) for m in (16, 32, 64)]
+    bf16 = [dataclasses.replace(trial(m, peak_memory_bytes=40 * MiB + m * 300 * 1024), precision="bf16",
+                                point_key=f"mb{m}-acc1-w1-bf16") for m in (16, 32, 64)]
+    ax = _drawn(monkeypatch, lambda: plots.memory_by_recipe(fp32 + bf16, tmp_path / "r.png"))
+    texts = _legend_texts(ax)
+    assert any(t.startswith("fp32 (workers 1, accum 1)\n  40 MiB + 600 KiB/sample") for t in texts), texts
+    assert any(t.startswith("bf16 (workers 1, accum 1)\n  40 MiB + 300 KiB/sample") for t in texts), texts
+
+
+def targets(micro, steps, seeds=(0, 1), b_simple=50.0, reached=True):
+    return [replicate(trial(micro), s, steps_to_target=steps * (1 + 0.02 * (-1) ** s), reached_target=reached,
+                      samples_to_target=steps * micro, time_to_target_seconds=steps * micro / 1000,
+                      gns_b_simple=b_simple) for s in seeds]
+
+
+def test_steps_and_time_to_target_plots(monkeypatch, tmp_path):
+    from sweeper.report.critical_batch import fit_with_interval
+    from sweeper.report.points import critical_batch_observations
+
+    trials = [t for m in (16, 32, 64, 128) for t in targets(m, 100 * (1 + 64 / m), b_simple=30.0 + m)]
+    trials += [diverged(256)]
+    found = fit_with_interval(critical_batch_observations(trials))
+    assert found.critical_batch_size == pytest.approx(64, rel=1e-6)
+    ax = _drawn(monkeypatch, lambda: plots.steps_to_target_vs_global_batch(trials, tmp_path / "s.png", found, "LR"))
+    (triangles,) = [line for line in ax.get_lines() if line.get_marker() == "^"]
+    assert sorted(triangles.get_xdata()) == [46.0, 62.0, 94.0, 158.0]  # each point's B_simple, on the x axis
+    assert any(line.get_xdata()[0] == pytest.approx(64) for line in ax.get_lines() if line.get_linestyle() == "--")
+    monkeypatch.undo()
+    assert_png(plots.steps_to_target_vs_global_batch(trials, tmp_path / "s.png", found, "LR"))
+    assert_png(plots.steps_to_target_vs_global_batch(trials, tmp_path / "nofit.png", None, "LR"))
+    assert_png(plots.time_to_target_vs_global_batch(trials, tmp_path / "t.png"))
+    # Nothing reached a target (or none was set): no picture.
+    plain = [trial(16), trial(32), diverged(64)]
+    assert plots.steps_to_target_vs_global_batch(plain, tmp_path / "none.png", None, "LR") is None
+    assert plots.time_to_target_vs_global_batch(plain, tmp_path / "none2.png") is None
+    assert not (tmp_path / "none.png").exists()

@@ -2,12 +2,14 @@
 
 import os
 
+import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
 from sweeper.config import ReportConfig
 from sweeper.plan import GridPoint
 from sweeper.report import build as report
+from sweeper.report import sections
 from sweeper.schema import PointResult
 from sweeper.tracking import Tracker
 
@@ -127,3 +129,135 @@ def test_cli_rebuilds_from_mlflow_by_run_id_or_experiment(tmp_path, capsys):
     assert report.main([parent, "--tracking-uri", uri, *to_accuracy]) == 2
     assert capsys.readouterr().err.startswith(
         "error: --objective=time_to_accuracy needs --min-accuracy (the accuracy to reach), e.g. --min-accuracy=0.9")
+
+
+# A sweep with seeds, LR multipliers, a second recipe and a diverged point: steps to target follow
+# S = 100 (1 + 64 / B) exactly in the mean over two seeds (+-2 % each).
+S_MIN, B_CRIT = 100.0, 64.0
+
+
+def seeded_sweep(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker(uri, "seeded")
+    params = {"lr_scaling": "linear", "base_batch_size": 16, "lr_multipliers": "[1.0, 2.0]"}
+    parent = tracker.start_sweep("sweep-seeded", params, "a: 1\n")
+    for micro in (16, 32, 64, 128, 256):
+        for multiplier in (1.0, 2.0):
+            for precision in ("fp32", "bf16"):
+                for seed, wobble in ((0, 1.02), (1, 0.98)):
+                    point = GridPoint(micro, 1, 1, precision, "none", multiplier, seed)
+                    tracker.log_point(point, seeded_params(point), PointResult.from_flat(
+                        seeded_result(micro, multiplier, precision, seed, wobble)))
+    diverged = GridPoint(512, 1, 1, "fp32", "none", 2.0, 0)
+    tracker.log_point(diverged, seeded_params(diverged), PointResult.from_flat(
+        {"status": "diverged", "divergence_reason": "nonfinite", "diverged_at_step": 7,
+         "error": "loss nan at step 7"}))
+    return uri, tracker, parent
+
+
+def seeded_params(point):
+    return {"point": point.point_key, "micro_batch_size": point.micro_batch_size, "accumulation_steps": 1,
+            "num_workers": 1, "global_batch_size": point.global_batch_size, "lr": 0.05 * point.lr_multiplier,
+            "seed": point.seed, "lr_multiplier": point.lr_multiplier, "precision": point.precision,
+            "activation_checkpointing": point.checkpointing, "optimizer": "sgd", "compiled": False}
+
+
+def seeded_result(micro, multiplier, precision, seed, wobble):
+    steps = S_MIN * (1 + B_CRIT / micro) * wobble
+    reached = 1
+    if multiplier == 2.0:
+        steps *= 1.3  # a worse LR everywhere...
+    if micro == 256:
+        if multiplier == 1.0 and seed == 1:
+            reached = 0  # ...but at 256 the scaled LR misses the target in one seed: the fit takes x2
+        elif multiplier == 2.0:
+            steps /= 1.3
+    speed = 100.0 * (1.6 if precision == "bf16" else 1.0) * micro ** 0.5
+    peak = (40 + micro * (0.3 if precision == "bf16" else 0.6)) * MiB
+    return {"status": "ok", "samples_per_second": speed, "samples_per_second_cv": 0.02, "throughput_stable": True,
+            "peak_memory_bytes": peak, "val_accuracy": 0.9 - 0.01 * seed - micro / 5000, "val_samples": 360,
+            "samples_seen": 4000, "train_seconds": 4000 / speed, "train_loss": [2.0, 0.5 + 0.1 * seed],
+            "reached_target": reached, "steps_to_target": steps if reached else None,
+            "samples_to_target": steps * micro if reached else None,
+            "time_to_target_seconds": steps * micro / speed if reached else None,
+            "gns_b_simple": 40.0 + micro / 8}
+
+
+def test_the_critical_batch_size_is_fitted_and_recorded_on_the_parent_run(tmp_path):
+    uri, tracker, parent = seeded_sweep(tmp_path)
+    made = report.build(tracker, parent, ReportConfig(), str(tmp_path / "out"))
+    found = made.critical_batch
+    assert found.critical_batch_size == pytest.approx(B_CRIT, rel=1e-6) and found.s_min == pytest.approx(S_MIN)
+    assert found.points == 5 and found.low <= B_CRIT <= found.high
+    run = MlflowClient(uri).get_run(parent)
+    metrics = run.data.metrics
+    assert metrics["critical_batch_size"] == pytest.approx(B_CRIT, rel=1e-6)
+    assert metrics["critical_batch_size_low"] == pytest.approx(found.low)
+    assert metrics["critical_batch_size_high"] == pytest.approx(found.high)
+    assert metrics["critical_batch_s_min"] == pytest.approx(S_MIN) and metrics["critical_batch_points"] == 5
+    assert metrics["critical_batch_e_min"] == pytest.approx(S_MIN * B_CRIT)
+    assert metrics["critical_batch_r_squared"] == pytest.approx(1.0)
+    # The mean over points of each point's B_simple (the diverged point has none).
+    assert metrics["gns_b_simple_mean"] == pytest.approx(40.0 + (16 + 32 + 64 + 128 + 256) / 5 / 8)
+    assert run.data.tags["sweeper.critical_batch_lr_rule"].startswith("lr_scaling=linear (base batch 16), the best of")
+    assert "Critical batch: the critical batch size is ~64" in made.text
+    names = set(os.listdir(made.folder))
+    assert {"steps_to_target_vs_global_batch.png", "time_to_target_vs_global_batch.png",
+            "accuracy_vs_global_batch.png", "memory_by_recipe.png"} <= names
+    html = open(made.html_path).read()
+    assert "Critical batch size</h2>" in html and "Largest micro-batch per recipe" in html
+    assert ">diverged (nonfinite at step 7)<" in html and "t interval over 2 seeds" in html
+
+
+def test_a_sweep_without_a_target_says_why_there_is_no_critical_batch(tmp_path):
+    uri, tracker, parent = recorded_sweep(tmp_path)
+    made = report.build(tracker, parent, ReportConfig(), str(tmp_path / "out"))
+    assert made.critical_batch is None and "Critical batch" not in made.text
+    run = MlflowClient(uri).get_run(parent)
+    assert "critical_batch_size" not in run.data.metrics
+    assert run.data.tags["sweeper.critical_batch"].startswith("no point recorded steps_to_target")
+
+
+def test_the_points_table_prints_b_simple_and_why_a_point_diverged(capsys):
+    from sweeper.driver import console
+
+    rows = [(GridPoint(16, 4, 1), PointResult.from_flat({"status": "ok", "samples_per_second": 300.0,
+                                                          "gns_b_simple": 57.25})),
+            (GridPoint(16, 1, 1, lr_multiplier=2.0, seed=1), PointResult.from_flat(
+                {"status": "diverged", "divergence_reason": "nonfinite", "diverged_at_step": 12,
+                 "error": "loss nan", "gns_note": "no estimate: one micro-batch per step"}))]
+    console.print_summary(rows, "sqlite:///x.db", "run1", "exp", None)
+    out = capsys.readouterr().out
+    assert "B_simple" in out and "57.2" in out
+    assert "diverged (nonfinite at step 12)" in out and "mb16-acc1-w1-lrx2-s1" in out
+    assert "B_simple: the gradient noise scale tr(Sigma) / |G|^2; '-' is no estimate: one micro-batch per step" in out
+
+
+def test_the_recipe_sections_take_the_frontier_and_answer_checkpointing_or_accumulation():
+    from sweeper.report.analysis import Trial
+
+    def point(micro, accum, precision="fp32", ckpt="none", rate=100.0, status="ok"):
+        key = GridPoint(micro, accum, 1, precision, ckpt).key
+        return Trial(key=key, micro_batch_size=micro, accumulation_steps=accum, num_workers=1,
+                     global_batch_size=micro * accum, status=status, precision=precision,
+                     activation_checkpointing=ckpt, samples_per_second=rate if status == "ok" else None,
+                     samples_per_second_cv=0.01, peak_memory_bytes=(100 if ckpt == "none" else 60) * MiB,
+                     val_accuracy=0.9)
+
+    trials = [point(32, 2, rate=200.0), point(64, 1, status="oom"), point(64, 1, "fp32", "blocks", rate=230.0),
+              point(32, 2, "fp32", "blocks", rate=170.0), point(32, 2, "bf16", rate=260.0)]
+    frontier = {"frontier_micro_batch_size_w1": 48.0, "frontier_micro_batch_size_w1_ckpt": 96.0,
+                "frontier_safe_micro_batch_size_w1": 45.0}
+    shown = dict(sections._recipe_sections(trials, frontier))
+    largest = {(r["recipe"], r["from"]): r["largest micro-batch"] for r in shown["Largest micro-batch per recipe"]}
+    assert largest == {("fp32", "frontier search"): "48", ("fp32 + ckpt", "frontier search"): "96",
+                       ("bf16", "largest ok point (none ran out of memory)"): "32"}
+    (bf16,) = [r for r in shown["Recipes against fp32 without checkpointing (same layouts, mean over seeds)"]
+               if r["recipe"] == "bf16"]
+    assert bf16["throughput vs fp32"] == "+30%"
+    words = shown["Checkpointing: what it saved, and against accumulation"]
+    assert "At global batch 64 on 1 worker (fp32), a larger micro-batch with checkpointing (mb64-acc1-w1-ckpt" in words
+    assert "15% faster than accumulation (mb32-acc2-w1, 200.0 samples/s)" in words
+    # Without a frontier: the largest ok point, and the smallest oom above it.
+    assert {r["from"] for r in sections.largest_micro_batches(trials, {}) if r["recipe"] == "fp32"} == {
+        "largest ok point (oom at 64)"}

@@ -4,10 +4,12 @@ Rich would read `[/]` in it as markup."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -177,33 +179,15 @@ def print_summary(
     experiment_name: str,
     accuracy_note: Optional[str],
 ) -> None:
-    table = Table(title="points, fastest first")
-    for column in ("micro", "accum", "workers", "global", "status", "samples/s", "cv", "MFU", "peak MiB",
-                   "val acc", "startup s"):
-        table.add_column(column, justify="right")
-
-    def speed(row):
-        return row[1].get("samples_per_second", -1.0)
-
-    for point, result in sorted(rows, key=speed, reverse=True):
-        table.add_row(
-            str(point.micro_batch_size),
-            str(point.accumulation_steps),
-            str(point.num_workers),
-            str(point.global_batch_size),
-            result.status if result.status == "ok" else f"[red]{result.status}[/]",
-            _fmt(result.get("samples_per_second"), "{:.1f}")
-            + ("" if result.get("throughput_stable", True) else " [yellow]unstable[/]"),
-            _fmt(result.get("samples_per_second_cv"), "{:.1%}"),
-            _fmt(result.get("mfu"), "{:.1%}"),
-            _fmt(_mib(result.get("peak_memory_bytes")), "{:.0f}"),
-            _fmt(result.get("val_accuracy"), "{:.3f}"),
-            _fmt(result.get("startup_seconds"), "{:.1f}"),
-        )
-    console.print(table)
+    console.print(_points_table(rows))
     for point, result in rows:
         if result.status != "ok":
-            console.print(f"  [red]{point.key}[/] {result.status}: {escape(result.get('error', ''))}", soft_wrap=True)
+            console.print(f"  [red]{point.key}[/] {_status(result, markup=False)}: {escape(result.get('error', ''))}",
+                          soft_wrap=True)
+    if any(r.get("gns_b_simple") is None and r.get("gns_note") for _, r in rows):
+        notes = sorted({r.get("gns_note") for _, r in rows if r.get("gns_b_simple") is None and r.get("gns_note")})
+        console.print(f"  B_simple: the gradient noise scale tr(Sigma) / |G|^2; '-' is {escape('; or '.join(notes))}",
+                      soft_wrap=True)
     if any(not r.get("throughput_stable", True) for _, r in rows):
         console.print(
             "  unstable: the last timed windows disagreed by more than the tolerance "
@@ -220,6 +204,9 @@ def print_summary(
         console.print(f"  open it at: {tracking_uri}", soft_wrap=True)
     else:
         console.print(f"  open it with: mlflow ui --backend-store-uri {tracking_uri}", soft_wrap=True)
+    # MLflow 3.17's UI opens an experiment on its GenAI view whatever the experiment's kind tag says.
+    console.print("  in the UI choose 'Model training' atop the sidebar (or add ?workflowType=machine_learning "
+                  "to an experiment's URL)", soft_wrap=True)
 
 
 def print_ledger(ledger: Dict[str, float]) -> None:
@@ -240,6 +227,54 @@ def print_report(html_path: str, recommendation: str, yaml_path: str) -> None:
     console.print(f"[bold]recommendation[/]: {escape(recommendation)}", soft_wrap=True)
     console.print(f"  report: {html_path}", soft_wrap=True)
     console.print(f"  as YAML: {yaml_path}", soft_wrap=True)
+    snippets = os.path.join(os.path.dirname(yaml_path), "snippets")
+    if os.path.isdir(snippets):
+        console.print(f"  for your trainer (Lightning, Hugging Face, DeepSpeed, Ray Train, torchrun): {snippets}",
+                      soft_wrap=True)
+
+
+def _points_table(rows: List[Tuple[GridPoint, PointResult]]) -> Table:
+    """The points, fastest first: layout (or key), status (a diverged point's reason), figures, B_simple."""
+    # The key column only when a recipe, LR multiplier or seed makes micro/accum/workers ambiguous.
+    keyed = any(point.key != f"mb{point.micro_batch_size}-acc{point.accumulation_steps}-w{point.num_workers}"
+                for point, _ in rows)
+    # With a key, micro/accum/workers are in it; no vertical rules, so the table fits 120 characters.
+    layout = () if keyed else ("micro", "accum", "workers")
+    table = Table(title="points, fastest first", box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
+    for column in (("point",) if keyed else ()) + layout + (
+            "global", "status", "samples/s", "cv", "MFU", "peak MiB", "val acc", "B_simple", "startup s"):
+        table.add_column(column, justify="left" if column == "point" else "right", min_width=20 if column == "point"
+                         else None, no_wrap=column in ("status", "samples/s"),
+                         overflow="fold" if column == "point" else "ellipsis")
+
+    def speed(row):
+        return row[1].get("samples_per_second", -1.0)
+
+    for point, result in sorted(rows, key=speed, reverse=True):
+        table.add_row(
+            *((escape(point.key),) if keyed else
+              (str(point.micro_batch_size), str(point.accumulation_steps), str(point.num_workers))),
+            str(point.global_batch_size),
+            _status(result, step=False),
+            _fmt(result.get("samples_per_second"), "{:.1f}")
+            + ("" if result.get("throughput_stable", True) else " [yellow]unstable[/]"),
+            _fmt(result.get("samples_per_second_cv"), "{:.1%}"),
+            _fmt(result.get("mfu"), "{:.1%}"),
+            _fmt(_mib(result.get("peak_memory_bytes")), "{:.0f}"),
+            _fmt(result.get("val_accuracy"), "{:.3f}"),
+            _fmt(result.get("gns_b_simple"), "{:.1f}"),
+            _fmt(result.get("startup_seconds"), "{:.1f}"),
+        )
+    return table
+
+
+def _status(result: PointResult, markup: bool = True, step: bool = True) -> str:
+    """ok, or e.g. "diverged (nonfinite at step 7)" (red in the table, without the step)."""
+    text = result.status
+    if result.status == "diverged" and result.get("divergence_reason"):
+        at = result.get("diverged_at_step") if step else None
+        text += f" ({result.get('divergence_reason')}{'' if at is None else f' at step {at}'})"
+    return text if result.status == "ok" or not markup else f"[red]{escape(text)}[/]"
 
 
 def _mib(value: Optional[float]) -> Optional[float]:

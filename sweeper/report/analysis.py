@@ -1,21 +1,29 @@
-"""From a sweep's trials to an answer: throughput knees, the throughput/memory front, the configuration to use.
-Pure functions on plain values (standard library; PyYAML for the report only), tested without processes."""
+"""From a sweep's runs to an answer: seed replicates folded into points with confidence intervals, throughput
+knees, the throughput/memory front, the LR table and the configuration to use (recipes compared: recipes.py).
+Pure functions on plain values (stdlib; scipy.stats via report.stats; PyYAML for the report), tested
+without processes."""
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections import Counter
-from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import yaml
 
 from sweeper.errors import ConfigError
+from sweeper.report import stats
+from sweeper.report.stats import Interval
 from sweeper.report.settings import LR_SCALING_RULES, OBJECTIVES, ReportConfig, check, invalid_choice
 
 GiB = 2**30
-# Accuracies this close (absolute, as fractions) are one result: a few held-out samples, not a real
-# difference, so throughput decides between them.
+# A floor under the accuracy tie: accuracies this close (absolute, as fractions) are one result even when
+# the test over seeds separates them (a gap of half a point is not worth paying throughput for), so
+# throughput decides between them. Gaps above it are ties only when the data cannot separate them
+# (compare_accuracy).
 ACCURACY_TIE = 0.005
 MAX_RUNNERS_UP = 3
 
@@ -29,8 +37,8 @@ class Trial:
     accumulation_steps: int
     num_workers: int
     global_batch_size: int
-    status: str  # "ok" | "oom" | "failed"
-    lr: Optional[float] = None
+    status: str  # "ok" | "stopped" | "diverged" | "oom" | "failed"
+    lr: Optional[float] = None  # the LR it trained with (optim.lr, scaled for its global batch)
     samples_per_second: Optional[float] = None
     samples_per_second_cv: Optional[float] = None
     throughput_stable: Optional[bool] = None
@@ -38,17 +46,229 @@ class Trial:
     val_accuracy: Optional[float] = None
     train_seconds: Optional[float] = None  # wall time of its optimizer steps
     samples_seen: Optional[float] = None
+    # The point this run is a seed replicate of (param `point`: the key without the seed);
+    # None: the key itself (a single-seed sweep, or a record from before seeds).
+    point_key: Optional[str] = None
+    seed: Optional[int] = None
+    lr_multiplier: Optional[float] = None  # sweep.lr_multipliers, on top of the scaling rule
+    precision: Optional[str] = None  # "fp32" | "bf16" | "fp16"
+    activation_checkpointing: Optional[str] = None  # "none" | "blocks"
+    optimizer: Optional[str] = None  # the optim group: "sgd" | "adamw" | "custom"
+    compiled: Optional[bool] = None  # train.compile
+    error: Optional[str] = None
+    diverged_reason: Optional[str] = None  # "nonfinite" | "spike" | "chance" (status "diverged")
+    diverged_at_step: Optional[int] = None
+    val_loss: Optional[float] = None
+    val_samples: Optional[int] = None  # validation samples behind val_accuracy
+    train_loss: Optional[float] = None  # final train loss
+    steps_to_target: Optional[float] = None
+    samples_to_target: Optional[float] = None
+    time_to_target_seconds: Optional[float] = None
+    reached_target: Optional[bool] = None
+    gns_b_simple: Optional[float] = None
+    gns_b_simple_train_avg: Optional[float] = None
+
+    @property
+    def point(self) -> str:
+        """The point this run measures, its seed left out."""
+        return self.key if self.point_key is None else self.point_key
 
 
 @dataclass(frozen=True)
 class Recommendation:
     """The answer for one objective; `best` is None when no trial was eligible, and `reason` says why."""
 
-    best: Optional[Trial]
+    best: Optional[Trial]  # the point's figures: the mean over its seeds (PointSummary.trial)
     runners_up: List[Trial]  # up to 3, best first
-    reason: str  # one or two sentences with the measured numbers that decided it
-    excluded: Dict[str, str]  # trial key -> why it was not eligible
+    reason: str  # a few sentences with the measured numbers that decided it
+    excluded: Dict[str, str]  # point key -> why it was not eligible
     objective: str
+    points: Dict[str, "PointSummary"] = field(default_factory=dict)  # every point, by key
+    # Point key -> why it counts as tied with the most accurate point (the data cannot separate them).
+    ties: Dict[str, str] = field(default_factory=dict)
+    diverged: Dict[str, str] = field(default_factory=dict)  # point key -> how and where it diverged
+    level: float = 0.95  # the confidence level of the intervals and the test
+
+
+
+# ---------------------------------------------------------------------------------------------------
+# Seed replicates and their intervals
+
+# Best to worst, as sweeper.schema.STATUSES: a point's status is its worst replicate's.
+_STATUS_ORDER = ("ok", "stopped", "diverged", "oom", "failed")
+# Figures a point carries as the mean over its ok replicates; the target figures are the mean over
+# the replicates that reached the target.
+_MEAN_FIELDS = ("samples_per_second", "val_accuracy", "train_seconds", "samples_seen", "val_loss", "train_loss",
+                "gns_b_simple", "gns_b_simple_train_avg")
+_TARGET_FIELDS = ("steps_to_target", "samples_to_target", "time_to_target_seconds")
+
+
+@dataclass(frozen=True)
+class PointSummary:
+    """One point over its seed replicates. `trial` carries the point's figures under the point's key:
+    the mean over its ok replicates (throughput, accuracy, losses; the target figures over those that
+    reached it), the largest peak memory and window spread, and the worst status of any replicate, so
+    a point that diverged, ran out of memory or failed in one seed is not eligible."""
+
+    trial: Trial
+    replicates: Tuple[Trial, ...]
+    accuracy: Optional[Interval] = None  # accuracy_interval of the replicates
+    loss: Optional[Interval] = None  # loss_interval of the replicates
+
+    @property
+    def key(self) -> str:
+        return self.trial.key
+
+    @property
+    def seeds(self) -> List[Optional[int]]:
+        return [t.seed for t in self.replicates]
+
+    @property
+    def accuracies(self) -> List[float]:
+        """val_accuracy of each ok replicate that measured it."""
+        return [t.val_accuracy for t in self.replicates if t.status == "ok" and _finite(t.val_accuracy)]
+
+    @property
+    def reached(self) -> int:
+        """Replicates that ended ok and reached the target (with a time to it)."""
+        return sum(1 for t in self.replicates
+                   if t.status == "ok" and t.reached_target and _finite(t.time_to_target_seconds))
+
+    @property
+    def reached_in_every_seed(self) -> bool:
+        return self.reached == len(self.replicates)
+
+
+def replicates(trials: Iterable[Trial]) -> Dict[str, List[Trial]]:
+    """The trials grouped by the point they replicate (`Trial.point`: point_key, else key), points
+    and replicates in the order first seen."""
+    groups: Dict[str, List[Trial]] = {}
+    for trial in trials:
+        groups.setdefault(trial.point, []).append(trial)
+    return groups
+
+
+def summarize(members: Sequence[Trial], level: float = 0.95) -> PointSummary:
+    """One point's replicates (all with the same `Trial.point`) as a PointSummary. A single replicate
+    keeps its own figures exactly (the mean of one value is that value)."""
+    members = tuple(members)
+    if not members:
+        raise ValueError("summarize needs at least one replicate")
+    ok = [t for t in members if t.status == "ok"]
+    source = ok or list(members)
+    worst = max(members, key=_status_rank)
+    reached = [t for t in ok if t.reached_target]
+    figures = {name: _mean([getattr(t, name) for t in source]) for name in _MEAN_FIELDS}
+    figures.update({name: _mean([getattr(t, name) for t in reached]) for name in _TARGET_FIELDS})
+    flags = [t.reached_target for t in members]
+    stable = [t.throughput_stable for t in source if t.throughput_stable is not None]
+    first = source[0]
+    trial = replace(
+        first, **figures, key=first.point, point_key=first.point,
+        seed=first.seed if len(members) == 1 else None,
+        status=worst.status, error=worst.error,
+        diverged_reason=worst.diverged_reason, diverged_at_step=worst.diverged_at_step,
+        samples_per_second_cv=_largest([t.samples_per_second_cv for t in source]),
+        peak_memory_bytes=_largest([t.peak_memory_bytes for t in source]),
+        throughput_stable=all(stable) if stable else None,
+        reached_target=None if all(f is None for f in flags) else all(bool(f) for f in flags),
+    )
+    return PointSummary(trial, members, accuracy_interval(members, level), loss_interval(members, level))
+
+
+def summarize_all(trials: Iterable[Trial], level: float = 0.95) -> Dict[str, PointSummary]:
+    """Every point of the sweep, by point key, in the order first seen."""
+    return {key: summarize(members, level) for key, members in replicates(trials).items()}
+
+
+def accuracy_interval(trials: Sequence[Trial], level: float = 0.95) -> Optional[Interval]:
+    """The confidence interval of one point's val_accuracy: Student t over its ok seed replicates
+    when at least two measured it (clipped to [0, 1]), else the Wilson interval of the one ok replicate's validation
+    set (needs val_samples). None when neither can be computed."""
+    measured = [t for t in trials if t.status == "ok" and _finite(t.val_accuracy)]
+    if len(measured) >= 2:
+        interval = stats.over_seeds([t.val_accuracy for t in measured], level)
+        # An accuracy lies in [0, 1]: a t interval over few seeds can reach past either end.
+        return replace(interval, low=max(0.0, interval.low), high=min(1.0, interval.high))
+    if len(measured) == 1 and measured[0].val_samples:
+        return stats.binomial(measured[0].val_accuracy, measured[0].val_samples, level)
+    return None
+
+
+def loss_interval(trials: Sequence[Trial], level: float = 0.95) -> Optional[Interval]:
+    """The t interval of one point's final train loss over its ok seed replicates (at least two);
+    one run has no interval for a loss (no binomial stand-in), so None."""
+    measured = [t.train_loss for t in trials if t.status == "ok" and _finite(t.train_loss)]
+    return stats.over_seeds(measured, level) if len(measured) >= 2 else None
+
+
+def _finite(value: Optional[float]) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+def _mean(values: Sequence[Optional[float]]) -> Optional[float]:
+    finite = [float(v) for v in values if _finite(v)]
+    return statistics.fmean(finite) if finite else None
+
+
+def _largest(values: Sequence[Optional[float]]) -> Optional[float]:
+    finite = [v for v in values if _finite(v)]
+    return max(finite) if finite else None
+
+
+def _status_rank(trial: Trial) -> int:
+    return _STATUS_ORDER.index(trial.status) if trial.status in _STATUS_ORDER else len(_STATUS_ORDER)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Telling accuracies apart
+
+
+@dataclass(frozen=True)
+class AccuracyTest:
+    """Whether the data separate two points' accuracies at a confidence level, and how that was decided."""
+
+    separable: bool
+    how: str  # e.g. "Welch's t-test over 3 seeds each, p = 0.21 >= 0.05"
+    tested: bool  # False: no noise estimate (one seed, no val_samples), the figures alone decided
+
+
+def compare_accuracy(a: PointSummary, b: PointSummary, level: float = 0.95) -> AccuracyTest:
+    """Welch's t-test over seeds (two-sided, separable when p < 1 - level) when both points have at
+    least two seeds with an accuracy; else their confidence intervals (`PointSummary.accuracy`: the
+    Wilson interval with one seed) separate them when they do not overlap. With no interval at all (one
+    seed and no recorded val_samples, e.g. a record from before them) nothing measures the noise:
+    the accuracies are taken at face value, as separable, and `tested` is False."""
+    xa, xb = a.accuracies, b.accuracies
+    if len(xa) >= 2 and len(xb) >= 2:
+        p = stats.welch_p(xa, xb)
+        seeds = f"{len(xa)} seeds each" if len(xa) == len(xb) else f"{len(xa)} and {len(xb)} seeds"
+        separable = p < 1.0 - level
+        return AccuracyTest(separable, f"Welch's t-test over {seeds}, p = {p:.2g} "
+                                       f"{'<' if separable else '>='} {1.0 - level:.2g}", True)
+    if a.accuracy is not None and b.accuracy is not None:
+        kinds = [_interval_kind(a.accuracy), _interval_kind(b.accuracy)]
+        how = kinds[0].replace("interval", "intervals", 1) if kinds[0] == kinds[1] else " vs ".join(kinds)
+        return AccuracyTest(not a.accuracy.overlaps(b.accuracy), how, True)
+    return AccuracyTest(True, "no interval: one seed and no val_samples recorded", False)
+
+
+def _interval_kind(interval: Interval) -> str:
+    if interval.sd is None:
+        return f"Wilson interval of {interval.n} validation samples, one seed"
+    return f"t interval over {interval.n} seeds"
+
+
+def _accuracy_text(point: PointSummary) -> str:
+    """'0.780 [0.737, 0.819]' with an interval, else '0.780'."""
+    if point.accuracy is not None:
+        return point.accuracy.text()
+    return "-" if point.trial.val_accuracy is None else f"{point.trial.val_accuracy:.3f}"
+
+
+def _tie_sentence(a: PointSummary, b: PointSummary, test: AccuracyTest, level: float) -> str:
+    return (f"{a.key} ({_accuracy_text(a)}) and {b.key} ({_accuracy_text(b)}) cannot be told apart at "
+            f"{stats.percent(level)} ({test.how}): treated as a tie")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -132,7 +352,12 @@ _METRIC_NAMES = {
     "throughput": "samples_per_second",
     "accuracy": "val_accuracy",
     "time_to_accuracy": "training time (samples_seen and samples_per_second, or train_seconds)",
+    "time_to_target": "time_to_target_seconds",
 }
+# What to change when points diverge (Goyal et al. 2017: warmup; sqrt scaling grows the LR slower).
+TRY_INSTEAD = ("try a lower LR (a lower optim.lr, or sweep.lr_multipliers below 1, e.g. [0.25,0.5]), "
+               "a warmup (train.warmup_steps), or another train.lr_scaling rule (sqrt grows the LR "
+               "more slowly than linear)")
 
 
 def _has_metric(trial: Trial, objective: str) -> bool:
@@ -140,7 +365,18 @@ def _has_metric(trial: Trial, objective: str) -> bool:
         return trial.samples_per_second is not None
     if objective == "accuracy":
         return trial.val_accuracy is not None
+    if objective == "time_to_target":
+        return trial.time_to_target_seconds is not None
     return seconds_to_train(trial) is not None
+
+
+def _missing_metric(point: PointSummary, objective: str) -> str:
+    if objective == "time_to_target":
+        n = len(point.replicates)
+        if any(t.reached_target is False for t in point.replicates):
+            return f"did not reach the target in any of its {n} seed{'s' if n > 1 else ''}"
+        return "no time_to_target_seconds (set eval.target_accuracy or eval.target_loss for the sweep)"
+    return f"no {_METRIC_NAMES[objective]}"
 
 
 def _over_budget(trial: Trial, memory_budget_bytes: Optional[float]) -> Optional[str]:
@@ -171,12 +407,15 @@ def _check_inputs(
     objective: str,
     min_accuracy: Optional[float],
     memory_budget_bytes: Optional[float],
-    max_accuracy_drop: Optional[float] = None,
+    max_accuracy_drop: Optional[float],
+    level: float,
 ) -> None:
     budget_gb = None if memory_budget_bytes is None else memory_budget_bytes / GiB
     settings = ReportConfig(objective, min_accuracy, max_accuracy_drop, budget_gb)
     # The objective is named as this function's argument, the limits as the report.* settings users give.
     problems = check(settings, key=lambda name: name if name == "objective" else f"report.{name}")
+    if not 0.0 < level < 1.0:
+        problems.append(f"level={level}: must be a confidence level between 0 and 1, e.g. 0.95")
     if problems:
         raise ConfigError(problems)
 
@@ -187,187 +426,244 @@ def recommend(
     min_accuracy: Optional[float] = None,
     memory_budget_bytes: Optional[float] = None,
     max_accuracy_drop: Optional[float] = None,
+    level: float = 0.95,
+    critical_batch: Optional[Any] = None,
 ) -> Recommendation:
-    """The best trial for `objective` among the eligible ones, up to three runners-up, and why.
+    """The best point for `objective` among the eligible ones, up to three runners-up, and why
+    (docs/recommendation.md states the rules in full).
 
-    Eligible: status "ok", the objective's metric measured, `peak_memory_bytes` within
-    `memory_budget_bytes` and `val_accuracy` at least `min_accuracy` (each when given; a trial
-    without the figure cannot satisfy the constraint). An unstable throughput stays eligible and is
-    noted in the reason. With `max_accuracy_drop` (throughput and time_to_accuracy), a trial whose
-    val_accuracy is more than that below the best eligible one's is left out too: a layout that
-    trains fast but learns less from the same samples is not a better way to train. When some
-    eligible trials measured accuracy, those without it are left out as well (nothing to compare);
-    when none did (synthetic data), the guard does not apply. Objectives:
-
-    - "throughput": highest samples_per_second.
-    - "accuracy": highest val_accuracy; accuracies within 0.005 of each other are a tie that
-      throughput breaks.
-    - "time_to_accuracy": accuracy is measured once, after training, so this is the shortest time to
-      train the sample budget (samples_seen / samples_per_second, else train_seconds) among trials
-      reaching `min_accuracy`, which is required.
+    Points, not runs: a point's seed replicates are one candidate with their mean figures and its
+    worst replicate's status (`summarize`), so one that diverged in some seeds is not eligible.
+    Eligible: ok, the objective's metric measured, within `memory_budget_bytes` and `min_accuracy`.
+    `max_accuracy_drop` (throughput, time_to_accuracy) leaves out a point more than that below the
+    most accurate one only when `compare_accuracy` separates them at `level`. Objectives:
+    "throughput" (mean samples/s); "accuracy" (mean val_accuracy, points not separable from the
+    best or within ACCURACY_TIE a tie that throughput breaks); "time_to_accuracy" (time to train
+    the budget among points reaching `min_accuracy`, required); "time_to_target" (mean
+    time_to_target_seconds; missing the target in some seeds ranks behind reaching it in all).
+    `critical_batch` (as report.critical_batch.CriticalBatch: `critical_batch_size`, `steps(B)`)
+    makes a time_to_target winner over twice the critical batch size say what it costs in samples.
     """
-    _check_inputs(objective, min_accuracy, memory_budget_bytes, max_accuracy_drop)
-    trials = list(trials)
+    _check_inputs(objective, min_accuracy, memory_budget_bytes, max_accuracy_drop, level)
+    points = summarize_all(trials, level)
+    eligible, excluded = _eligible(list(points.values()), objective, min_accuracy, memory_budget_bytes)
+    diverged = {p.key: _diverged_text(p) for p in points.values()
+                if any(t.status == "diverged" for t in p.replicates)}
+    done = partial(Recommendation, excluded=excluded, objective=objective, points=points, diverged=diverged,
+                   level=level)
+    if not eligible:
+        reason = _nobody_reason(list(points.values()), objective, min_accuracy, memory_budget_bytes)
+        if diverged and not reason.startswith("every point diverged"):
+            reason += ". " + _diverged_note(diverged)
+        return done(best=None, runners_up=[], reason=reason)
 
+    dropped: List[PointSummary] = []
+    top: Optional[PointSummary] = None
+    ties: Dict[str, str] = {}
+    if max_accuracy_drop is not None and objective in ("throughput", "time_to_accuracy"):
+        eligible, dropped, top = _within_accuracy_drop(eligible, max_accuracy_drop, excluded, ties, level)
+    ranked = _rank(eligible, objective, level)
+    best = ranked[0]
+    reason = _winner_reason(best, ranked, objective, min_accuracy, ties, level)
+    # The points the objective alone would have preferred: the reason says why they lost.
+    in_order = _rank([*dropped, best], objective, level)
+    passed_over = in_order[: in_order.index(best)]
+    if passed_over:
+        reason += " " + _accuracy_drop_note(passed_over, max_accuracy_drop, top, level)
+    extra = [_ties_note(best, ties, top, max_accuracy_drop), _diverged_note(diverged) if diverged else None]
+    if objective == "time_to_target" and critical_batch is not None:
+        extra.append(_critical_batch_note(best.trial, critical_batch))
+    reason = " ".join([reason, *(e for e in extra if e)])
+    return done(best=best.trial, runners_up=[p.trial for p in ranked[1: 1 + MAX_RUNNERS_UP]], reason=reason,
+                ties=ties)
+
+
+def _eligible(
+    points: List[PointSummary], objective: str, min_accuracy: Optional[float], memory_budget_bytes: Optional[float]
+) -> Tuple[List[PointSummary], Dict[str, str]]:
+    """(eligible points, point key -> why not) before the accuracy guard."""
     excluded: Dict[str, str] = {}
-    eligible: List[Trial] = []
-    for trial in trials:
+    eligible: List[PointSummary] = []
+    for point in points:
+        trial = point.trial
         if trial.status != "ok":
-            excluded[trial.key] = f"status {trial.status}"
+            excluded[point.key] = _not_ok_text(point)
             continue
-        problems = [] if _has_metric(trial, objective) else [f"no {_METRIC_NAMES[objective]}"]
+        problems = [] if _has_metric(trial, objective) else [_missing_metric(point, objective)]
         for problem in (_over_budget(trial, memory_budget_bytes), _under_accuracy(trial, min_accuracy)):
             if problem:
                 problems.append(problem)
         if problems:
-            excluded[trial.key] = "; ".join(problems)
+            excluded[point.key] = "; ".join(problems)
         else:
-            eligible.append(trial)
+            eligible.append(point)
+    return eligible, excluded
 
-    if not eligible:
-        return Recommendation(None, [], _nobody_reason(trials, objective, min_accuracy, memory_budget_bytes),
-                              excluded, objective)
 
-    dropped: List[Trial] = []
-    top: Optional[Trial] = None
-    if max_accuracy_drop is not None and objective != "accuracy":
-        eligible, dropped, top = _within_accuracy_drop(eligible, max_accuracy_drop, excluded)
-    ranked = _rank(eligible, objective)
-    best, runners_up = ranked[0], ranked[1 : 1 + MAX_RUNNERS_UP]
-    reason = _winner_reason(best, ranked, objective, min_accuracy)
-    # The trials the objective alone would have preferred: the reason says why they lost.
-    in_order = _rank([*dropped, best], objective)
-    passed_over = in_order[: in_order.index(best)]
-    if passed_over:
-        reason += " " + _accuracy_drop_note(passed_over, max_accuracy_drop, top)
-    return Recommendation(best, runners_up, reason, excluded, objective)
+def _not_ok_text(point: PointSummary) -> str:
+    if point.trial.status == "diverged":
+        return _diverged_text(point)
+    status, members = point.trial.status, point.replicates
+    worst = [t for t in members if t.status == status]
+    why = " (sweep.strategy=smart stopped its accuracy class early: see its sweeper.stopped tag)" \
+        if status == "stopped" else ""
+    if len(worst) == len(members):
+        return f"status {status}{why}"
+    seeds = ", ".join(f"s{t.seed}" for t in worst if t.seed is not None)
+    return (f"status {status} in {len(worst)} of {len(members)} seeds{f' ({seeds})' if seeds else ''}{why}: "
+            "a point is eligible only when every seed ended ok")
+
+
+def _diverged_text(point: PointSummary) -> str:
+    """'diverged (nonfinite at step 12) at lr 0.8', or which seeds diverged when not all did."""
+    bad = [t for t in point.replicates if t.status == "diverged"]
+    several = len(point.replicates) > 1
+    what = ", ".join(
+        (t.diverged_reason or "unknown reason")
+        + ("" if t.diverged_at_step is None else f" at step {t.diverged_at_step}")
+        + (f" in seed {t.seed}" if several and t.seed is not None else "")
+        for t in bad
+    )
+    lr = "" if point.trial.lr is None else f" at lr {point.trial.lr:.4g}"
+    if len(bad) < len(point.replicates):
+        return (f"diverged in {len(bad)} of {len(point.replicates)} seeds ({what}){lr}: a layout that diverges "
+                "in some seeds is not eligible")
+    return f"diverged ({what}){lr}"
+
+
+def _diverged_note(diverged: Dict[str, str]) -> str:
+    shown = list(diverged.items())[:MAX_RUNNERS_UP]
+    listed = "; ".join(f"{key} {text}" for key, text in shown)
+    more = f"; and {len(diverged) - len(shown)} more" if len(diverged) > len(shown) else ""
+    return f"Not eligible because they diverged: {listed}{more}. To train at such a batch, {TRY_INSTEAD}."
 
 
 def _within_accuracy_drop(
-    eligible: List[Trial], max_drop: float, excluded: Dict[str, str]
-) -> Tuple[List[Trial], List[Trial], Optional[Trial]]:
-    """(kept, dropped, the most accurate): the eligible trials within `max_drop` of the best
-    val_accuracy among them, and the rest, each noted in `excluded`. All kept when none measured
+    eligible: List[PointSummary], max_drop: float, excluded: Dict[str, str], ties: Dict[str, str], level: float
+) -> Tuple[List[PointSummary], List[PointSummary], Optional[PointSummary]]:
+    """(kept, dropped, the most accurate): a point more than `max_drop` below the best mean accuracy
+    among the eligible is dropped (and noted in `excluded`) only when `compare_accuracy` separates
+    the two; one the data cannot separate is kept, and `ties` says why. All kept when none measured
     accuracy."""
-    measured = [t for t in eligible if t.val_accuracy is not None]
+    measured = [p for p in eligible if p.trial.val_accuracy is not None]
     if not measured:
         return eligible, [], None
-    top = max(measured, key=lambda t: (t.val_accuracy, t.key))
+    top = max(measured, key=lambda p: (p.trial.val_accuracy, p.key))
     kept, dropped = [], []
-    for trial in eligible:
-        if trial.val_accuracy is None:
-            excluded[trial.key] = "no val_accuracy to compare with the best (report.max_accuracy_drop)"
-            dropped.append(trial)
-        # The epsilon keeps decimal edges exact, as in _tie_group.
-        elif trial.val_accuracy < top.val_accuracy - max_drop - 1e-12:
-            excluded[trial.key] = (
-                f"val_accuracy {trial.val_accuracy:.3f} is more than report.max_accuracy_drop={max_drop:g} "
-                f"below the best, {top.val_accuracy:.3f} ({top.key})"
-            )
-            dropped.append(trial)
-        else:
-            kept.append(trial)
+    for point in eligible:
+        accuracy = point.trial.val_accuracy
+        if accuracy is None:
+            excluded[point.key] = "no val_accuracy to compare with the best (report.max_accuracy_drop)"
+            dropped.append(point)
+            continue
+        # The epsilon keeps decimal edges exact, as in _tied.
+        if accuracy >= top.trial.val_accuracy - max_drop - 1e-12:
+            kept.append(point)
+            continue
+        test = compare_accuracy(point, top, level)
+        if not test.separable:
+            ties[point.key] = _tie_sentence(point, top, test, level)
+            kept.append(point)
+            continue
+        beyond = f", a gap beyond the noise at {stats.percent(level)} ({test.how})" if test.tested else ""
+        excluded[point.key] = (
+            f"val_accuracy {_accuracy_text(point)} is more than report.max_accuracy_drop={max_drop:g} "
+            f"below the best, {_accuracy_text(top)} ({top.key}){beyond}"
+        )
+        dropped.append(point)
     return kept, dropped, top
 
 
-def _accuracy_drop_note(passed_over: List[Trial], max_drop: float, top: Trial) -> str:
+def _accuracy_drop_note(passed_over: List[PointSummary], max_drop: float, top: PointSummary, level: float) -> str:
     shown = passed_over[:MAX_RUNNERS_UP]
-    listed = ", ".join(
-        f"{t.key} ({_rate_text(t)}, val_accuracy {'-' if t.val_accuracy is None else f'{t.val_accuracy:.3f}'})"
-        for t in shown
-    )
+    listed = ", ".join(f"{p.key} ({_rate_text(p.trial)}, val_accuracy {_accuracy_text(p)})" for p in shown)
     more = f" and {len(passed_over) - len(shown)} more" if len(passed_over) > len(shown) else ""
-    below = f"more than report.max_accuracy_drop={max_drop:g} below the best ({top.val_accuracy:.3f}, {top.key})"
+    below = (f"more than report.max_accuracy_drop={max_drop:g} below the best "
+             f"({top.trial.val_accuracy:.3f}, {top.key})")
     lead = f"Not recommended although faster: {listed}{more}: their accuracy is {below}"
-    if any(t.val_accuracy is None for t in passed_over):
+    if any(p.trial.val_accuracy is None for p in passed_over):
         return f"{lead} or was not measured."
-    return f"{lead}, so they learn less from the same samples."
+    tests = [compare_accuracy(p, top, level) for p in shown]
+    if all(t.tested for t in tests):
+        how = "Welch's t-test over seeds" if "Welch" in tests[0].how else "non-overlapping intervals"
+        return (f"{lead}, a gap the data separate at {stats.percent(level)} ({how}), so they learn less from the "
+                "same samples.")
+    return (f"{lead}, so they learn less from the same samples (one seed and no validation-set size recorded: "
+            "no interval tested the gap).")
 
 
-def _rank(eligible: List[Trial], objective: str) -> List[Trial]:
+def _ties_note(
+    best: PointSummary, ties: Dict[str, str], top: Optional[PointSummary], max_drop: Optional[float]
+) -> Optional[str]:
+    """Where the recommended point's accuracy stands against the most accurate one's (within the drop,
+    or a tie inside the noise), and which other points the noise kept eligible."""
+    if top is None or best is top:
+        return None
+    others = [key for key in ties if key != best.key]
+    if best.key in ties:
+        text = (f"Within the noise: {ties[best.key]}, so report.max_accuracy_drop={max_drop:g} does not exclude "
+                f"{best.key}.")
+    else:
+        text = (f"Its val_accuracy {_accuracy_text(best)} is within report.max_accuracy_drop={max_drop:g} of the "
+                f"best, {_accuracy_text(top)} ({top.key}).")
+    if others:
+        listed = ", ".join(others[:MAX_RUNNERS_UP]) + (" and more" if len(others) > MAX_RUNNERS_UP else "")
+        text += (f" Also more than report.max_accuracy_drop below {top.key} but inside the noise, so still "
+                 f"eligible: {listed}.")
+    return text.strip() or None
+
+
+def _rank(eligible: List[PointSummary], objective: str, level: float) -> List[PointSummary]:
     # The key is the last sort criterion everywhere, so equal figures give the same answer every run.
     if objective == "throughput":
-        return sorted(eligible, key=lambda t: (-t.samples_per_second, t.key))
+        return sorted(eligible, key=lambda p: (-p.trial.samples_per_second, p.key))
     if objective == "time_to_accuracy":
-        return sorted(eligible, key=lambda t: (seconds_to_train(t), t.key))
-    # "Within 0.005" is not transitive, so the order is built greedily: take the most accurate
-    # remaining trial's tie group, pick its fastest member, repeat.
-    remaining = sorted(eligible, key=lambda t: t.key)
-    ranked: List[Trial] = []
+        return sorted(eligible, key=lambda p: (seconds_to_train(p.trial), p.key))
+    if objective == "time_to_target":
+        # A point that missed the target in some seeds ranks behind every one that reached it in all.
+        return sorted(eligible, key=lambda p: (not p.reached_in_every_seed, p.trial.time_to_target_seconds, p.key))
+    # A tie is not transitive, so the order is built greedily: take the most accurate remaining
+    # point's tie group, pick its fastest member, repeat.
+    remaining = sorted(eligible, key=lambda p: p.key)
+    ranked: List[PointSummary] = []
     while remaining:
-        pick = min(_tie_group(remaining), key=lambda t: (-_rate(t), -t.val_accuracy, t.key))
+        pick = min(_tie_group(remaining, level), key=lambda p: (-_rate(p.trial), -p.trial.val_accuracy, p.key))
         ranked.append(pick)
         remaining.remove(pick)
     return ranked
 
 
-def _tie_group(trials: List[Trial]) -> List[Trial]:
-    """The trials whose val_accuracy is within ACCURACY_TIE of the most accurate one."""
-    top = max(t.val_accuracy for t in trials)
+def _tie_group(points: List[PointSummary], level: float) -> List[PointSummary]:
+    """The most accurate of `points` and those tied with it (`_tied`)."""
+    top = max(points, key=lambda p: (p.trial.val_accuracy, p.key))
+    return [p for p in points if p is top or _tied(p, top, level)]
+
+
+def _tied(point: PointSummary, top: PointSummary, level: float) -> bool:
+    """Within ACCURACY_TIE of `top` (a floor: too small a gap to matter), or not separable from it."""
     # The epsilon keeps decimal ties exact: 0.962 - 0.005 is not 0.957 in binary floating point.
-    return [t for t in trials if t.val_accuracy >= top - ACCURACY_TIE - 1e-12]
+    if point.trial.val_accuracy >= top.trial.val_accuracy - ACCURACY_TIE - 1e-12:
+        return True
+    return not compare_accuracy(point, top, level).separable
 
 
 def _rate(trial: Trial) -> float:
     return trial.samples_per_second if trial.samples_per_second is not None else -math.inf
 
 
-def _winner_reason(best: Trial, ranked: List[Trial], objective: str, min_accuracy: Optional[float]) -> str:
-    n = len(ranked)
-    other = ranked[1] if n > 1 else None
-    notes: List[str] = []
+def _winner_reason(
+    best: PointSummary, ranked: List[PointSummary], objective: str, min_accuracy: Optional[float],
+    ties: Dict[str, str], level: float,
+) -> str:
     if objective == "throughput":
-        decided = (
-            f"{best.key} has the highest throughput of {n} eligible trial{'s' if n > 1 else ''}: "
-            f"{best.samples_per_second:.1f} samples/s{_at_memory(best)}"
-        )
-        if other is not None:
-            decided += f" (next: {other.key}, {other.samples_per_second:.1f} samples/s)"
-            gap = _relative_gap(best.samples_per_second, other.samples_per_second)
-            notes += _noise_note(best, other, gap, "throughput")
+        decided, notes = _throughput_reason(best, ranked)
     elif objective == "accuracy":
-        group = _tie_group(ranked)
-        rivals = [t for t in group if t is not best]
-        if rivals and best.samples_per_second is not None:
-            # The tie was broken by throughput: show it against the fastest of the others it tied with.
-            rival = max(rivals, key=lambda t: (_rate(t), t.val_accuracy))
-            top = max(group, key=lambda t: t.val_accuracy)
-            if top.val_accuracy > best.val_accuracy:
-                standing = (
-                    f"{best.key} has val_accuracy {best.val_accuracy:.3f}, within {ACCURACY_TIE} of the best "
-                    f"({top.val_accuracy:.3f}, {top.key}), and is the fastest of that tie"
-                )
-            else:
-                standing = (
-                    f"{best.key} has the highest val_accuracy ({best.val_accuracy:.3f}) and is the fastest of "
-                    f"the trials within {ACCURACY_TIE} of it"
-                )
-            decided = (
-                f"{standing}: {_rate_text(best)} vs {_rate_text(rival)} for {rival.key} ({rival.val_accuracy:.3f})"
-            )
-            if best.samples_per_second is not None and rival.samples_per_second is not None:
-                gap = _relative_gap(best.samples_per_second, rival.samples_per_second)
-                notes += _noise_note(best, rival, gap, "throughput")
-        else:
-            decided = (
-                f"{best.key} has the highest val_accuracy of {n} eligible trial{'s' if n > 1 else ''}: "
-                f"{best.val_accuracy:.3f} at {_rate_text(best)}"
-            )
-            if other is not None:
-                decided += f" (next: {other.key}, {other.val_accuracy:.3f})"
+        decided, notes = _accuracy_reason(best, ranked, ties, level)
+    elif objective == "time_to_target":
+        decided, notes = _target_reason(best, ranked)
     else:
-        seconds = seconds_to_train(best)
-        decided = (
-            f"{best.key} trains its budget the fastest of {n} trial{'s' if n > 1 else ''} reaching "
-            f"report.min_accuracy={min_accuracy:g}: {seconds:.1f} s{_samples_text(best)}, "
-            f"val_accuracy {best.val_accuracy:.3f}"
-        )
-        if other is not None:
-            other_seconds = seconds_to_train(other)
-            decided += f" (next: {other.key}, {other_seconds:.1f} s)"
-            # Measured against the slower time, this gap is the throughput gap when the budgets match.
-            notes += _noise_note(best, other, _relative_gap(other_seconds, seconds), "training time")
-    if best.throughput_stable is False:
+        decided, notes = _time_to_accuracy_reason(best, ranked, min_accuracy)
+    if best.trial.throughput_stable is False:
         notes.insert(0, "its throughput was unstable (the last timing windows disagreed, so the figure is the "
                         "median of all windows): re-measure before relying on it")
     sentences = decided + "."
@@ -376,11 +672,130 @@ def _winner_reason(best: Trial, ranked: List[Trial], objective: str, min_accurac
     return sentences
 
 
+def _eligible_count(ranked: List[PointSummary]) -> str:
+    n = len(ranked)
+    seeds = {len(p.replicates) for p in ranked}
+    over = ""
+    if len(seeds) == 1 and max(seeds) > 1:
+        over = f", {'each ' if n > 1 else ''}the mean over its {seeds.pop()} seeds"
+    return f"{n} eligible trial{'s' if n > 1 else ''}{over}"
+
+
+def _throughput_reason(best: PointSummary, ranked: List[PointSummary]) -> Tuple[str, List[str]]:
+    b = best.trial
+    decided = (f"{best.key} has the highest throughput of {_eligible_count(ranked)}: "
+               f"{b.samples_per_second:.1f} samples/s{_at_memory(b)}")
+    notes: List[str] = []
+    if len(ranked) > 1:
+        other = ranked[1].trial
+        decided += f" (next: {other.key}, {other.samples_per_second:.1f} samples/s)"
+        notes += _noise_note(b, other, _relative_gap(b.samples_per_second, other.samples_per_second), "throughput")
+    return decided, notes
+
+
+def _accuracy_reason(
+    best: PointSummary, ranked: List[PointSummary], ties: Dict[str, str], level: float
+) -> Tuple[str, List[str]]:
+    b = best.trial
+    top = max(ranked, key=lambda p: (p.trial.val_accuracy, p.key))
+    group = [p for p in ranked if p is top or _tied(p, top, level)]
+    for p in group:
+        if p is not top and p.trial.val_accuracy < top.trial.val_accuracy - ACCURACY_TIE - 1e-12:
+            ties[p.key] = _tie_sentence(p, top, compare_accuracy(p, top, level), level)
+    rivals = [p for p in group if p is not best]
+    if not rivals or b.samples_per_second is None:
+        decided = (f"{best.key} has the highest val_accuracy of {_eligible_count(ranked)}: "
+                   f"{_accuracy_text(best)} at {_rate_text(b)}")
+        if len(ranked) > 1:
+            decided += f" (next: {ranked[1].key}, {_accuracy_text(ranked[1])})"
+        return decided, []
+    # The tie was broken by throughput: show it against the fastest of the others it tied with.
+    rival = max(rivals, key=lambda p: (_rate(p.trial), p.trial.val_accuracy))
+    if best is not top and best.key in ties:
+        test = compare_accuracy(best, top, level)
+        standing = (f"{best.key} has val_accuracy {_accuracy_text(best)}, which the data cannot tell apart from the "
+                    f"best, {_accuracy_text(top)} ({top.key}), at {stats.percent(level)} ({test.how}), and is the "
+                    "fastest of that tie")
+    elif best is not top:
+        standing = (f"{best.key} has val_accuracy {_accuracy_text(best)}, within {ACCURACY_TIE} of the best "
+                    f"({top.trial.val_accuracy:.3f}, {top.key}), and is the fastest of that tie")
+    else:
+        noise = any(p.key in ties for p in rivals)
+        standing = (f"{best.key} has the highest val_accuracy ({_accuracy_text(best)}) and is the fastest of the "
+                    f"trials {'the data cannot separate from it' if noise else f'within {ACCURACY_TIE} of it'}")
+    decided = f"{standing}: {_rate_text(b)} vs {_rate_text(rival.trial)} for {rival.key} ({_accuracy_text(rival)})"
+    notes: List[str] = []
+    if rival.trial.samples_per_second is not None:
+        gap = _relative_gap(b.samples_per_second, rival.trial.samples_per_second)
+        notes += _noise_note(b, rival.trial, gap, "throughput", "the fastest other of the tie")
+    return decided, notes
+
+
+def _target_reason(best: PointSummary, ranked: List[PointSummary]) -> Tuple[str, List[str]]:
+    b = best.trial
+    seeds = len(best.replicates)
+    over = f" (the mean over the {best.reached} of {seeds} seeds that reached it)" \
+        if best.reached < seeds else ""
+    figures = ", ".join(f for f in (
+        None if b.samples_to_target is None else f"{b.samples_to_target:.0f} samples",
+        None if b.steps_to_target is None else f"{b.steps_to_target:.0f} steps") if f)
+    decided = (f"{best.key} reaches the target the soonest of {_eligible_count(ranked)}: "
+               f"{_seconds(b.time_to_target_seconds)}{over}{f', {figures}' if figures else ''}")
+    if len(ranked) > 1:
+        decided += f" (next: {ranked[1].key}, {_seconds(ranked[1].trial.time_to_target_seconds)})"
+    notes: List[str] = []
+    if not best.reached_in_every_seed:
+        notes.append(f"no eligible point reached the target in every seed; {best.key} reached it in "
+                     f"{best.reached} of {seeds}")
+    # Only those the rule put behind: a partial point slower than the winner would lose anyway.
+    partial = [p for p in ranked if not p.reached_in_every_seed and p is not best
+               and p.trial.time_to_target_seconds < b.time_to_target_seconds]
+    if partial:
+        listed = ", ".join(f"{p.key} ({_seconds(p.trial.time_to_target_seconds)}, reached in {p.reached} of "
+                           f"{len(p.replicates)} seeds)" for p in partial[:MAX_RUNNERS_UP])
+        notes.append(f"ranked behind every point that reached the target in all its seeds, although faster when "
+                     f"they did: {listed}")
+    return decided, notes
+
+
+def _time_to_accuracy_reason(
+    best: PointSummary, ranked: List[PointSummary], min_accuracy: Optional[float]
+) -> Tuple[str, List[str]]:
+    b, n = best.trial, len(ranked)
+    decided = (
+        f"{best.key} trains its budget the fastest of {n} trial{'s' if n > 1 else ''} reaching "
+        f"report.min_accuracy={min_accuracy:g}: {seconds_to_train(b):.1f} s{_samples_text(b)}, "
+        f"val_accuracy {_accuracy_text(best)}"
+    )
+    notes: List[str] = []
+    if n > 1:
+        other = ranked[1].trial
+        other_seconds = seconds_to_train(other)
+        decided += f" (next: {other.key}, {other_seconds:.1f} s)"
+        # Measured against the slower time, this gap is the throughput gap when the budgets match.
+        notes += _noise_note(b, other, _relative_gap(other_seconds, seconds_to_train(b)), "training time")
+    return decided, notes
+
+
+def _critical_batch_note(best: Trial, critical_batch: Any) -> Optional[str]:
+    """What a global batch over twice the critical batch size costs in samples to the target: by the
+    fit, S(B) B against S(B_crit) B_crit (= 2 E_min), i.e. (B + B_crit) / (2 B_crit) times as many."""
+    b_crit, batch = float(critical_batch.critical_batch_size), best.global_batch_size
+    if not (math.isfinite(b_crit) and b_crit > 0) or batch <= 2 * b_crit:
+        return None
+    at_best, at_crit = critical_batch.steps(batch) * batch, critical_batch.steps(b_crit) * b_crit
+    measured = "" if best.samples_to_target is None else f" (measured: {best.samples_to_target:.0f})"
+    return (f"Its global batch {batch} is {batch / b_crit:.1f}x the critical batch size (~{b_crit:.0f}): the fit "
+            f"puts its samples to the target at {at_best:.0f}{measured} against {at_crit:.0f} at a global batch of "
+            f"~{b_crit:.0f}, {at_best / at_crit:.1f}x the data for its speed; choose a global batch near "
+            f"{b_crit:.0f} when samples or compute cost more than time.")
+
+
 def _relative_gap(larger: float, smaller: float) -> float:
     return (larger - smaller) / larger if larger > 0 else math.inf
 
 
-def _noise_note(best: Trial, other: Trial, gap: float, what: str) -> List[str]:
+def _noise_note(best: Trial, other: Trial, gap: float, what: str, who: str = "the next") -> List[str]:
     """'within noise' when the winner's relative margin over `other` is no larger than the
     window-to-window spread (cv) either of them measured: a re-run could swap them."""
     spreads = [cv for cv in (best.samples_per_second_cv, other.samples_per_second_cv) if cv is not None]
@@ -390,27 +805,26 @@ def _noise_note(best: Trial, other: Trial, gap: float, what: str) -> List[str]:
     if gap > spread:
         return []
     return [
-        f"{other.key} is within noise: the {what} gap ({gap:.1%}) is within the measured spread "
+        f"{who}, {other.key}, is within noise: the {what} gap ({gap:.1%}) is within the measured spread "
         f"(cv {spread:.1%}), so either will do"
     ]
 
 
 def _nobody_reason(
-    trials: List[Trial], objective: str, min_accuracy: Optional[float], memory_budget_bytes: Optional[float]
+    points: List[PointSummary], objective: str, min_accuracy: Optional[float], memory_budget_bytes: Optional[float]
 ) -> str:
     # The constraints are applied in a fixed order; the reason names the one that removed the last
     # candidates, with the closest miss, since that is the constraint a user would relax.
-    if not trials:
+    if not points:
         return "no trials to choose from"
-    ok = [t for t in trials if t.status == "ok"]
+    ok = [p.trial for p in points if p.trial.status == "ok"]
     if not ok:
-        counts = Counter(t.status for t in trials)
-        listed = ", ".join(f"{count} {status}" for status, count in sorted(counts.items(), key=lambda x: (-x[1], x[0])))
-        return f"no trial finished ok: {listed}"
+        return _nothing_ok_reason(points)
     measured = [t for t in ok if _has_metric(t, objective)]
     if not measured:
-        hint = " (synthetic data has none)" if objective == "accuracy" else ""
-        return f"no ok trial has {_METRIC_NAMES[objective]}{hint}"
+        hint = {"accuracy": " (synthetic data has none)",
+                "time_to_target": " (set eval.target_accuracy or eval.target_loss; or no point reached it)"}
+        return f"no ok trial has {_METRIC_NAMES[objective]}{hint.get(objective, '')}"
     fitting = [t for t in measured if _over_budget(t, memory_budget_bytes) is None]
     if not fitting:
         with_memory = [t for t in measured if t.peak_memory_bytes is not None]
@@ -430,6 +844,22 @@ def _nobody_reason(
         f"no ok trial{within} reached report.min_accuracy={min_accuracy:g} "
         f"(best was {closest.val_accuracy:.3f}, {closest.key})"
     )
+
+
+def _nothing_ok_reason(points: List[PointSummary]) -> str:
+    counts = Counter(p.trial.status for p in points)
+    if set(counts) == {"diverged"}:
+        listed = "; ".join(f"{p.key} {_diverged_text(p)}" for p in points[:MAX_RUNNERS_UP])
+        more = f"; and {len(points) - MAX_RUNNERS_UP} more" if len(points) > MAX_RUNNERS_UP else ""
+        return (f"every point diverged ({len(points)} of {len(points)}), so there is nothing to recommend: "
+                f"{listed}{more}. {_capitalize(TRY_INSTEAD)}")
+    listed = ", ".join(f"{count} {status}" for status, count in sorted(counts.items(), key=lambda x: (-x[1], x[0])))
+    return f"no trial finished ok: {listed}"
+
+
+def _seconds(value: float) -> str:
+    """12.0 s, 0.0777 s: a tenth of a second is no resolution for a small model's time to target."""
+    return f"{value:.1f} s" if value >= 1 else f"{value:.3g} s"
 
 
 def _at_memory(trial: Trial) -> str:
@@ -465,16 +895,70 @@ def _capitalize(text: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------
+# LR multipliers per global batch
+
+
+@dataclass(frozen=True)
+class LrRow:
+    """One global batch's LR multipliers (sweep.lr_multipliers): which trained best and how far the LR
+    could go up without diverging."""
+
+    global_batch_size: int
+    multipliers: Tuple[float, ...]  # tried, ascending
+    metric: str  # what "best" means: val_accuracy (higher), else val_loss or train_loss (lower)
+    best_multiplier: Optional[float]  # the best mean `metric` over the ok replicates at this global batch
+    best_value: Optional[float]
+    largest_stable: Optional[float]  # the largest multiplier with an ok replicate and none diverged
+    diverged: Tuple[float, ...]  # multipliers with a diverged replicate
+
+
+def lr_table(trials: Iterable[Trial], metric: Optional[str] = None) -> Dict[int, LrRow]:
+    """Per global batch (ascending), the best LR multiplier and the largest that did not diverge,
+    over every layout and recipe at that global batch and every seed (a run without a multiplier
+    trained at 1). `metric` None: val_accuracy when any ok run measured it, else val_loss, else
+    train_loss (final); any Trial figure may be named (val_accuracy is the only one where higher is
+    better, e.g. time_to_target_seconds or steps_to_target rank lower first)."""
+    trials = list(trials)
+    ok = [t for t in trials if t.status == "ok"]
+    if metric is None:
+        metric = next((m for m in ("val_accuracy", "val_loss", "train_loss")
+                       if any(_finite(getattr(t, m)) for t in ok)), "val_accuracy")
+    higher = metric == "val_accuracy"
+    table: Dict[int, LrRow] = {}
+    for batch in sorted({t.global_batch_size for t in trials}):
+        at_batch = [t for t in trials if t.global_batch_size == batch]
+        tried = sorted({_multiplier(t) for t in at_batch})
+        diverged = tuple(m for m in tried if any(t.status == "diverged" and _multiplier(t) == m for t in at_batch))
+        means = {m: _mean([getattr(t, metric) for t in at_batch if t.status == "ok" and _multiplier(t) == m])
+                 for m in tried}
+        scored = {m: v for m, v in means.items() if v is not None}
+        # Equal figures: the smaller multiplier, the safer LR.
+        best = max(scored, key=lambda m: (scored[m] if higher else -scored[m], -m)) if scored else None
+        stable = [m for m in tried if m not in diverged and any(t.status == "ok" and _multiplier(t) == m
+                                                                 for t in at_batch)]
+        table[batch] = LrRow(batch, tuple(tried), metric, best, None if best is None else scored[best],
+                             max(stable) if stable else None, diverged)
+    return table
+
+
+def _multiplier(trial: Trial) -> float:
+    return 1.0 if trial.lr_multiplier is None else float(trial.lr_multiplier)
+
+
+# ---------------------------------------------------------------------------------------------------
 # Output: a command line and a YAML report
 
 
 def override_line(best: Trial, lr_scaling: Optional[str] = None) -> str:
-    """Hydra overrides that train `best`'s configuration, to append to the sweep's own command line.
+    """Hydra overrides that train `best`'s configuration, to append to the sweep's own command line:
+    the layout, the recipe it recorded (precision, activation checkpointing, optimizer group,
+    `train.compile=true` when compiled) and its LR.
 
-    `train.lr` is the LR the trial trained with, already scaled by the sweep's `lr_scaling` rule for
-    its global batch. Scaling it again would change it, so unless the sweep's rule is known to be
-    "none" (`lr_scaling`; None: unknown) the line also sets `train.lr_scaling=none`. The LR is left
-    out when the trial did not record one.
+    `optim.lr` and `sweep.lr_multipliers=[m]` together give the LR the trial trained with: the LR
+    already scaled by the sweep's `lr_scaling` rule for its global batch, divided by the multiplier
+    m the sweep put on top (so the multiplier chosen is named). Scaling it again would change it, so
+    unless the sweep's rule is known to be "none" (`lr_scaling`; None: unknown) the line also sets
+    `train.lr_scaling=none`. The LR is left out when the trial did not record one.
     """
     problem = None if lr_scaling is None else invalid_choice("lr_scaling", lr_scaling, LR_SCALING_RULES)
     if problem:
@@ -484,28 +968,74 @@ def override_line(best: Trial, lr_scaling: Optional[str] = None) -> str:
         f"sweep.accumulation_steps=[{best.accumulation_steps}]",
         f"sweep.num_workers=[{best.num_workers}]",
     ]
+    if best.precision is not None:
+        parts.append(f"sweep.precisions=[{best.precision}]")
+    if best.activation_checkpointing is not None:
+        parts.append(f"sweep.activation_checkpointing=[{best.activation_checkpointing}]")
+    if best.compiled:
+        parts.append("train.compile=true")
+    if best.optimizer is not None:
+        parts.append(f"optim={best.optimizer}")
     if best.lr is not None:
+        base = _lr_before_multiplier(float(best.lr), best.lr_multiplier)
         # repr: the shortest text that reads back as the same float, so the run uses the exact LR.
-        parts.append(f"train.lr={float(best.lr)!r}")
+        parts.append(f"optim.lr={base!r}")
         if lr_scaling != "none":
             parts.append("train.lr_scaling=none")
+    if best.lr_multiplier is not None:
+        parts.append(f"sweep.lr_multipliers=[{float(best.lr_multiplier)!r}]")
     return " ".join(parts)
+
+
+def _lr_before_multiplier(lr: float, multiplier: Optional[float]) -> float:
+    """The optim.lr that the multiplier turns into `lr` exactly (lr / m, or a neighbouring float when
+    rounding puts lr / m * m one ulp off)."""
+    if multiplier is None or multiplier == 1.0 or not multiplier > 0:
+        return lr
+    base = lr / multiplier
+    for candidate in (base, math.nextafter(base, math.inf), math.nextafter(base, -math.inf)):
+        if candidate * multiplier == lr:
+            return candidate
+    return base
 
 
 def _figures(trial: Trial) -> Dict[str, object]:
     # Plain Python types only: figures read back from MLflow or numpy would make safe_dump fail.
-    def num(value: Optional[float]) -> Optional[float]:
-        return None if value is None else float(value)
-
     return {
         "key": trial.key,
-        "samples_per_second": num(trial.samples_per_second),
-        "samples_per_second_cv": num(trial.samples_per_second_cv),
+        "samples_per_second": _num(trial.samples_per_second),
+        "samples_per_second_cv": _num(trial.samples_per_second_cv),
         "throughput_stable": None if trial.throughput_stable is None else bool(trial.throughput_stable),
         "peak_memory_bytes": _byte_count(trial.peak_memory_bytes),
-        "val_accuracy": num(trial.val_accuracy),
-        "seconds_to_train": num(seconds_to_train(trial)),
+        "val_accuracy": _num(trial.val_accuracy),
+        "seconds_to_train": _num(seconds_to_train(trial)),
     }
+
+
+def _point_figures(point: PointSummary) -> Dict[str, object]:
+    """A point's seeds, statuses and intervals, and its target figures when it has them."""
+    out: Dict[str, object] = {
+        "seeds": [None if s is None else int(s) for s in point.seeds],
+        "statuses": [t.status for t in point.replicates],
+        "accuracy_interval": _interval(point.accuracy),
+        "train_loss_interval": _interval(point.loss),
+    }
+    t = point.trial
+    if t.reached_target is not None:
+        out.update(reached_target_seeds=point.reached, time_to_target_seconds=_num(t.time_to_target_seconds),
+                   samples_to_target=_num(t.samples_to_target), steps_to_target=_num(t.steps_to_target))
+    return out
+
+
+def _interval(interval: Optional[Interval]) -> Optional[Dict[str, object]]:
+    if interval is None:
+        return None
+    return {"mean": float(interval.mean), "low": float(interval.low), "high": float(interval.high),
+            "n": int(interval.n), "sd": _num(interval.sd), "how": interval.how}
+
+
+def _num(value: Optional[float]) -> Optional[float]:
+    return None if value is None else float(value)
 
 
 def _byte_count(value: Optional[float]) -> Optional[float]:
@@ -515,6 +1045,37 @@ def _byte_count(value: Optional[float]) -> Optional[float]:
     return int(value) if float(value).is_integer() else float(value)
 
 
+def _chosen(rec: Recommendation) -> Dict[str, object]:
+    best = rec.best
+    chosen: Dict[str, object] = {
+        "key": best.key,
+        "micro_batch_size": int(best.micro_batch_size),
+        "accumulation_steps": int(best.accumulation_steps),
+        "num_workers": int(best.num_workers),
+        "global_batch_size": int(best.global_batch_size),
+        "lr": _num(best.lr),
+        "lr_multiplier": _num(best.lr_multiplier),
+        "precision": best.precision,
+        "activation_checkpointing": best.activation_checkpointing,
+        "optimizer": best.optimizer,
+        "compiled": None if best.compiled is None else bool(best.compiled),
+    }
+    chosen.update(_figures(best))
+    if best.key in rec.points:
+        chosen.update(_point_figures(rec.points[best.key]))
+    chosen["overrides"] = override_line(best)
+    return chosen
+
+
+def _lr_rows(rec: Recommendation) -> List[Dict[str, object]]:
+    rows = lr_table([t for p in rec.points.values() for t in p.replicates]).values()
+    return [{"global_batch_size": int(r.global_batch_size), "multipliers": [float(m) for m in r.multipliers],
+             "metric": r.metric, "best_multiplier": _num(r.best_multiplier), "best_value": _num(r.best_value),
+             "largest_stable_multiplier": _num(r.largest_stable),
+             "diverged_multipliers": [float(m) for m in r.diverged]}
+            for r in rows]
+
+
 def recommendation_yaml(
     rec: Recommendation,
     objective: Optional[str] = None,
@@ -522,52 +1083,55 @@ def recommendation_yaml(
     memory_budget_bytes: Optional[float] = None,
     max_accuracy_drop: Optional[float] = None,
 ) -> str:
-    """A small YAML report of `rec`: the objective and constraints, the chosen configuration with its
-    measured figures and a Hydra override line, the reason, the runners-up and the excluded trials.
-    With no eligible trial, `recommendation: null` and the reason. `objective` defaults to
-    `rec.objective` and must agree with it."""
+    """A small YAML report of `rec`: the objective and constraints, the confidence level, the chosen
+    configuration with its measured figures (means over seeds), seeds and intervals and a Hydra
+    override line, the reason, the runners-up, the excluded points, the ties the data could not
+    break, the diverged points, every point's intervals and the LR table (`lr_table`). With no
+    eligible point, `recommendation: null` and the reason. `objective` defaults to `rec.objective`
+    and must agree with it."""
     objective = rec.objective if objective is None else objective
     if objective != rec.objective:
         raise ValueError(f"objective {objective!r} does not match the recommendation's {rec.objective!r}")
     doc: Dict[str, object] = {
         "objective": objective,
         "constraints": {
-            "min_accuracy": None if min_accuracy is None else float(min_accuracy),
+            "min_accuracy": _num(min_accuracy),
             "memory_budget_bytes": _byte_count(memory_budget_bytes),
-            "max_accuracy_drop": None if max_accuracy_drop is None else float(max_accuracy_drop),
+            "max_accuracy_drop": _num(max_accuracy_drop),
         },
+        "confidence_level": float(rec.level),
+        "recommendation": None if rec.best is None else _chosen(rec),
+        "reason": rec.reason,
+        "runners_up": [_figures(t) for t in rec.runners_up],
+        "excluded": dict(rec.excluded),
+        "ties": dict(rec.ties),
+        "diverged": dict(rec.diverged),
+        "points": {key: _point_figures(p) for key, p in rec.points.items()},
+        "lr_table": _lr_rows(rec),
     }
-    best = rec.best
-    if best is None:
-        doc["recommendation"] = None
-    else:
-        chosen: Dict[str, object] = {
-            "key": best.key,
-            "micro_batch_size": int(best.micro_batch_size),
-            "accumulation_steps": int(best.accumulation_steps),
-            "num_workers": int(best.num_workers),
-            "global_batch_size": int(best.global_batch_size),
-            "lr": None if best.lr is None else float(best.lr),
-        }
-        chosen.update(_figures(best))
-        chosen["overrides"] = override_line(best)
-        doc["recommendation"] = chosen
-    doc["reason"] = rec.reason
-    doc["runners_up"] = [_figures(t) for t in rec.runners_up]
-    doc["excluded"] = dict(rec.excluded)
     return yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, width=1000)
 
 
 __all__ = [
     "ACCURACY_TIE",
     "OBJECTIVES",
+    "AccuracyTest",
+    "LrRow",
+    "PointSummary",
     "Recommendation",
     "Trial",
+    "accuracy_interval",
+    "compare_accuracy",
     "knee",
     "knees",
+    "loss_interval",
+    "lr_table",
     "override_line",
     "pareto",
     "recommend",
     "recommendation_yaml",
+    "replicates",
     "seconds_to_train",
+    "summarize",
+    "summarize_all",
 ]

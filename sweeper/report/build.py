@@ -11,14 +11,15 @@ import os
 import re
 import sys
 from dataclasses import dataclass, fields, replace
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from sweeper import tracking
 from sweeper.config import ReportConfig
 from sweeper.errors import first_line
-from sweeper.report import analysis, plots
+from sweeper.report import analysis, plots, snippets, points, sections
 from sweeper.report import html as html_report
 from sweeper.report.analysis import Recommendation, Trial
+from sweeper.report.critical_batch import CriticalBatch
 from sweeper.plan import GridPoint, frontier_label
 from sweeper.schema import FrontierResult, PointResult
 from sweeper.units import MiB, format_bytes
@@ -33,6 +34,7 @@ class Report:
     override_line: Optional[str]
     yaml_path: str
     text: str  # the recommendation in words, as printed and tagged
+    critical_batch: Optional[CriticalBatch] = None  # fitted to the points' steps to target, if it could be
 
 
 def settings_params(cfg: ReportConfig) -> Dict[str, Any]:
@@ -81,24 +83,48 @@ def build(
     # The report's own budget, else the one the sweep ran under (device.memory_budget_gb).
     budget_gb = cfg.memory_budget_gb or _number(sweep.params.get("device_memory_budget_gb"))
     budget = budget_gb * 2**30 if budget_gb else None
+    found = points.critical_batch(trials)
 
-    rec = analysis.recommend(trials, cfg.objective, cfg.min_accuracy, budget, cfg.max_accuracy_drop)
+    rec = analysis.recommend(trials, cfg.objective, cfg.min_accuracy, budget, cfg.max_accuracy_drop,
+                             critical_batch=found)
     line = analysis.override_line(rec.best) if rec.best else None
     yaml_path = _write_text(os.path.join(folder, "recommendation.yaml"), analysis.recommendation_yaml(
         rec, cfg.objective, cfg.min_accuracy, budget, cfg.max_accuracy_drop))
-    images = _draw_plots(folder, trials, cfg, sweep.params, budget, rec)
-    text = recommendation_text(rec, line)
+    images = _draw_plots(folder, trials, cfg, sweep.params, budget, rec, found)
+    text = recommendation_text(rec, line, found)
+    frontier = tracker.sweep_metrics(parent_run_id) if sweep.params.get("micro_batch_sizes") == "auto" else {}
     html = html_report.render(sweep.run_name, [_row(t) for t in sorted(trials, key=_speed, reverse=True)], images,
-                              text, _settings_shown(parent_run_id, cfg, budget_gb))
+                              text, _settings_shown(parent_run_id, cfg, budget_gb),
+                              sections.sections(trials, found, sweep.params, frontier))
     html_path = _write_text(os.path.join(folder, "report.html"), html)
+    # The answer as settings for the trainer a team uses (Lightning, Hugging Face, DeepSpeed, Ray
+    # Train, torchrun), beside the sweeper's own override line.
+    with open(yaml_path) as f:
+        pasteable = snippets.write_from_recommendation(f.read(), os.path.join(folder, "snippets"),
+                                                       sweep.params.get("use_gpu") == "True")
     if log:
         # Only the files written here: the folder may hold others (the frontier's, logged on their own).
         files = [yaml_path, html_path, *images.values()]
+        where = "report" if variant_name is None else f"report/variants/{variant_name}"
         if variant_name is None:
-            tracker.log_report(parent_run_id, files, "report", text, line)
+            tracker.log_report(parent_run_id, files, where, text, line)
+            _log_critical_batch(tracker, parent_run_id, trials, found, sweep.params)
         else:
-            tracker.log_report(parent_run_id, files, f"report/variants/{variant_name}")
-    return Report(folder, html_path, rec, line, yaml_path, text)
+            tracker.log_report(parent_run_id, files, where)
+        if pasteable:
+            tracker.log_report(parent_run_id, pasteable, f"{where}/snippets")
+    return Report(folder, html_path, rec, line, yaml_path, text, found)
+
+
+def _log_critical_batch(tracker: "tracking.Tracker", run_id: str, trials: List[Trial],
+                        found: Optional[CriticalBatch], params: Dict[str, str]) -> None:
+    """The sweep-level prediction on the parent run: critical_batch_* and gns_b_simple_mean metrics,
+    the LR rule it holds under as tag sweeper.critical_batch_lr_rule, or why there is none as tag
+    sweeper.critical_batch."""
+    metrics = points.critical_batch_metrics(found, points.b_simple_mean(trials))
+    tags = {"sweeper.critical_batch_lr_rule": sections.lr_rule(params)} if found else {
+        "sweeper.critical_batch": points.no_fit_reason(trials)}
+    tracker.log_sweep_metrics(run_id, metrics, tags)
 
 
 def _draw_plots(
@@ -108,23 +134,41 @@ def _draw_plots(
     params: Dict[str, str],
     budget: Optional[float],
     rec: Recommendation,
+    found: Optional[CriticalBatch] = None,
 ) -> Dict[str, str]:
     """The report's figures as `<folder>/<name>.png`, by name; a figure with nothing to show (no
-    validation accuracy) is left out."""
+    validation accuracy, no target, one recipe) is left out. One mark per point (seeds folded), one
+    per layout on the throughput and memory views (LR multipliers folded too)."""
     lr_label = f"LR scaling: {params.get('lr_scaling', '?')} (base {params.get('base_batch_size', '?')})"
+    layouts = points.fold_layouts(trials)
     images: Dict[str, str] = {}
     for name, draw in (
-        ("throughput_vs_micro_batch", lambda p: plots.throughput_vs_micro_batch(trials, analysis.knees(
-            trials, cfg.knee_min_gain), p, cfg.knee_min_gain)),
-        ("memory_vs_micro_batch", lambda p: plots.memory_vs_micro_batch(trials, p, budget_bytes=budget)),
+        ("throughput_vs_micro_batch", lambda p: plots.throughput_vs_micro_batch(
+            layouts, knees_per_recipe(layouts, cfg.knee_min_gain), p, cfg.knee_min_gain)),
+        ("memory_vs_micro_batch", lambda p: plots.memory_vs_micro_batch(layouts, p, budget_bytes=budget)),
+        ("memory_by_recipe", lambda p: plots.memory_by_recipe(layouts, p, budget_bytes=budget)),
         ("accuracy_vs_global_batch", lambda p: plots.accuracy_vs_global_batch(trials, p, lr_label)),
+        ("time_to_target_vs_global_batch", lambda p: plots.time_to_target_vs_global_batch(trials, p)),
+        ("steps_to_target_vs_global_batch", lambda p: plots.steps_to_target_vs_global_batch(
+            trials, p, found, lr_label)),
         ("pareto_throughput_memory", lambda p: plots.pareto_throughput_memory(
-            trials, analysis.pareto(trials), p, rec.best)),
+            layouts, analysis.pareto(layouts), p, rec.best)),
     ):
         written = draw(os.path.join(folder, f"{name}.png"))
         if written:
             images[name] = written
     return images
+
+
+def knees_per_recipe(layouts: List[Trial], min_gain: float) -> Dict[Tuple[int, int, str], Optional[int]]:
+    """analysis.knees within each recipe (a series holds one recipe's sizes), keyed as the plots'
+    series: (accumulation, workers, the recipe's label beyond fp32, else "")."""
+    out: Dict[Tuple[int, int, str], Optional[int]] = {}
+    for recipe in sorted({points.recipe(t) for t in layouts}):
+        label = "" if recipe == points.DEFAULT_RECIPE else points.recipe_label(recipe)
+        own = [t for t in layouts if points.recipe(t) == recipe]
+        out.update({(a, w, label): knee for (a, w), knee in analysis.knees(own, min_gain).items()})
+    return out
 
 
 def _settings_shown(parent_run_id: str, cfg: ReportConfig, budget_gb: Optional[float]) -> Dict[str, str]:
@@ -202,11 +246,21 @@ def _number(text: Optional[str]) -> Optional[float]:
 
 
 def _trial(row: Dict[str, Any]) -> Trial:
+    """One child run's row (params and metrics by name, sweeper.* tags) as a Trial. Params come back
+    as text ("None" for an unset one); a record from before seeds or recipes leaves those fields None."""
     def number(name: str) -> Optional[float]:
         value = row.get(name)
-        return None if value is None else float(value)
+        return None if value in (None, "None", "") else float(value)
 
-    stable = row.get("sweeper.throughput_stable")
+    def whole(name: str) -> Optional[int]:
+        value = number(name)
+        return None if value is None else int(value)
+
+    def text(name: str) -> Optional[str]:
+        value = row.get(name)
+        return None if value in (None, "None", "") else str(value)
+
+    stable, compiled, reached = row.get("sweeper.throughput_stable"), text("compiled"), number("reached_target")
     return Trial(
         key=row["key"],
         micro_batch_size=int(row["micro_batch_size"]),
@@ -222,6 +276,26 @@ def _trial(row: Dict[str, Any]) -> Trial:
         val_accuracy=number("val_accuracy"),
         train_seconds=number("train_seconds"),
         samples_seen=number("samples_seen"),
+        # The point's replicates share param `point` (tag sweeper.point in older records).
+        point_key=text("point") or text("sweeper.point"),
+        seed=whole("seed"),
+        lr_multiplier=number("lr_multiplier"),
+        precision=text("precision"),
+        activation_checkpointing=text("activation_checkpointing"),
+        optimizer=text("optimizer"),
+        compiled=None if compiled is None else compiled.lower() == "true",
+        error=text("sweeper.error"),
+        diverged_reason=text("sweeper.divergence"),
+        diverged_at_step=whole("diverged_at_step"),
+        val_loss=number("val_loss"),
+        val_samples=whole("val_samples"),
+        train_loss=number("train_loss"),  # the series' last step: MLflow's latest value
+        steps_to_target=number("steps_to_target"),
+        samples_to_target=number("samples_to_target"),
+        time_to_target_seconds=number("time_to_target_seconds"),
+        reached_target=None if reached is None else reached > 0,
+        gns_b_simple=number("gns_b_simple"),
+        gns_b_simple_train_avg=number("gns_b_simple_train_avg"),
     )
 
 
@@ -239,23 +313,27 @@ def _row(t: Trial) -> Dict[str, str]:
         "accum": str(t.accumulation_steps),
         "workers": str(t.num_workers),
         "global": str(t.global_batch_size),
-        "status": t.status,
+        "status": t.status + (f" ({t.diverged_reason})" if t.status == "diverged" and t.diverged_reason else ""),
         "samples/s": fmt(t.samples_per_second, "{:.1f}") + ("" if t.throughput_stable is not False else " (unstable)"),
         "cv": fmt(t.samples_per_second_cv, "{:.1%}"),
         "peak MiB": fmt(None if t.peak_memory_bytes is None else t.peak_memory_bytes / MiB, "{:.0f}"),
         "val acc": fmt(t.val_accuracy, "{:.3f}"),
         "lr": fmt(t.lr, "{:.4g}"),
+        "B_simple": fmt(t.gns_b_simple, "{:.1f}"),
     }
 
 
-def recommendation_text(rec: Recommendation, line: Optional[str]) -> str:
+def recommendation_text(rec: Recommendation, line: Optional[str], found: Optional[CriticalBatch] = None) -> str:
     if rec.best is None:
-        return f"No recommendation: {rec.reason}"
-    text = f"Train with {rec.best.key} (global batch {rec.best.global_batch_size}). {rec.reason}"
-    if line:
-        text += f"\nOverrides: {line}"
-    if rec.runners_up:
-        text += "\nRunners-up: " + "; ".join(_figures_text(t) for t in rec.runners_up)
+        text = f"No recommendation: {rec.reason}"
+    else:
+        text = f"Train with {rec.best.key} (global batch {rec.best.global_batch_size}). {rec.reason}"
+        if line:
+            text += f"\nOverrides: {line}"
+        if rec.runners_up:
+            text += "\nRunners-up: " + "; ".join(_figures_text(t) for t in rec.runners_up)
+    if found is not None:
+        text += f"\nCritical batch: {found.in_words()}."
     return text
 
 

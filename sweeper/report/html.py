@@ -6,7 +6,10 @@ from __future__ import annotations
 import base64
 import html
 import re
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+# A section of the page: a heading and either plain text (escaped, line breaks kept) or table rows.
+Section = Tuple[str, Union[str, Sequence[Mapping[str, Any]]]]
 
 _CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; color: #222;
@@ -21,6 +24,7 @@ h2 { font-size: 17px; margin: 28px 0 8px; }
 .plots { display: flex; flex-wrap: wrap; gap: 12px; }
 figure { margin: 0; flex: 1 1 520px; max-width: 100%; }
 figure img { width: 100%; height: auto; border: 1px solid #ddd; }
+.note { white-space: pre-wrap; margin: 0 0 8px; }
 figcaption { font-size: 12px; color: #666; }
 table { border-collapse: collapse; font-size: 13px; }
 th, td { border-bottom: 1px solid #ddd; padding: 4px 10px; text-align: left; white-space: nowrap; }
@@ -41,13 +45,15 @@ def render(
     images: Mapping[str, Optional[str]],
     recommendation: str,
     meta: Mapping[str, str],
+    sections: Sequence[Section] = (),
 ) -> str:
     """The page as a string.
 
     `summary_rows`: one dict per trial; the columns are the keys in first-seen order, the values are
     shown as given (format numbers before), escaped. `images`: name -> PNG path, read and embedded
     (a None path is skipped; underscores in the name become spaces in the caption). `recommendation`:
-    plain text, escaped, line breaks kept. `meta`: label -> value lines under the title."""
+    plain text, escaped, line breaks kept. `meta`: label -> value lines under the title. `sections`:
+    (heading, text or rows) shown after the recommendation, before the plots (an empty one is left out)."""
     parts: List[str] = [
         "<!DOCTYPE html>",
         '<html lang="en">',
@@ -66,6 +72,11 @@ def render(
         parts.append(f'<p class="meta">{items}</p>')
     parts.append("<h2>Recommendation</h2>")
     parts.append(f'<div class="recommendation">{_esc(recommendation)}</div>')
+    for heading, body in sections:
+        if not body:
+            continue
+        parts.append(f"<h2>{_esc(heading)}</h2>")
+        parts.append(f'<p class="note">{_esc(body)}</p>' if isinstance(body, str) else _table(body))
 
     figures = [_figure(name, path) for name, path in images.items() if path]
     if figures:

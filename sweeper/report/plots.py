@@ -1,10 +1,12 @@
-"""The sweep's figures as PNG files: throughput and memory against the micro-batch, accuracy against
-the global batch, and the throughput/memory Pareto front. matplotlib's object API only (no pyplot)."""
+"""The sweep's figures as PNG files, one mark per point (seeds folded): throughput and memory against
+the micro-batch (also per recipe), accuracy, time and steps to target against the global batch (with
+the critical batch size), and the throughput/memory Pareto front. matplotlib's object API only."""
 
 from __future__ import annotations
 
 import math
 import os
+import re
 from collections import defaultdict
 from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
@@ -16,10 +18,12 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.ticker import NullLocator, PercentFormatter
+from matplotlib.ticker import FuncFormatter, NullLocator, PercentFormatter
 from matplotlib.transforms import Bbox
 
-from sweeper.report.analysis import Trial
+from sweeper.report import points as folding
+from sweeper.report.analysis import Trial, accuracy_interval, replicates
+from sweeper.report.critical_batch import CriticalBatch
 from sweeper.units import KiB, MiB, format_bytes
 
 # Every function writes a FIGSIZE x DPI picture (840 x 540 pixels), whatever it contains.
@@ -30,7 +34,10 @@ OOM_COLOR = "#d62728"
 RECOMMENDED_COLOR = "#f2b701"  # a gold star: the trial the report recommends
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
-Series = Tuple[int, int]  # (accumulation_steps, num_workers)
+# (accumulation_steps, num_workers, what else sets the series apart: its recipe beyond fp32, its LR
+# multiplier beyond 1; "" for neither)
+Series = Tuple[int, int, str]
+DIVERGED_NOTE = "diverged / oom / failed (red x)"
 
 
 def throughput_vs_micro_batch(
@@ -43,7 +50,10 @@ def throughput_vs_micro_batch(
     bars, each series' knee ringed; trials that ran out of memory or failed as red x on the floor.
     `min_gain`, the knee rule's threshold, is named in the legend (and when no series has a knee yet).
 
-    With no ok trial that has a throughput, the PNG says so (the path is still returned)."""
+    Seed replicates and LR multipliers of a layout are one mark (their mean throughput); a recipe other
+    than fp32 is its own series. With no ok trial that has a throughput, the PNG says so (the path is
+    still returned)."""
+    trials = folding.fold_layouts(trials)
     ok = [t for t in trials if t.status == "ok" and t.samples_per_second is not None]
     if not ok:
         return _placeholder(path, "Throughput vs micro-batch size", trials, "no ok trials with a throughput")
@@ -58,7 +68,7 @@ def throughput_vs_micro_batch(
                         label="error bar: \u00b1 cv of the windows behind the figure"))
     if _mark_not_ok_on_floor(ax, trials, by_series):
         extra.append(Line2D([], [], linestyle="none", marker="x", color=OOM_COLOR, markersize=8,
-                            markeredgewidth=2, label="oom / failed (no throughput)"))
+                            markeredgewidth=2, label="oom / diverged / failed"))
     _size_axis(ax, [t.micro_batch_size for t in trials])
     _titles(ax, "Throughput vs micro-batch size", "micro-batch size (samples per worker per step, log2)",
             "throughput (samples/s)")
@@ -78,7 +88,9 @@ def memory_vs_micro_batch(
     `budget_bytes` is a red horizontal line; oom trials are red x on it (or at the top without one).
     Failed trials are left out: their failure says nothing about memory.
 
-    With no ok trial that has a peak memory, the PNG says so (the path is still returned)."""
+    Seed replicates and LR multipliers of a layout are one mark (their mean peak). With no ok trial
+    that has a peak memory, the PNG says so (the path is still returned)."""
+    trials = folding.fold_layouts(trials)
     ok = [t for t in trials if t.status == "ok" and t.peak_memory_bytes is not None]
     if not ok:
         return _placeholder(path, "Peak memory vs micro-batch size", trials, "no ok trials with a peak memory")
@@ -97,44 +109,106 @@ def memory_vs_micro_batch(
     # Linear: memory grows linearly with the micro-batch (seeds 001/004), so the fit is a straight
     # line meeting the axis at the fixed memory; on a log axis it would bend like super-linear growth.
     _size_axis(ax, micro, log=False)
+    extra = _mark_diverged(ax, trials, x_of=lambda t: t.micro_batch_size)
     _titles(ax, "Peak memory vs micro-batch size", "micro-batch size (samples per worker per step)",
             "peak memory, largest worker (MiB)")
-    _legend(ax)
+    _legend(ax, extra)
     return _save(fig, path)
 
 
-def accuracy_vs_global_batch(trials: Sequence[Trial], path: str | os.PathLike, lr_label: str) -> Optional[str]:
-    """Validation accuracy against the global batch, one marker per (accumulation, workers) layout,
-    nudged sideways per layout so layouts with the same global batch stay visible side by side; a grey
-    line through the mean per global batch. `lr_label` (e.g. "LR scaling: sqrt (base 32)") titles the
-    legend.
+def accuracy_vs_global_batch(trials: Sequence[Trial], path: str | os.PathLike, lr_label: str,
+                             level: float = 0.95) -> Optional[str]:
+    """Validation accuracy against the global batch: one marker per point (the mean over its seeds)
+    with its confidence interval as an error bar (t over seeds, or the one seed's Wilson interval:
+    the legend names which), nudged sideways per series so points with the same global batch stay
+    visible side by side; a grey line through the mean per global batch; diverged points as red x
+    at the bottom with their reason. `lr_label` (e.g. "LR scaling: sqrt (base 32)") titles the legend.
 
     Returns None and writes nothing when no ok trial has a validation accuracy (e.g. synthetic data)."""
-    ok = [t for t in trials if t.status == "ok" and t.val_accuracy is not None]
+    groups = replicates(trials)
+    folded = folding.fold(trials)
+    ok = [t for t in folded if t.status == "ok" and t.val_accuracy is not None]
     if not ok:
         return None
     fig, ax = _figure()
     by_series = _by_series(ok)
     n = len(by_series)
     step = min(0.06, 0.3 / max(n - 1, 1))  # in octaves: visible, yet well inside one factor of 2
+    kinds: Dict[str, None] = {}
     for i, (series, members) in enumerate(by_series.items()):
         shift = 2 ** ((i - (n - 1) / 2) * step)
-        ax.plot([t.global_batch_size * shift for t in members], [t.val_accuracy for t in members],
-                linestyle="none", marker=_marker(i), markersize=7, color=_color(i), alpha=0.9,
-                label=_series_label(series), zorder=3)
+        intervals = [accuracy_interval(groups.get(t.key, [t]), level) for t in members]
+        low = [0.0 if iv is None else max(0.0, t.val_accuracy - iv.low) for t, iv in zip(members, intervals)]
+        high = [0.0 if iv is None else max(0.0, iv.high - t.val_accuracy) for t, iv in zip(members, intervals)]
+        kinds.update(dict.fromkeys(_interval_kind(iv.how) for iv in intervals if iv is not None))
+        ax.errorbar([t.global_batch_size * shift for t in members], [t.val_accuracy for t in members],
+                    yerr=[low, high], linestyle="none", marker=_marker(i), markersize=7, color=_color(i),
+                    alpha=0.9, capsize=3, elinewidth=1.1, label=_series_label(series), zorder=3)
+    _mean_line(ax, ok, "val_accuracy")
+    extra = [Line2D([], [], color="0.3", marker="|", linestyle="none", markersize=10,
+                    label=f"error bar: {kind}") for kind in kinds]
+    ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0, decimals=1))
+    _size_axis(ax, [t.global_batch_size for t in folded])
+    extra += _mark_diverged(ax, trials)
+    _titles(ax, "Validation accuracy vs global batch size", "global batch size (micro x accumulation x workers, log2)",
+            "validation accuracy (mean over seeds)")
+    _legend(ax, extra, title=lr_label)
+    return _save(fig, path)
+
+
+def _interval_kind(how: str) -> str:
+    """An interval's kind for the legend, its sample count left out (it varies per point):
+    "t interval over 3 seeds, 95 %" -> "95 % t interval over seeds"."""
+    level = re.search(r"(\d+(?:\.\d+)? %)", how)
+    prefix = f"{level.group(1)} " if level else ""
+    if how.startswith("t interval"):
+        return f"{prefix}t interval over seeds"
+    if how.startswith("Wilson"):
+        return f"{prefix}Wilson interval of the\n  validation set (one seed)"
+    return how
+
+
+def _mean_line(ax: Axes, ok: Sequence[Trial], name: str) -> None:
+    """A grey line through the mean of figure `name` per global batch (two global batches or more)."""
     per_global: Dict[int, List[float]] = defaultdict(list)
     for t in ok:
-        per_global[t.global_batch_size].append(t.val_accuracy)
+        if getattr(t, name) is not None:
+            per_global[t.global_batch_size].append(getattr(t, name))
     sizes = sorted(per_global)
     if len(sizes) >= 2:
         ax.plot(sizes, [float(np.mean(per_global[g])) for g in sizes], color="0.6", linewidth=1.2, zorder=2,
                 label="mean per global batch")
-    ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0, decimals=1))
-    _size_axis(ax, [t.global_batch_size for t in ok])
-    _titles(ax, "Validation accuracy vs global batch size", "global batch size (micro x accumulation x workers, log2)",
-            "validation accuracy")
-    _legend(ax, title=lr_label)
-    return _save(fig, path)
+
+
+def _mark_diverged(ax: Axes, trials: Sequence[Trial], x_of=lambda t: t.global_batch_size) -> List[Line2D]:
+    """A red x near the bottom at the x (the global batch, by default) of each point with a diverged
+    replicate, with the reason, the step when one, and how many of its seeds diverged when not all;
+    returns the legend's entry (none when nothing diverged). Call it once the x limits are set."""
+    diverged: Dict[float, List[str]] = defaultdict(list)
+    for members in replicates(trials).values():
+        bad = [t for t in members if t.status == "diverged"]
+        if not bad:
+            continue
+        steps = sorted({t.diverged_at_step for t in bad if t.diverged_at_step is not None})
+        text = _not_ok_text(bad) + (f" @{steps[0]}" if len(steps) == 1 else "")
+        some = "" if len(bad) == len(members) else f" ({len(bad)}/{len(members)} seeds)"
+        diverged[x_of(bad[0])].append(text + some)
+    if not diverged:
+        return []
+    floor = ax.get_xaxis_transform()
+    for i, (x, texts) in enumerate(sorted(diverged.items())):
+        ax.plot([x], [0.035], transform=floor, linestyle="none", marker="x", color=OOM_COLOR, markersize=9,
+                markeredgewidth=2, zorder=5, clip_on=False)
+        shown = sorted(set(texts))
+        text = "\n".join(shown[:2]) + (f"\n+{len(shown) - 2} more" if len(shown) > 2 else "")
+        # Centred over its x, but kept inside the axes near either edge (the y labels, the legend).
+        where = ax.transAxes.inverted().transform(floor.transform((x, 0.0)))[0]
+        ha = "left" if where < 0.15 else "right" if where > 0.85 else "center"
+        # Neighbours alternate between two heights, so labels of adjacent batch sizes do not overlap.
+        ax.text(x, 0.075 + 0.07 * (i % 2), _plain(text), transform=floor, ha=ha, va="bottom", fontsize=7,
+                color=OOM_COLOR)
+    return [Line2D([], [], linestyle="none", marker="x", color=OOM_COLOR, markersize=8, markeredgewidth=2,
+                   label="diverged (reason @step; left out)")]
 
 
 def pareto_throughput_memory(
@@ -146,7 +220,8 @@ def pareto_throughput_memory(
     """Every ok trial as samples/s against peak memory; the Pareto front (no other trial is both faster
     and lighter) connected, highlighted and labelled with trial keys (only the front, to stay legible).
     The `recommended` trial is starred and labelled too: off the front when a constraint (accuracy,
-    memory budget) ruled out the trials that beat it here.
+    memory budget) ruled out the trials that beat it here (a seed replicate is matched to its layout).
+    Diverged layouts with both figures are red x. Pass one trial per layout (points.fold_layouts).
 
     With no ok trial that has both figures, the PNG says so (the path is still returned)."""
     ok = [t for t in trials if t.status == "ok" and t.samples_per_second is not None
@@ -168,7 +243,16 @@ def pareto_throughput_memory(
     _titles(ax, "Throughput vs peak memory (Pareto front)", "peak memory, largest worker (MiB)",
             "throughput (samples/s)")
     labelled = list(on_front)
-    if recommended is not None and recommended in ok:
+    diverged = [t for t in trials if t.status == "diverged" and t.samples_per_second is not None
+                and t.peak_memory_bytes is not None]
+    if diverged:  # fast or light, but not a way to train: shown so the front's gaps are explained
+        ax.plot([t.peak_memory_bytes / MiB for t in diverged], [t.samples_per_second for t in diverged],
+                linestyle="none", marker="x", color=OOM_COLOR, markersize=8, markeredgewidth=2, zorder=3,
+                label="diverged (left out)")
+    # A recommendation may be one seed replicate of a point shown here folded: match its layout.
+    if recommended is not None:
+        recommended = next((t for t in ok if folding.layout_key(t) == folding.layout_key(recommended)), None)
+    if recommended is not None:
         ax.plot([recommended.peak_memory_bytes / MiB], [recommended.samples_per_second], linestyle="none",
                 marker="*", markersize=17, color=RECOMMENDED_COLOR, markeredgecolor="0.2", markeredgewidth=0.8,
                 label=f"recommended: {recommended.key}", zorder=4)
@@ -177,6 +261,198 @@ def pareto_throughput_memory(
     _legend(ax)
     _label_points(fig, ax, [(t.peak_memory_bytes / MiB, t.samples_per_second, t.key) for t in labelled])
     return _save(fig, path)
+
+
+def time_to_target_vs_global_batch(trials: Sequence[Trial], path: str | os.PathLike) -> Optional[str]:
+    """Seconds to the target accuracy (or loss) against the global batch: one marker per point, the
+    mean over the seeds that reached it with their lowest-highest spread as an error bar, hollow when
+    some seed missed the target; diverged points as red x at the bottom.
+
+    Returns None and writes nothing when no point reached a target (no eval target, or none met)."""
+    groups = replicates(trials)
+    folded = folding.fold(trials)
+    shown = [(t, folding.spread(groups.get(t.key, [t]), "time_to_target_seconds")) for t in folded]
+    shown = [(t, s) for t, s in shown if s is not None]
+    if not shown:
+        return None
+    fig, ax = _figure()
+    by_series = _by_series(t for t, _ in shown)
+    spreads = {id(t): s for t, s in shown}
+    for i, (series, members) in enumerate(by_series.items()):
+        for t in members:
+            mean, low, high = spreads[id(t)]
+            every = t.reached_target is not False
+            ax.errorbar([t.global_batch_size], [mean], yerr=[[mean - low], [high - mean]], linestyle="none",
+                        marker=_marker(i), markersize=7, color=_color(i), capsize=3,
+                        markerfacecolor=_color(i) if every else "none", zorder=3)
+        ax.plot([], [], linestyle="none", marker=_marker(i), color=_color(i), label=_series_label(series))
+    _mean_line(ax, [t for t, _ in shown], "time_to_target_seconds")
+    extra = [Line2D([], [], color="0.3", marker="|", linestyle="none", markersize=10,
+                    label="error bar: lowest-highest over seeds"),
+             Line2D([], [], color="0.3", marker="o", linestyle="none", markerfacecolor="none",
+                    label="hollow: some seed missed the target\n  (mean of those that reached it)")]
+    ax.set_ylim(0, max(s[2] for _, s in shown) * 1.15)
+    _size_axis(ax, [t.global_batch_size for t in folded])
+    extra += _mark_diverged(ax, trials)
+    _titles(ax, "Time to target vs global batch size", "global batch size (log2)",
+            "time to target (s, mean over seeds)")
+    _legend(ax, extra)
+    return _save(fig, path)
+
+
+def steps_to_target_vs_global_batch(
+    trials: Sequence[Trial], path: str | os.PathLike, found: Optional[CriticalBatch], lr_label: str,
+) -> Optional[str]:
+    """Steps (left axis) and samples (right axis) to the target against the global batch, both log:
+    one marker per point (mean over seeds, lowest-highest as error bars; hollow when it missed the
+    target in some seed, so the fit left it out), the fit S = S_min (1 + B_crit / B) and
+    E = S_min (B + B_crit) as lines, B_crit as a dashed line in its shaded bootstrap interval, and each
+    point's measured B_simple as a triangle on the floor of the same axis (their mean dotted).
+
+    Returns None and writes nothing when no point recorded its steps to a target."""
+    groups = replicates(trials)
+    folded = folding.fold(trials)
+    shown = [(t, folding.spread(groups.get(t.key, [t]), "steps_to_target")) for t in folded]
+    shown = [(t, s) for t, s in shown if s is not None]
+    if not shown:
+        return None
+    fig, ax = _figure()
+    right = ax.twinx()
+    for axis in (ax, right):  # log, with plain numbers (not 6x10^2) on its ticks
+        axis.set_yscale("log")
+        axis.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        axis.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    batches = [t.global_batch_size for t in folded]
+    xs = _draw_steps_and_samples(ax, right, shown, groups, set(folding.fitted_points(trials)) if found else None)
+    if found is not None:
+        xs += _draw_critical_batch(ax, right, found, batches)
+    b_simple = [b for t in folded if t.status == "ok" and (b := folding.b_simple(t)) is not None]
+    if b_simple:
+        ax.plot(b_simple, [0.03] * len(b_simple), transform=ax.get_xaxis_transform(), linestyle="none",
+                marker="^", markersize=8, color="#ff7f0e", clip_on=False, zorder=5,
+                label="B_simple of a point (gradient noise scale)")
+        ax.axvline(float(np.mean(b_simple)), color="#ff7f0e", linestyle=":", linewidth=1.2,
+                   label=f"mean B_simple {np.mean(b_simple):.0f}")
+        xs += b_simple
+    _size_axis(ax, batches)
+    lo, hi = ax.get_xlim()
+    ax.set_xlim(min(lo, min(xs) / 1.4), max(hi, max(xs) * 1.4))
+    extra = _mark_diverged(ax, trials)
+    _titles(ax, "Steps and samples to target vs global batch", "global batch size (log2)",
+            "optimizer steps to target (mean over seeds)")
+    right.set_ylabel("samples to target (squares)")
+    fitted = set(folding.fitted_points(trials))
+    if found is not None and any(t.key not in fitted for t, _ in shown):
+        why = "faded: left out of the fit (a better LR\n  multiplier at its batch, or a seed missed)"
+        extra.append(Line2D([], [], linestyle="none", marker="o", color="#1f77b4", alpha=0.35, label=why))
+    if any(t.reached_target is False for t, _ in shown):
+        extra.append(Line2D([], [], linestyle="none", marker="o", color="#1f77b4", markerfacecolor="none",
+                            label="hollow: some seed missed the target"))
+    handles, labels = ax.get_legend_handles_labels()
+    more, _ = right.get_legend_handles_labels()
+    # A figure legend outside the axes: beside the axes it would cover the right axis' labels.
+    fig.legend([*handles, *more, *extra], [h.get_label() for h in [*handles, *more, *extra]],
+               loc="outside right upper", fontsize=7, frameon=False, title=_plain(lr_label), title_fontsize=7,
+               alignment="left")
+    return _save(fig, path)
+
+
+def _draw_steps_and_samples(ax: Axes, right: Axes, shown, groups, fitted: Optional[set]) -> List[float]:
+    """Each point's mean steps (circles, left) and samples (squares, right) to the target with their
+    spread over seeds, faded when the fit (if any) left it out; returns the x values drawn."""
+    for axis, name, marker, color, label in ((ax, "steps_to_target", "o", "#1f77b4", "steps to target"),
+                                             (right, "samples_to_target", "s", "#2ca02c", "samples to target")):
+        for i, (t, steps) in enumerate(shown):
+            figure = steps if name == "steps_to_target" else folding.spread(groups.get(t.key, [t]), name)
+            if figure is None:
+                continue
+            mean, low, high = figure
+            every = t.reached_target is not False
+            axis.errorbar([t.global_batch_size], [mean], yerr=[[mean - low], [high - mean]], linestyle="none",
+                          marker=marker, markersize=6, color=color, capsize=3, zorder=3,
+                          alpha=1.0 if fitted is None or t.key in fitted else 0.35,
+                          markerfacecolor=color if every else "none", label=label if i == 0 else None)
+    return [float(t.global_batch_size) for t, _ in shown]
+
+
+def _draw_critical_batch(ax: Axes, right: Axes, found: CriticalBatch, batches: Sequence[int]) -> List[float]:
+    """The fit's steps and samples curves over the swept range, B_crit and its interval; returns the
+    x values drawn."""
+    # Over the whole x range the plot shows: the swept batches and B_crit's interval.
+    edges = [*batches, found.critical_batch_size, *(b for b in (found.low, found.high) if b is not None)]
+    span = np.geomspace(min(edges) / 1.4, max(edges) * 1.4, 80)
+    ax.plot(span, found.s_min * (1 + found.critical_batch_size / span), color="#1f77b4", linewidth=1.3,
+            label=f"fit: S = {found.s_min:.0f} (1 + {found.critical_batch_size:.0f} / B), "
+                  f"R\u00b2 {found.r_squared:.2f}")
+    right.plot(span, found.s_min * (span + found.critical_batch_size), color="#2ca02c", linewidth=1.1,
+               linestyle="--", label="fit: E = S_min (B + B_crit)")
+    ax.axvline(found.critical_batch_size, color="0.2", linestyle="--", linewidth=1.2,
+               label=f"B_crit {found.critical_batch_size:.0f}")
+    xs = [found.critical_batch_size]
+    if found.low is not None and found.high is not None:
+        ax.axvspan(found.low, found.high, color="0.5", alpha=0.15, linewidth=0,
+                   label=f"B_crit 95 % interval {found.low:.0f}-{found.high:.0f}")
+        xs += [found.low, found.high]
+    return xs
+
+
+def memory_by_recipe(trials: Sequence[Trial], path: str | os.PathLike, budget_bytes: Optional[float] = None
+                     ) -> Optional[str]:
+    """Peak memory against the micro-batch, one line per recipe (precision x activation
+    checkpointing) with its least-squares line and per-sample slope, over the layouts with the fewest
+    workers and accumulation steps each recipe ran (peak memory is per worker); the largest micro-batch
+    measured ok per recipe is ringed. Oom sizes are red x on the budget (or the top).
+
+    Returns None and writes nothing with fewer than two recipes measured."""
+    folded = folding.fold_layouts(trials)
+    by_recipe: Dict[Tuple[str, str], List[Trial]] = defaultdict(list)
+    for t in folded:
+        by_recipe[folding.recipe(t)].append(t)
+    measured = {r: ts for r, ts in by_recipe.items()
+                if any(t.status == "ok" and t.peak_memory_bytes is not None for t in ts)}
+    if len(measured) < 2:
+        return None
+    fig, ax = _figure()
+    top = 0.0
+    for i, (r, members) in enumerate(sorted(measured.items(), key=lambda kv: folding.recipe_order(kv[0]))):
+        base = min((t.num_workers, t.accumulation_steps) for t in members)
+        line = sorted((t for t in members if (t.num_workers, t.accumulation_steps) == base),
+                      key=lambda t: t.micro_batch_size)
+        top = max(top, _draw_recipe_line(ax, i, r, base, line))
+    if budget_bytes is not None:
+        ax.axhline(budget_bytes / MiB, color=OOM_COLOR, linewidth=1.2, label=f"budget ({budget_bytes / MiB:.0f} MiB)")
+        top = max(top, budget_bytes)
+    ax.set_ylim(0, top / MiB * 1.12)
+    _mark_oom(ax, folded, budget_bytes)
+    _size_axis(ax, [t.micro_batch_size for t in folded], log=False)
+    _titles(ax, "Peak memory vs micro-batch size, per recipe", "micro-batch size (samples per worker per step)",
+            "peak memory, largest worker (MiB)")
+    _legend(ax, [Line2D([], [], linestyle="none", marker="o", markersize=11, markerfacecolor="none",
+                        markeredgecolor="0.3", label="largest micro-batch measured ok")])
+    return _save(fig, path)
+
+
+def _draw_recipe_line(ax: Axes, i: int, r: Tuple[str, str], base: Tuple[int, int], line: Sequence[Trial]) -> float:
+    """One recipe's ok points, its fitted line and its largest ok micro-batch ringed; returns the
+    highest point drawn, in bytes."""
+    ok = [t for t in line if t.status == "ok" and t.peak_memory_bytes is not None]
+    if not ok:
+        return 0.0
+    color = _color(i)
+    x = np.array([t.micro_batch_size for t in ok], dtype=float)
+    y = np.array([t.peak_memory_bytes for t in ok], dtype=float)
+    label = f"{folding.recipe_label(r)} (workers {base[0]}, accum {base[1]})"
+    top = float(y.max())
+    if len(set(x)) >= 2:
+        slope, intercept = np.polyfit(x, y, 1)
+        # Over the oom sizes too: the line shows what they would have needed.
+        top = max(top, _draw_fit(ax, intercept, slope, [t.micro_batch_size for t in line
+                                                         if t.status in ("ok", "oom")], color=color,
+                                 linewidth=1, alpha=0.8))
+        label += f"\n  {_mib(intercept)} + {_kib(slope)}/sample"
+    ax.plot(x, y / MiB, color=color, linestyle="none", marker=_marker(i), markersize=6, label=label)
+    ax.scatter([x[-1]], [y[-1] / MiB], s=200, facecolors="none", edgecolors=color, linewidths=1.6, zorder=4)
+    return top
 
 
 # -- the micro-batch plots' pieces ---------------------------------------------------------------
@@ -219,7 +495,8 @@ def _draw_throughput(
         ax.errorbar(x, y, yerr=err, color=color, marker=_marker(line.index), markersize=5,
                     capsize=3, linewidth=1.5, label=_series_label(line.series))
         top = max(top, max(a + b for a, b in zip(y, err)))
-        knee = knees.get(line.series)
+        # Knees of the default recipe may be keyed by (accumulation, workers) alone (analysis.knees).
+        knee = knees.get(line.series, None if line.series[2] else knees.get(line.series[:2]))
         knee_trial = next((t for t in line.points if t.micro_batch_size == knee), None)
         if knee_trial is not None:
             knee_marks.append((knee_trial.micro_batch_size, knee_trial.samples_per_second, color))
@@ -317,9 +594,9 @@ def _mark_not_ok_on_floor(ax: Axes, trials: Sequence[Trial], by_series: Dict[Ser
     for micro, failed in sorted(not_ok.items()):
         ax.plot([micro], [0.035], transform=floor, linestyle="none", marker="x", color=OOM_COLOR, markersize=9,
                 markeredgewidth=2, zorder=5, clip_on=False)
-        text = " / ".join(sorted({t.status for t in failed}))
+        text = _not_ok_text(failed)
         everyone = {s for s, members in by_series.items() if any(t.micro_batch_size == micro for t in members)}
-        who = sorted({(t.accumulation_steps, t.num_workers) for t in failed})
+        who = sorted({_series(t) for t in failed})
         if set(who) != everyone:  # only some series failed here: say which, or how many
             names = [_series_label(s) for s in who] if len(who) <= 2 else [f"{len(who)} of {len(everyone)} series"]
             text += "\n" + "\n".join(names)
@@ -366,12 +643,31 @@ def _placeholder(path: str | os.PathLike, title: str, trials: Sequence[Trial], m
 def _by_series(trials: Iterable[Trial]) -> Dict[Series, List[Trial]]:
     groups: Dict[Series, List[Trial]] = defaultdict(list)
     for t in trials:
-        groups[(t.accumulation_steps, t.num_workers)].append(t)
+        groups[_series(t)].append(t)
     return dict(sorted(groups.items()))
 
 
+def _series(t: Trial) -> Series:
+    """A trial's series: its accumulation and workers, and its recipe and LR multiplier when they are
+    not the defaults (a layout-folded trial carries no multiplier)."""
+    extra = []
+    if folding.recipe(t) != folding.DEFAULT_RECIPE:
+        extra.append(folding.recipe_label(folding.recipe(t)))
+    if t.lr_multiplier is not None and t.lr_multiplier != 1.0:
+        extra.append(f"LR x{t.lr_multiplier:g}")
+    return t.accumulation_steps, t.num_workers, ", ".join(extra)
+
+
 def _series_label(series: Series) -> str:
-    return f"accum {series[0]}, workers {series[1]}"
+    return f"accum {series[0]}, workers {series[1]}" + (f", {series[2]}" if series[2] else "")
+
+
+def _not_ok_text(failed: Sequence[Trial]) -> str:
+    """What happened, e.g. "oom / diverged (nonfinite)": a diverged point's reason with its status."""
+    def one(t: Trial) -> str:
+        return f"diverged ({t.diverged_reason})" if t.status == "diverged" and t.diverged_reason else t.status
+
+    return " / ".join(sorted({one(t) for t in failed}))
 
 
 def _color(i: int) -> str:

@@ -1,0 +1,176 @@
+"""The report page's sections between the recommendation and the plots: the critical batch size in
+words, the points over their seeds, the LR multipliers per global batch, the recipes compared."""
+
+from __future__ import annotations
+
+import re
+from typing import Dict, List, Optional, Tuple
+
+from sweeper.report import analysis, points, recipes
+from sweeper.report.analysis import Trial
+from sweeper.report.critical_batch import CriticalBatch
+from sweeper.report.html import Section
+
+
+def lr_rule(params: Dict[str, str]) -> str:
+    """The LR rule the critical batch size holds under, from the sweep's params: the scaling rule
+    and the multipliers of which the fit took the best per global batch."""
+    rule = f"lr_scaling={params.get('lr_scaling', '?')} (base batch {params.get('base_batch_size', '?')})"
+    multipliers = params.get("lr_multipliers")
+    if multipliers and multipliers not in ("[1.0]", "[1]"):
+        rule += f", the best of lr_multipliers {multipliers} per global batch"
+    return rule
+
+
+def sections(trials: List[Trial], found: Optional[CriticalBatch], params: Dict[str, str],
+              frontier: Dict[str, float]) -> List[Section]:
+    """The page's sections between the recommendation and the plots (each left out when empty)."""
+    return [
+        ("Critical batch size", _critical_batch_words(trials, found, params)),
+        ("Points (mean over seeds)", _point_rows(trials)),
+        ("LR multipliers per global batch", lr_rows(trials)),
+        *_recipe_sections(trials, frontier),
+    ]
+
+
+def _critical_batch_words(trials: List[Trial], found: Optional[CriticalBatch], params: Dict[str, str]) -> str:
+    """The fit in words with the mean B_simple beside it, or why there is none ('' when the sweep
+    measured neither steps to a target nor a noise scale)."""
+    b_simple = points.b_simple_mean(trials)
+    noise = "" if b_simple is None else (
+        f" The points' gradient noise scale B_simple averages {b_simple:.0f} (McCandlish et al. 2018 expect "
+        "B_crit ~ B_simple within an order of magnitude).")
+    if found is None:
+        if b_simple is None and not any(t.steps_to_target is not None for t in trials):
+            return ""
+        return f"No fit: {points.no_fit_reason(trials)}.{noise}"
+    return (f"{found.in_words()[:1].upper()}{found.in_words()[1:]}; fitted to {found.points} global batch sizes "
+            f"(R\u00b2 {found.r_squared:.2f}) under {lr_rule(params)}.{noise}")
+
+
+def _point_rows(trials: List[Trial]) -> List[Dict[str, str]]:
+    """One row per point: its seeds, how they ended, and the mean and interval of its figures; none
+    for a sweep of single runs without a target or a noise scale (the runs table says it all)."""
+    groups = analysis.replicates(trials)
+    rows = []
+    for key, members in groups.items():
+        acc, loss = analysis.accuracy_interval(members), analysis.loss_interval(members)
+        point = points.fold(members)[0]
+        time = points.spread(members, "time_to_target_seconds")
+        reached = [t for t in members if t.reached_target]
+        rows.append({
+            "point": key,
+            "global": str(point.global_batch_size),
+            "seeds": str(len(members)),
+            "status": _statuses(members),
+            "val acc [interval]": "-" if acc is None else acc.text(),
+            "interval": "-" if acc is None else acc.how,
+            "train loss [interval]": "-" if loss is None else loss.text(),
+            "reached target": f"{len(reached)} of {len(members)}" if any(
+                t.reached_target is not None for t in members) else "-",
+            "steps to target": _fmt(point.steps_to_target, "{:.0f}"),
+            "time to target s": "-" if time is None else f"{time[0]:.3g} ({time[1]:.3g}-{time[2]:.3g})",
+            "B_simple": _fmt(point.gns_b_simple, "{:.1f}"),
+        })
+    telling = any(len(m) > 1 for m in groups.values()) or any(
+        r["B_simple"] != "-" or r["reached target"] != "-" for r in rows)
+    return rows if telling else []
+
+
+def lr_rows(trials: List[Trial]) -> List[Dict[str, str]]:
+    """analysis.lr_table as rows: per global batch, the multipliers tried, the best and the largest
+    that did not diverge; none when the sweep tried one multiplier and nothing diverged."""
+    table = analysis.lr_table(trials)
+    if not any(len(row.multipliers) > 1 or row.diverged for row in table.values()):
+        return []
+
+    def listed(values) -> str:
+        return ", ".join(f"{m:g}" for m in values) or "-"
+
+    return [{
+        "global": str(batch),
+        "multipliers tried": listed(row.multipliers),
+        f"best (by {row.metric})": "-" if row.best_multiplier is None else f"{row.best_multiplier:g}",
+        row.metric: "-" if row.best_value is None else f"{row.best_value:.3f}",
+        "largest not diverged": "-" if row.largest_stable is None else f"{row.largest_stable:g}",
+        "diverged at": listed(row.diverged),
+    } for batch, row in table.items()]
+
+
+def _statuses(members: List[Trial]) -> str:
+    """"ok", or e.g. "2 ok, 1 diverged (nonfinite at step 12)"."""
+    counts: Dict[str, int] = {}
+    for t in members:
+        what = t.status
+        if t.status == "diverged" and t.diverged_reason:
+            at = "" if t.diverged_at_step is None else f" at step {t.diverged_at_step}"
+            what = f"diverged ({t.diverged_reason}{at})"
+        counts[what] = counts.get(what, 0) + 1
+    if len(counts) == 1 and len(members) == 1:
+        return next(iter(counts))
+    return ", ".join(f"{n} {what}" for what, n in counts.items())
+
+
+def _fmt(value: Optional[float], pattern: str) -> str:
+    return "-" if value is None else pattern.format(value)
+
+
+_FRONTIER_METRIC = re.compile(r"^frontier_micro_batch_size_w(\d+)((?:_(?:fp32|bf16|fp16))?)((?:_ckpt)?)$")
+
+
+def largest_micro_batches(trials: List[Trial], frontier: Dict[str, float]) -> List[Dict[str, str]]:
+    """Per recipe and worker count, the largest micro-batch: the frontier search's
+    (`frontier_micro_batch_size_w<N>[_<precision>][_ckpt]` on the parent run, with
+    sweep.micro_batch_sizes=auto), else the largest one measured ok (and the smallest oom above it)."""
+    found: Dict[Tuple[str, str, int], Dict[str, str]] = {}
+    for name, value in frontier.items():
+        match = _FRONTIER_METRIC.match(name)
+        if match:
+            recipe = (match.group(2)[1:] or "fp32", "blocks" if match.group(3) else "none")
+            found[(*recipe, int(match.group(1)))] = {"largest micro-batch": f"{value:.0f}", "from": "frontier search"}
+    for (precision, ckpt, workers), group in _by_recipe_and_workers(trials).items():
+        if (precision, ckpt, workers) in found:
+            continue
+        ok = [t.micro_batch_size for t in group if t.status == "ok"]
+        oom = [t.micro_batch_size for t in group if t.status == "oom" and (not ok or t.micro_batch_size > max(ok))]
+        found[(precision, ckpt, workers)] = {
+            "largest micro-batch": str(max(ok)) if ok else "-",
+            "from": "largest ok point" + (f" (oom at {min(oom)})" if oom else " (none ran out of memory)"),
+        }
+    return [{"recipe": points.recipe_label((p, c)), "workers": str(w), **row}
+            for (p, c, w), row in sorted(found.items(), key=lambda kv: points.recipe_order(kv[0][:2]) + (kv[0][2],))]
+
+
+
+def _by_recipe_and_workers(trials: List[Trial]) -> Dict[Tuple[str, str, int], List[Trial]]:
+    groups: Dict[Tuple[str, str, int], List[Trial]] = {}
+    for t in trials:
+        groups.setdefault((*points.recipe(t), t.num_workers), []).append(t)
+    return groups
+
+
+def _recipe_sections(trials: List[Trial], frontier: Dict[str, float]) -> List[Section]:
+    """When the sweep measured more than one recipe: the largest micro-batch per recipe, each recipe
+    against fp32 without checkpointing (recipes.compare_recipes), and in words what checkpointing
+    saved and whether a larger micro-batch with it beats accumulation at equal global batch."""
+    compared = recipes.compare_recipes(trials)
+    if not compared.rows:
+        return []
+
+    def signed(value: Optional[float], pattern: str) -> str:
+        return "-" if value is None else pattern.format(value)
+
+    rows = [{
+        "recipe": points.recipe_label((r.precision, r.checkpointing)),
+        "layouts compared": str(r.layouts_compared),
+        "throughput vs fp32": signed(r.throughput_delta, "{:+.0%}"),
+        "val accuracy vs fp32": signed(None if r.accuracy_delta is None else r.accuracy_delta * 100,
+                                       "{:+.1f} points"),
+        "peak memory vs fp32": signed(r.memory_delta, "{:+.0%}"),
+    } for r in sorted(compared.rows, key=lambda r: points.recipe_order((r.precision, r.checkpointing)))
+        if (r.precision, r.checkpointing) != recipes.BASELINE]
+    return [
+        ("Largest micro-batch per recipe", largest_micro_batches(trials, frontier)),
+        ("Recipes against fp32 without checkpointing (same layouts, mean over seeds)", rows),
+        ("Checkpointing: what it saved, and against accumulation", "\n".join(s + "." for s in compared.sentences)),
+    ]

@@ -1,0 +1,97 @@
+"""How sure a measured figure is: confidence intervals over seed replicates (Student t) or of one
+validation set (Wilson score), and the test that decides whether two points' figures differ (Welch)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from scipy import stats as _scipy
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A measured mean with its confidence interval; `how` says in words how it was computed."""
+
+    mean: float
+    low: float
+    high: float
+    n: int  # seeds (over_seeds) or validation samples (binomial)
+    how: str  # e.g. "t interval over 3 seeds, 95 %"
+    sd: Optional[float] = None  # the standard deviation over seeds; None for a binomial interval
+
+    def overlaps(self, other: "Interval") -> bool:
+        return self.low <= other.high and other.low <= self.high
+
+    def text(self, digits: int = 3) -> str:
+        """'0.780 [0.737, 0.819]'."""
+        return f"{self.mean:.{digits}f} [{self.low:.{digits}f}, {self.high:.{digits}f}]"
+
+
+def percent(level: float) -> str:
+    """0.95 -> '95 %'."""
+    return f"{level * 100:g} %"
+
+
+def _check_level(level: float) -> None:
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level={level} must be a confidence level between 0 and 1, e.g. 0.95")
+
+
+def over_seeds(values: Sequence[float], level: float = 0.95) -> Interval:
+    """Student t interval of the mean of `values` (one per seed replicate): mean +/- t * sd / sqrt(n)
+    with n - 1 degrees of freedom. Needs at least two finite values."""
+    _check_level(level)
+    values = [float(v) for v in values]
+    if len(values) < 2:
+        raise ValueError(f"over_seeds needs at least 2 values (one per seed), got {len(values)}: "
+                         "with one seed use binomial() for an accuracy")
+    if not all(math.isfinite(v) for v in values):
+        raise ValueError(f"over_seeds needs finite values, got {values}")
+    n = len(values)
+    mean, sd = statistics.fmean(values), statistics.stdev(values)
+    half = float(_scipy.t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
+    return Interval(mean, mean - half, mean + half, n, f"t interval over {n} seeds, {percent(level)}", sd)
+
+
+def binomial(accuracy: float, samples: int, level: float = 0.95) -> Interval:
+    """Wilson score interval of an accuracy measured on `samples` validation samples (one run): it
+    stays inside [0, 1] and keeps its coverage near 0 and 1, where the normal approximation fails."""
+    _check_level(level)
+    if samples is None or int(samples) < 1:
+        raise ValueError(f"binomial needs a positive number of validation samples, got {samples}")
+    if not 0.0 <= accuracy <= 1.0:
+        raise ValueError(f"accuracy={accuracy} must be a fraction between 0 and 1")
+    n = int(samples)
+    z = float(_scipy.norm.ppf(0.5 + level / 2))
+    centre = (accuracy + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(accuracy * (1 - accuracy) / n + z * z / (4 * n * n))
+    how = f"Wilson interval of {n} validation samples, {percent(level)} (one seed)"
+    return Interval(float(accuracy), max(0.0, centre - half), min(1.0, centre + half), n, how)
+
+
+def welch_p(a: Sequence[float], b: Sequence[float]) -> float:
+    """Two-sided p-value of Welch's t-test (unequal variances) for equal means of `a` and `b`, each
+    with at least two values. Identical constant samples give 1.0; different constants 0.0."""
+    a, b = [float(v) for v in a], [float(v) for v in b]
+    if len(a) < 2 or len(b) < 2:
+        raise ValueError(f"welch_p needs at least 2 values per side, got {len(a)} and {len(b)}")
+    if statistics.variance(a) == 0 and statistics.variance(b) == 0:
+        # No spread at all: scipy returns nan; the means either agree or differ for certain.
+        return 1.0 if statistics.fmean(a) == statistics.fmean(b) else 0.0
+    return float(_scipy.ttest_ind(a, b, equal_var=False).pvalue)
+
+
+def separable(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> bool:
+    """Whether `a` and `b` (one value per seed each) have different means at `level`: Welch's t-test,
+    two-sided, p < 1 - level. With fewer than two values on either side no test over seeds exists and
+    this returns False; the caller then decides on non-overlapping intervals (e.g. `binomial`)."""
+    _check_level(level)
+    if len(a) < 2 or len(b) < 2:
+        return False
+    return welch_p(a, b) < 1.0 - level
+
+
+__all__ = ["Interval", "binomial", "over_seeds", "percent", "separable", "welch_p"]
