@@ -92,6 +92,8 @@ class Training:
                 # steps makes the summed gradient the mean over the worker's whole share.
                 scaled = loss / point.accumulation_steps
                 (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+            if self.micro_grads is not None:
+                self.micro_grads.flush()
             if marks is not None:
                 marks.append(self.device.mark())
             self.step_losses[step] += loss.detach()
