@@ -498,6 +498,27 @@ def _multipliers(values: Any) -> List[str]:
     return problems
 
 
+def _repeated(sweep: SweepConfig) -> List[str]:
+    """A value given twice on a grid axis would make two points with one key (one MLflow child run
+    for both, a resume that skips the second): refused. Multipliers compare as their keys print them."""
+    axes = {
+        "sweep.micro_batch_sizes": None if is_auto(sweep.micro_batch_sizes) else sweep.micro_batch_sizes,
+        "sweep.accumulation_steps": sweep.accumulation_steps, "sweep.num_workers": sweep.num_workers,
+        "sweep.global_batch_sizes": sweep.global_batch_sizes, "sweep.seeds": sweep.seeds,
+        "sweep.precisions": sweep.precisions, "sweep.activation_checkpointing": sweep.activation_checkpointing,
+        "sweep.lr_multipliers": sweep.lr_multipliers,
+    }
+    problems = []
+    for key, values in axes.items():
+        if not isinstance(values, list):
+            continue
+        forms = [f"{v:g}" if key == "sweep.lr_multipliers" and isinstance(v, (int, float)) else str(v) for v in values]
+        twice = sorted({f for f in forms if forms.count(f) > 1})
+        if twice:
+            problems.append(f"{key} gives {', '.join(twice)} more than once: list each value once")
+    return problems
+
+
 def _choices(key: str, values: Any, allowed: Sequence[str], example: str) -> List[str]:
     """Problems with a list of names from `allowed` (a recipe axis)."""
     if not isinstance(values, list) or not values or not all(isinstance(v, str) for v in values):
@@ -557,6 +578,7 @@ def check_sweep(sweep: SweepConfig) -> List[str]:
     problem = invalid_choice("sweep.strategy", sweep.strategy, STRATEGIES)
     if problem:
         problems.append(problem)
+    problems += _repeated(sweep)
     if sweep.retry_failed and not sweep.resume:
         problems.append(
             "sweep.retry_failed=true needs sweep.resume=true: it retries the failed points of a resumed sweep"
@@ -822,6 +844,8 @@ def check_combinations(cfg: SweeperConfig) -> List[str]:
             f"inference.mlp_widths={cfg.inference.mlp_widths!r} needs model=mlp (model is "
             f"{cfg.model.name!r}); set it to null for other models"
         )
+    target = settings.target_problem(cfg.report.objective, cfg.eval.target_accuracy, cfg.eval.target_loss)
+    problems += [target] if target else []
     return problems + _check_model_data(cfg.model, cfg.data)
 
 

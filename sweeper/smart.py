@@ -14,8 +14,6 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from sweeper.plan import DEFAULT_PRECISION, GridPoint
 
-STOPPED_NOISE = "noise"  # never: a class within the noise of the best goes on (for the docs' table)
-
 
 @dataclass(frozen=True)
 class AccuracyClass:
@@ -69,7 +67,8 @@ def classes(points: Sequence[GridPoint], coupled: bool,
     groups: Dict[Tuple, List[GridPoint]] = {}
     for point in points:
         member = replace(point, seed=None)
-        key = (point.global_batch_size, point.recipe, point.lr_multiplier) + ((point.micro_batch_size,) if coupled else ())
+        key = (point.global_batch_size, point.recipe, point.lr_multiplier)
+        key += (point.micro_batch_size,) if coupled else ()
         if member not in groups.setdefault(key, []):
             groups[key].append(member)
     out = []
@@ -95,6 +94,14 @@ def rung_fractions(eta: int, rungs: int) -> List[float]:
 def rung_steps(full_steps: int, fraction: float) -> int:
     """Optimizer steps of a rung: its share of the point's budget, rounded up to a whole step (at least one)."""
     return max(1, min(full_steps, math.ceil(full_steps * fraction - 1e-9)))
+
+
+def evaluations(steps: int, every_samples: Optional[int], global_batch_size: int) -> int:
+    """How many evaluations a budget of `steps` holds: every eval.every_samples rounded up to whole
+    global batches, before the last step (worker/train.py), then one at the end: ceil(steps / every)."""
+    if not every_samples:
+        return 1
+    return -(-steps // math.ceil(every_samples / global_batch_size))
 
 
 @dataclass(frozen=True)
@@ -137,16 +144,25 @@ def t_quantile(level: float, df: int) -> float:
 class Decision:
     keep: List[str]
     stopped: Dict[str, str]  # class key -> why, in words
+    note: str = ""  # why nothing could be stopped at this rung, when that is why
 
 
-def halve(scores: Dict[str, Score], eta: int) -> Decision:
+def halve(scores: Dict[str, Score], eta: int, uninformed: Optional[float] = None) -> Decision:
     """Successive halving over classes at one rung: keep the best ceil(n / eta) by mean loss, and
     every class whose interval overlaps the best one's (the data cannot tell them apart, so halving
-    must not choose between them); stop the rest, each with the figures that stopped it."""
+    must not choose between them); stop the rest, each with the figures that stopped it.
+
+    `uninformed`: the loss of a model that has learned nothing (ln(classes) for cross-entropy: a
+    uniform guess). While the best class's interval does not lie below it, no class has shown it
+    learns, and their order is noise around the initial loss (a small batch's first steps at a high
+    LR can even raise it): nothing is stopped at this rung."""
     if not scores:
         return Decision([], {})
     ranked = sorted(scores, key=lambda k: scores[k].mean)
     best = scores[ranked[0]]
+    if uninformed is not None and not best.high < uninformed:
+        return Decision(ranked, {}, f"the best class, {ranked[0]}, has a val loss {best.mean:.4g} [{best.low:.4g}, "
+                                    f"{best.high:.4g}] not below {uninformed:.4g}, a guess's: none has learned yet")
     quota = set(ranked[: max(1, math.ceil(len(ranked) / eta))])
     keep, stopped = [], {}
     for key in ranked:

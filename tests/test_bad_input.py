@@ -86,6 +86,10 @@ CASES = [
     (["sweep.global_batch_sizes=[]"], "sweep.global_batch_sizes"),
     (["inference.batch_sizes=null"], "inference.batch_sizes"),
     (["sweep.max_concurrent_trials=0"], "sweep.max_concurrent_trials"),
+    # a value twice on an axis: two points with one key
+    (["sweep.seeds=[0,0]"], "sweep.seeds"),
+    (["sweep.lr_multipliers=[1,1.0]"], "sweep.lr_multipliers"),
+    (["sweep.micro_batch_sizes=[16,16]"], "sweep.micro_batch_sizes"),
     # NaN and infinity, wherever a number goes
     (["optim.lr=nan"], "optim.lr"),
     (["optim.lr=inf"], "optim.lr"),
@@ -146,6 +150,14 @@ CASES = [
       "sweep.activation_checkpointing=[none,blocks]"], "sweep.activation_checkpointing=blocks"),
     (["model=custom", f"model._target_={HERE}.HalfOnItsOwn", "model.input_shape=[1,8,8]",
       "sweep.precisions=[fp32,fp16]", "cluster.use_gpu=false"], "sweep.precisions has fp16"),
+    # sweep.strategy=smart
+    (["sweep.strategy=fast"], "sweep.strategy"),
+    (["smart.eta=1"], "smart.eta"),
+    (["smart.rungs=0"], "smart.rungs"),
+    (["smart.confidence=1.5"], "smart.confidence"),
+    (["smart.confidence=nan"], "smart.confidence"),
+    (["smart.throughput_steps=0"], "smart.throughput_steps"),
+    (["smart.batch_coupled=maybe"], "smart.batch_coupled"),
     # the inference task checks the same sections
     (["task=inference", "inference.batch_sizes=[0]"], "inference.batch_sizes"),
     (["task=inference", "optim.lr=nan"], "optim.lr"),

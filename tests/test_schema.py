@@ -27,7 +27,11 @@ NOT_ON_ONE_CPU_POINT = {
     # the recipe's: fp16's loss scaling, checkpointing and compilation (not asked for here)
     "grad_scaler_scale", "grad_scaler_skipped_steps", "checkpointed_blocks", "compile_step_seconds",
     # a target's and a divergence's (none here)
-    "reached_target", "samples_to_target", "steps_to_target", "time_to_target_seconds", "diverged_at_step",
+    "reached_target", "samples_to_target", "steps_to_target", "time_to_target_seconds", "eval_seconds_to_target",
+    "diverged_at_step",
+    # sweep.strategy=smart's: set by the driver on a point whose class successive halving stopped, never
+    # by a worker (tests/test_smart.py checks them)
+    "stopped_at_rung", "stopped_at_samples",
 }
 
 

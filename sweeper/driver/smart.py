@@ -49,10 +49,14 @@ class Ledger:
     runs: int = 0
     full_grid_estimate: float = 0.0
     classes: int = 0
+    # every measurement run, for the parent's sum_trial_seconds / sum_train_seconds (a composed point
+    # has no run of its own: what the sweep spent is what its measurement runs spent)
+    measured: Rows = field(default_factory=list)
 
-    def add(self, result: PointResult, class_key: Optional[str] = None) -> None:
+    def add(self, unit: GridPoint, result: PointResult, class_key: Optional[str] = None) -> None:
         seconds = result.cost.trial_seconds or 0.0
         self.runs += 1
+        self.measured.append((unit, result))
         if class_key is None:
             self.throughput += seconds
         else:
@@ -78,8 +82,9 @@ class Ledger:
 
 
 def measure(cfg: SweeperConfig, s: Session, name: str, points: List[GridPoint], specs: Dict[GridPoint, PointSpec],
-            done_keys: frozenset, coupled: bool, record: Record) -> Ledger:
-    """The smart strategy over `points`: `record(point, result)` once per point not in `done_keys`."""
+            done_keys: frozenset, coupled: bool, num_classes: int, record: Record) -> Ledger:
+    """The smart strategy over `points`: `record(point, result)` once per point not in `done_keys`.
+    `num_classes`: the labels' count, whose log is the loss of a model that learned nothing."""
     ledger = Ledger()
     recorded = set(done_keys)
 
@@ -92,7 +97,9 @@ def measure(cfg: SweeperConfig, s: Session, name: str, points: List[GridPoint], 
     console.note(f"smart: {len(layouts)} layout(s) measured for throughput and memory in runs of at most "
                  f"{cfg.smart.throughput_steps} steps")
     tp_specs = {layout: throughput_spec(cfg, specs, points, layout) for layout in layouts}
-    throughput = measure_runs(cfg, s, f"{name}-throughput", "throughput", tp_specs, throughput_key, ledger, {})
+    # The throughput runs are the Ray Tune experiment named after the sweep: sweep.resume finds a sweep
+    # by that experiment's state (driver/resume.py), as for the grid.
+    throughput = measure_runs(cfg, s, name, "throughput", tp_specs, throughput_key, ledger, {})
     for point in points:
         measured = throughput.get(smart.layout(point))
         if measured is None or measured.status != "ok":
@@ -102,28 +109,44 @@ def measure(cfg: SweeperConfig, s: Session, name: str, points: List[GridPoint], 
     ledger.classes = len(classes)
     seeds = list(dict.fromkeys(p.seed for p in points))
     print_classes(classes, coupled, len(seeds))
+    uninformed = math.log(num_classes) if num_classes > 1 else None
+    accuracy_runs = run_rungs(cfg, s, name, classes, seeds, throughput, specs, ledger, keep, uninformed)
+    class_of = {member: c.key for c in classes for member in c.members}
+    ledger.full_grid_estimate = full_grid_estimate(points, specs, throughput, class_of, accuracy_runs)
+    return ledger
+
+
+def run_rungs(cfg: SweeperConfig, s: Session, name: str, classes: List[AccuracyClass], seeds: list,
+              throughput: Dict[GridPoint, PointResult], specs: Dict[GridPoint, PointSpec], ledger: Ledger,
+              keep: Record, uninformed: Optional[float]) -> Dict[str, List[PointResult]]:
+    """Successive halving: each rung trains every surviving class's representative at every seed to
+    the rung's share of the budget; a class is recorded (every member, every seed) when it finishes,
+    is stopped, or passes the last rung. Returns every rung run's result by class."""
     alive = classes
+    accuracy_runs: Dict[str, List[PointResult]] = defaultdict(list)
     fractions = smart.rung_fractions(cfg.smart.eta, cfg.smart.rungs)
     for rung, fraction in enumerate(fractions, 1):
         units = {replace(c.representative, seed=seed): c for c in alive for seed in seeds}
-        unit_specs = {unit: rung_spec(cfg, specs[unit], fraction) for unit in units}
+        unit_specs = {unit: rung_spec(specs[unit], fraction) for unit in units}
         console.note(f"smart: rung {rung} of {len(fractions)}: {len(alive)} class(es) x {len(seeds)} seed(s) "
                      f"trained to {fraction:.3g} of the budget")
         classes_of = {unit: c.key for unit, c in units.items()}
         results = measure_runs(cfg, s, f"{name}-rung{rung}", "rung", unit_specs, rung_key(rung), ledger, classes_of)
+        for unit, result in results.items():
+            accuracy_runs[classes_of[unit]].append(result)
         last = rung == len(fractions)
         scores: Dict[str, smart.Score] = {}
         for c in alive:
             reps = [(replace(c.representative, seed=seed), results.get(replace(c.representative, seed=seed)))
                     for seed in seeds]
             score = None if last else rung_score(cfg, reps)
-            if score is None:
-                record_class(cfg, c, reps, throughput, specs, rung, None, keep)
+            if score is None:  # finished: the last rung, or it cannot go on (rung_score says why)
+                record_class(cfg, c, reps, throughput, specs, rung, None if last else ended_early(reps), keep)
             else:
                 scores[c.key] = score
-        if last:
-            break
-        decision = smart.halve(scores, cfg.smart.eta)
+        decision = smart.halve(scores, cfg.smart.eta, uninformed)
+        if decision.note:
+            console.note(f"smart: rung {rung} stops no class: {decision.note}")
         for c in alive:
             if c.key in decision.stopped:
                 reps = [(replace(c.representative, seed=seed), results[replace(c.representative, seed=seed)])
@@ -132,8 +155,7 @@ def measure(cfg: SweeperConfig, s: Session, name: str, points: List[GridPoint], 
                 console.note(f"smart: stopped {c.key} at rung {rung}: {decision.stopped[c.key]}")
                 record_class(cfg, c, reps, throughput, specs, rung, decision.stopped[c.key], keep)
         alive = [c for c in alive if c.key in decision.keep]
-    ledger.full_grid_estimate = full_grid_estimate(points, specs, throughput)
-    return ledger
+    return accuracy_runs
 
 
 def throughput_key(point: GridPoint) -> str:
@@ -154,14 +176,17 @@ def throughput_spec(cfg: SweeperConfig, specs: Dict[GridPoint, PointSpec], point
                    divergence=replace(spec.divergence, check=False), gns=replace(spec.gns, enabled=False))
 
 
-def rung_spec(cfg: SweeperConfig, spec: PointSpec, fraction: float) -> PointSpec:
+def rung_spec(spec: PointSpec, fraction: float) -> PointSpec:
     """A representative's accuracy run to `fraction` of its budget, evaluated at its end: no memory
     breakdown, FLOPs or CPU budget (its layout's throughput run measured those, and fits). One warm-up
     step, for the point's deadline to be projected from; the windows stay, as the edges where
-    divergence is checked."""
+    divergence is checked. Before the last rung the `chance` rule is off: an accuracy near chance a
+    fraction into the budget is a model still learning, not one that learned nothing (halving ranks
+    it by its loss instead); nonfinite and spike still end it diverged."""
     light = replace(spec.measure, warmup_steps=1, memory_breakdown=False)
+    divergence = spec.divergence if fraction >= 1 else replace(spec.divergence, chance_margin=-math.inf)
     return replace(spec, steps=smart.rung_steps(spec.steps, fraction), measure=light, flop_count=None,
-                   memory_estimate_bytes=None, memory_budget_bytes=None, profile=False)
+                   memory_estimate_bytes=None, memory_budget_bytes=None, profile=False, divergence=divergence)
 
 
 def measure_runs(cfg: SweeperConfig, s: Session, label: str, role: str, unit_specs: Dict[GridPoint, PointSpec],
@@ -173,15 +198,16 @@ def measure_runs(cfg: SweeperConfig, s: Session, label: str, role: str, unit_spe
     held = s.tracker.measurements(role) if cfg.sweep.resume else {}
     out: Dict[GridPoint, PointResult] = {}
     for unit in unit_specs:
-        if key(unit) in held:
+        # sweep.retry_failed: a failed measurement is measured again, like a failed point
+        if key(unit) in held and not (cfg.sweep.retry_failed and held[key(unit)].get("status") == "failed"):
             out[unit] = PointResult.from_flat(held[key(unit)])
-            ledger.add(out[unit], classes_of.get(unit))
+            ledger.add(unit, out[unit], classes_of.get(unit))
 
     def done(unit: GridPoint, result: PointResult) -> None:
         if unit in out:
             return
         out[unit] = result
-        ledger.add(result, classes_of.get(unit))
+        ledger.add(unit, result, classes_of.get(unit))
         s.tracker.log_measurement(key(unit), role, measurement_params(unit, unit_specs[unit], role), result)
         bar.update(task, advance=1, description=f"{key(unit)}: {result.status}")
 
@@ -231,6 +257,15 @@ def rung_score(cfg: SweeperConfig, reps: List[Tuple[GridPoint, Optional[PointRes
     return smart.score(losses, [r.accuracy.val_loss_se for r in results], cfg.smart.confidence)
 
 
+def ended_early(reps: List[Tuple[GridPoint, Optional[PointResult]]]) -> Optional[str]:
+    """Why a class ends before the last rung although some of its seeds are ok: another seed diverged,
+    failed or never reported (those ok seeds are then recorded `stopped`, their accuracy a rung's).
+    None when it ends because every seed reached the target (eval.stop_at_target): that is its end."""
+    bad = [unit.key for unit, r in reps if r is None or r.status != "ok"]
+    return f"a seed of its class did not end ok at this rung ({', '.join(bad)}): the class goes no further" \
+        if bad else None
+
+
 def record_class(cfg: SweeperConfig, c: AccuracyClass, reps: List[Tuple[GridPoint, Optional[PointResult]]],
                  throughput: Dict[GridPoint, PointResult], specs: Dict[GridPoint, PointSpec], rung: int,
                  stopped: Optional[str], keep: Record) -> None:
@@ -254,6 +289,7 @@ def compose(point: GridPoint, tp: PointResult, unit: GridPoint, rep: Optional[Po
     out = PointResult(trial_key=point.key, device=tp.device)
     for section in FROM_LAYOUT:
         setattr(out, section, replace(getattr(tp, section)))
+    out.cost.startup_seconds = tp.cost.startup_seconds  # the layout's fixed cost, measured in its run
     prov = out.provenance
     prov.throughput_from, prov.accuracy_class = throughput_key(smart.layout(point)), c.key
     if rep is None:
@@ -288,21 +324,37 @@ def layout_failure(point: GridPoint, measured: Optional[PointResult]) -> PointRe
 
 
 def full_grid_estimate(points: Sequence[GridPoint], specs: Dict[GridPoint, PointSpec],
-                       throughput: Dict[GridPoint, PointResult]) -> float:
-    """What the grid strategy would have spent, from the same measurements: per point, its throughput
-    run's start-up plus its whole budget at its measured step time (evaluations left out: a lower
-    bound); a point that did not fit costs what its throughput run did."""
+                       throughput: Dict[GridPoint, PointResult], class_of: Dict[GridPoint, str],
+                       accuracy_runs: Dict[str, List[PointResult]]) -> float:
+    """What the grid strategy would have spent, from the same measurements: per point, its layout's
+    throughput run (start-up and its steps) plus the rest of its budget at its measured step time,
+    plus the evaluations its budget holds at the seconds per evaluation its class's accuracy runs
+    measured (all classes' when its own has none). A point that did not fit costs what its throughput
+    run did; eval.stop_at_target is not modelled (the grid would stop early too: an upper bound there)."""
+    per_eval_all = seconds_per_evaluation([r for runs in accuracy_runs.values() for r in runs])
     total = 0.0
     for point in points:
         tp = throughput.get(smart.layout(point))
         if tp is None:
             continue
-        step = tp.throughput.step_time_seconds
+        step, spent = tp.throughput.step_time_seconds, tp.cost.trial_seconds or 0.0
         if tp.status != "ok" or step is None:
-            total += tp.cost.trial_seconds or 0.0
-        else:
-            total += (tp.cost.startup_seconds or 0.0) + specs[point].steps * step
+            total += spent
+            continue
+        spec = specs[point]
+        per_eval = seconds_per_evaluation(accuracy_runs.get(class_of.get(replace(point, seed=None)), []))
+        evaluations = smart.evaluations(spec.steps, spec.eval.every_samples, point.global_batch_size) \
+            if spec.evaluate else 0
+        rest = max(spec.steps - (tp.cost.optimizer_steps or 0), 0) * step
+        total += spent + rest + evaluations * (per_eval if per_eval is not None else per_eval_all or 0.0)
     return total
+
+
+def seconds_per_evaluation(results: Sequence[PointResult]) -> Optional[float]:
+    """The mean seconds of one evaluation (BatchNorm re-estimation included) over `results`' runs."""
+    pairs = [(r.progress.eval_seconds, r.progress.evaluations) for r in results
+             if r.progress.eval_seconds is not None and r.progress.evaluations]
+    return sum(s for s, _ in pairs) / sum(n for _, n in pairs) if pairs else None
 
 
 def print_classes(classes: List[AccuracyClass], coupled: bool, seeds: int) -> None:

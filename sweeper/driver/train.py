@@ -53,7 +53,7 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
                 s.end(summary([], phases, Counter()), "FAILED")
                 return EXIT_POINT_FAILED
         if cfg.sweep.strategy == "smart":
-            rows, ledger = measure_smart(cfg, s, name, points, specs, done_keys, prepared.batch_coupled)
+            rows, ledger = measure_smart(cfg, s, name, points, specs, done_keys, prepared)
         else:
             rows, ledger = measure_grid(cfg, s, name, points, specs, done_keys), None
         phases("grid")
@@ -62,7 +62,8 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
         phases("report")
         statuses = recorded_statuses(s, parent, rows)
         failed = statuses["failed"] > 0 or frontier_failed
-        closing = summary(rows, phases, statuses)
+        # smart: a composed point has no run of its own; the point-time is its measurement runs'
+        closing = summary(rows if ledger is None else ledger.measured, phases, statuses)
         if ledger is not None:
             closing.update(ledger.metrics())
             console.print_ledger(ledger.metrics())
@@ -179,21 +180,22 @@ def measure_grid(
 
 def measure_smart(
     cfg: SweeperConfig, s: Session, name: str, points: List[GridPoint], specs: Dict[GridPoint, PointSpec],
-    done_keys: frozenset, coupled: List[str],
+    done_keys: frozenset, prepared: Prepared,
 ) -> Tuple[Rows, smart_driver.Ledger]:
     """sweep.strategy=smart (driver/smart.py): the same points recorded, from fewer measurements."""
+    coupled = prepared.batch_coupled
     if not cfg.sweep.resume:
         s.tracker.log_sweep_params({"num_trials": len(points), "strategy": "smart",
                                     "batch_coupled_layers": ", ".join(coupled) or "none"})
-    console.print_start(len(points), 0, "measurement runs (sweep.strategy=smart)")
+    console.note(f"{len(points)} points, composed from measurement runs (sweep.strategy=smart)")
     rows: Rows = []
 
     def record(point: GridPoint, result: PointResult) -> None:
         result.accuracy.accuracy_note = accuracy_note(cfg)
-        s.tracker.log_point(point, point_params(cfg, specs[point]), result)
+        s.tracker.log_point(point, point_params(cfg, specs[point]), result, replace_failed=cfg.sweep.retry_failed)
         rows.append((point, result))
 
-    ledger = smart_driver.measure(cfg, s, name, points, specs, done_keys, bool(coupled), record)
+    ledger = smart_driver.measure(cfg, s, name, points, specs, done_keys, bool(coupled), prepared.num_classes, record)
     return rows, ledger
 
 

@@ -1,0 +1,176 @@
+"""The same answer for less compute: the demo grid (micro-batch [16,64] x accumulation [1,2] x workers
+[1,2]) with 3 seeds and 2 LR multipliers, on MLP/digits and on resnet18/digits, measured twice per
+model: sweep.strategy=grid (every point trains its whole budget) and sweep.strategy=smart. Prints, per
+model, the point-seconds each spent (the grid: its points' trial_seconds; smart: its measurement runs',
+compute_point_seconds) and their ratio (goal <= 35 %), smart's own estimate of the grid against the
+grid measured, and whether the recommendations agree: the same point, the same layout (another LR
+multiplier), within the noise (on the full grid's records, the two points' accuracy intervals over
+seeds overlap and their throughputs lie within twice the larger of their windows' spread), or not.
+
+    python scripts/bench_answer_cost.py [--out DIR] [--models mlp,resnet18] [--seeds [0,1,2]] [--lr-multipliers [1,2]]
+        [--quick] [--reuse]
+
+--quick: one tiny MLP grid (2 x 2 layouts, 2 seeds, 2 multipliers, 1 epoch): checks the script runs.
+--reuse: keep the sweeps already under --out (say, the grid's) and run only the missing ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import statistics
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+import yaml
+from _sweeps import run_sweep
+from mlflow.tracking import MlflowClient
+from scipy.stats import t as student_t
+
+DEMO_GRID = ["sweep.micro_batch_sizes=[16,64]", "sweep.accumulation_steps=[1,2]", "sweep.num_workers=[1,2]",
+             "train.epochs=2", "train.lr_scaling=sqrt", "train.base_batch_size=32", "optim.lr=0.05",
+             ]  # seeds and LR multipliers: --seeds, --lr-multipliers
+COMMON = ["data=digits", "cluster.include_dashboard=false"]
+MODELS = {
+    "mlp": ["model=mlp"],  # seed 003's MLP, 8 x 1024 (BatchNorm-free)
+    "resnet18": ["model=resnet18"],  # BatchNorm: classes keep the micro-batch
+}
+QUICK = ["model=mlp", "model.depth=2", "model.width=32", "model.input_shape=[1,8,8]",
+         "sweep.micro_batch_sizes=[16,32]", "sweep.accumulation_steps=[1,2]", "sweep.num_workers=[1]",
+         "sweep.seeds=[0,1]", "sweep.lr_multipliers=[1,2]", "train.epochs=1", "measure.warmup_steps=2",
+         "measure.windows=3", "smart.throughput_steps=12", "measure.flops=false"]
+
+
+def read(folder: Path) -> Tuple[Dict[str, float], Dict[str, str], List[dict]]:
+    """The sweep's parent metrics, its recommendation (report/recommendation.yaml) and its points."""
+    client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("sweeper")
+    runs = client.search_runs([experiment.experiment_id], max_results=10_000)
+    parent = next(r for r in runs if r.data.tags.get("sweeper.role") == "sweep")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = client.download_artifacts(parent.info.run_id, "report/recommendation.yaml", tmp)
+        recommendation = yaml.safe_load(Path(path).read_text())
+    points = [{**r.data.params, **r.data.metrics, "status": r.data.tags.get("sweeper.status")}
+              for r in runs if r.data.tags.get("sweeper.role") == "trial"]
+    return dict(parent.data.metrics), recommendation, points
+
+
+def picked(recommendation: dict) -> Optional[str]:
+    chosen = recommendation.get("recommendation") or {}
+    return chosen.get("key")
+
+
+def by_point(points: List[dict]) -> Dict[str, List[dict]]:
+    out = defaultdict(list)
+    for p in points:
+        out[p["point"]].append(p)
+    return out
+
+
+def interval(values: List[float], level: float = 0.95) -> Tuple[float, float, float]:
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, mean, mean
+    half = student_t.ppf(0.5 + level / 2, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+    return mean, mean - half, mean + half
+
+
+def agreement(grid_pick: Optional[str], smart_pick: Optional[str], grid_points: List[dict]) -> str:
+    """How the smart strategy's answer relates to the full grid's, judged on the full grid's records."""
+    if grid_pick is None or smart_pick is None:
+        return f"no answer to compare (grid {grid_pick}, smart {smart_pick})"
+    if grid_pick == smart_pick:
+        return "same point"
+    layout = lambda key: key.split("-lrx")[0]  # noqa: E731
+    if layout(grid_pick) == layout(smart_pick):
+        return "same layout (another LR multiplier)"
+    points = by_point(grid_points)
+    ok = {key: [p for p in runs if p["status"] == "ok"] for key, runs in points.items()}
+    a, b = ok.get(grid_pick), ok.get(smart_pick)
+    if not a or not b:
+        return f"disagree ({smart_pick} has no ok record in the full grid)"
+    acc_a = interval([p["val_accuracy"] for p in a])
+    acc_b = interval([p["val_accuracy"] for p in b])
+    rate_a = statistics.fmean(p["samples_per_second"] for p in a)
+    rate_b = statistics.fmean(p["samples_per_second"] for p in b)
+    cv = max(statistics.fmean(p.get("samples_per_second_cv", 0.0) for p in runs) for runs in (a, b))
+    accuracy_tied = acc_b[1] <= acc_a[2] and acc_a[1] <= acc_b[2]
+    rate_tied = abs(rate_b / rate_a - 1) <= 2 * cv
+    words = (f"grid's {grid_pick}: val acc {acc_a[0]:.3f} [{acc_a[1]:.3f}, {acc_a[2]:.3f}], {rate_a:.0f} samples/s; "
+             f"smart's {smart_pick} in the full grid: val acc {acc_b[0]:.3f} [{acc_b[1]:.3f}, {acc_b[2]:.3f}], "
+             f"{rate_b:.0f} samples/s; windows' cv {cv:.1%}")
+    if accuracy_tied and rate_tied:
+        return f"within the noise ({words})"
+    return f"disagree ({words})"
+
+
+def compare(name: str, out: Path, overrides: List[str], reuse: bool) -> Dict[str, object]:
+    figures: Dict[str, object] = {}
+    for strategy in ("grid", "smart"):
+        folder = out / f"{name}-{strategy}"
+        if reuse and (folder / "mlflow.db").exists():
+            metrics, _, _ = read(folder)  # a sweep this script ran before (--reuse): its own wall time
+            wall = metrics["sweep_wall_seconds"]
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+            wall = run_sweep(folder, [*overrides, f"sweep.strategy={strategy}"])
+        metrics, recommendation, points = read(folder)
+        figures[strategy] = (wall, metrics, recommendation, points)
+        print(f"{name}_{strategy}_wall_seconds: {wall:.0f}", flush=True)
+    (g_wall, g_metrics, g_rec, g_points), (s_wall, s_metrics, s_rec, _) = figures["grid"], figures["smart"]
+    grid_cost = sum(p.get("trial_seconds", 0.0) for p in g_points)
+    smart_cost = s_metrics["compute_point_seconds"]
+    estimate = s_metrics.get("full_grid_point_seconds_estimate", float("nan"))
+    print(f"{name}_points: {len(g_points)} ({len(by_point(g_points))} points x seeds)")
+    print(f"{name}_grid_point_seconds: {grid_cost:.1f}")
+    print(f"{name}_smart_point_seconds: {smart_cost:.1f} "
+          f"(throughput {s_metrics['compute_throughput_point_seconds']:.1f}, "
+          f"accuracy {s_metrics['compute_accuracy_point_seconds']:.1f}, stopped early "
+          f"{s_metrics['compute_stopped_point_seconds']:.1f}; {s_metrics['smart_measurement_runs']:.0f} runs, "
+          f"{s_metrics['smart_classes_stopped']:.0f} of {s_metrics['smart_accuracy_classes']:.0f} classes stopped)")
+    print(f"{name}_smart_estimate_of_grid: {estimate:.1f} point-seconds "
+          f"({estimate / grid_cost:.2f} x the grid measured)")
+    print(f"{name}_wall_ratio: {s_wall / g_wall:.2f}")
+    print(f"{name}_recommendations: grid {picked(g_rec)}, smart {picked(s_rec)}")
+    agreed = agreement(picked(g_rec), picked(s_rec), g_points)
+    print(f"{name}_agreement: {agreed}")
+    ratio = smart_cost / grid_cost
+    print(f"{name}_compute_ratio: {ratio:.1%} of the full grid (goal <= 35 %)", flush=True)
+    return {"ratio": ratio, "agreement": agreed}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=".sweeper/bench_answer_cost")
+    parser.add_argument("--models", default="mlp,resnet18", help="comma-separated: mlp, resnet18")
+    parser.add_argument("--quick", action="store_true", help="one tiny MLP grid: checks the script runs")
+    parser.add_argument("--seeds", default="[0,1,2]")
+    parser.add_argument("--lr-multipliers", default="[1,2]")
+    parser.add_argument("--reuse", action="store_true",
+                        help="keep the sweeps already in --out (e.g. the grid's) and run only the missing ones")
+    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for every sweep")
+    args = parser.parse_args()
+    out = Path(args.out).resolve()
+    if not args.reuse:
+        shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    cases = {"quick_mlp": [*COMMON, *QUICK]} if args.quick else {
+        name: [*COMMON, *MODELS[name], *DEMO_GRID, f"sweep.seeds={args.seeds}",
+               f"sweep.lr_multipliers={args.lr_multipliers}"] for name in args.models.split(",")}
+    results = {}
+    for name, overrides in cases.items():
+        overrides = [*overrides, *args.overrides]
+        print(f"config_{name}: {' '.join(overrides)}", flush=True)
+        results[name] = compare(name, out, overrides, args.reuse)
+    (out / "summary.json").write_text(json.dumps(results, indent=2))
+    print("headline: " + "; ".join(f"{n} {r['ratio']:.1%} of the grid's compute, {r['agreement'].split(' (')[0]}"
+                                  for n, r in results.items()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

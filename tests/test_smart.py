@@ -1,0 +1,365 @@
+"""sweep.strategy=smart: accuracy-equivalence classes and their representatives, the rungs, the
+halving rule, a point composed from its measurement runs, the compute ledger; and through the CLI,
+an interrupted smart sweep resumed mid-rung to a finished record."""
+
+import math
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from sweeper import models, smart
+from sweeper.config import DataConfig, ModelConfig, TrainConfig
+from sweeper.driver import smart as driver
+from sweeper.plan import GridPoint, replicate
+from sweeper.schema import PointResult
+from sweeper.worker.spec import PointSpec
+
+# The demo's layouts (conf/experiment/resnet_batch.yaml): micro-batch [16,64] x accumulation [1,2] x workers [1,2].
+DEMO = [GridPoint(m, a, w) for m in (16, 64) for a in (1, 2) for w in (1, 2)]
+
+
+def keys(points):
+    return sorted(p.key for p in points)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Which layouts train the same model
+
+
+def test_batch_coupled_layers_are_found_in_the_model():
+    resnet = models.build_on_meta(ModelConfig(name="resnet18"), 10)
+    assert models.batch_coupled_layers(resnet) == ["BatchNorm2d"]
+    mlp = models.build(ModelConfig(name="mlp", depth=2, width=32, input_shape=[1, 8, 8]), 10)
+    assert models.batch_coupled_layers(mlp) == []
+    per_sample = torch.nn.Sequential(torch.nn.LayerNorm(8), torch.nn.GroupNorm(2, 8), torch.nn.Dropout(),
+                                     torch.nn.InstanceNorm1d(8))  # no running statistics: per sample
+    assert models.batch_coupled_layers(per_sample) == []
+    assert models.batch_coupled_layers(torch.nn.InstanceNorm1d(8, track_running_stats=True)) == ["InstanceNorm1d"]
+
+
+def test_a_batchnorm_free_model_shares_a_class_per_global_batch():
+    found = {c.key: c for c in smart.classes(DEMO, coupled=False)}
+    assert {k: keys(c.members) for k, c in found.items()} == {
+        "gb16": ["mb16-acc1-w1"],
+        "gb32": ["mb16-acc1-w2", "mb16-acc2-w1"],
+        "gb64": ["mb16-acc2-w2", "mb64-acc1-w1"],
+        "gb128": ["mb64-acc1-w2", "mb64-acc2-w1"],
+        "gb256": ["mb64-acc2-w2"],
+    }
+    # the representative: fewest workers, then the largest micro-batch, then the fewest accumulation steps
+    assert {k: c.representative.key for k, c in found.items()} == {
+        "gb16": "mb16-acc1-w1", "gb32": "mb16-acc2-w1", "gb64": "mb64-acc1-w1", "gb128": "mb64-acc2-w1",
+        "gb256": "mb64-acc2-w2"}
+
+
+def test_a_batchnorm_model_shares_a_class_only_at_the_same_micro_batch():
+    found = {c.key: c for c in smart.classes(DEMO, coupled=True)}
+    assert {k: keys(c.members) for k, c in found.items()} == {
+        "gb16-mb16": ["mb16-acc1-w1"],
+        "gb32-mb16": ["mb16-acc1-w2", "mb16-acc2-w1"],
+        "gb64-mb16": ["mb16-acc2-w2"],
+        "gb64-mb64": ["mb64-acc1-w1"],
+        "gb128-mb64": ["mb64-acc1-w2", "mb64-acc2-w1"],
+        "gb256-mb64": ["mb64-acc2-w2"],
+    }
+    assert found["gb128-mb64"].representative.key == "mb64-acc2-w1"
+
+
+def test_seeds_fold_into_a_class_and_lr_multipliers_and_recipes_split_it():
+    points = replicate(DEMO, [0.5, 1.0], [0, 1, 2]) + [replace(p, precision="bf16") for p in DEMO[:2]]
+    found = smart.classes(points, coupled=False)
+    assert len(found) == 5 * 2 + 2  # 5 global batches x 2 multipliers, and bf16's gb16 and gb32
+    assert all(m.seed is None for c in found for m in c.members)
+    by_key = {c.key: c for c in found}
+    assert keys(by_key["gb32-lrx0.5"].members) == ["mb16-acc1-w2-lrx0.5", "mb16-acc2-w1-lrx0.5"]
+    assert keys(by_key["gb32-bf16"].members) == ["mb16-acc1-w2-bf16"]
+
+
+def test_a_layout_that_failed_its_throughput_run_cannot_represent_its_class():
+    found = {c.key: c for c in smart.classes(DEMO, False, excluded=[GridPoint(16, 2, 1), GridPoint(64, 2, 2)])}
+    assert found["gb32"].representative.key == "mb16-acc1-w2"  # the other member trains for the class
+    assert keys(found["gb32"].members) == ["mb16-acc1-w2", "mb16-acc2-w1"]  # still both recorded from it
+    assert "gb256" not in found  # no member left to train it
+
+
+# ---------------------------------------------------------------------------------------------------
+# Rungs and the halving rule
+
+
+def test_rungs_train_to_shares_of_the_budget_in_whole_steps():
+    assert smart.rung_fractions(3, 3) == pytest.approx([1 / 9, 1 / 3, 1.0])
+    assert smart.rung_fractions(2, 1) == [1.0]
+    assert [smart.rung_steps(89, f) for f in smart.rung_fractions(3, 3)] == [10, 30, 89]
+    assert smart.rung_steps(9, 1 / 3) == 3  # not 4: 9 x (1/3) in floating point is 3.0000000000000004
+    assert smart.rung_steps(5, 0.01) == 1  # at least one step
+    # evaluations of a budget: every 256 samples rounded up to whole global batches, and one at the end
+    assert smart.evaluations(89, 256, 16) == 6 and smart.evaluations(32, 256, 16) == 2
+    assert smart.evaluations(89, None, 16) == 1
+
+
+def test_a_class_score_is_a_t_interval_over_seeds_or_the_validation_sets_standard_error():
+    over_seeds = smart.score([1.0, 2.0, 3.0], [None] * 3, 0.95)
+    half = 4.302652729911275 / math.sqrt(3)  # t(0.975, 2 df) x sd 1 / sqrt(3)
+    assert (over_seeds.mean, over_seeds.low, over_seeds.high) == pytest.approx((2.0, 2.0 - half, 2.0 + half))
+    assert over_seeds.how == "seeds"
+    one = smart.score([2.0], [0.05], 0.95)
+    assert (one.low, one.high) == pytest.approx((2.0 - 1.959964 * 0.05, 2.0 + 1.959964 * 0.05))
+    assert one.how == "validation set"
+
+
+def S(mean, half):
+    return smart.Score(mean, mean - half, mean + half, 3, "seeds")
+
+
+def test_halving_keeps_the_best_share_and_stops_the_rest_with_figures():
+    scores = {"a": S(1.0, 0.1), "b": S(1.5, 0.1), "c": S(2.0, 0.1), "d": S(1.2, 0.05), "e": S(3.0, 0.2),
+              "f": S(2.5, 0.1)}
+    decision = smart.halve(scores, eta=3)
+    assert decision.keep == ["a", "d"]  # ceil(6 / 3) = 2 best by mean loss
+    assert sorted(decision.stopped) == ["b", "c", "e", "f"]
+    assert "val loss 1.5 [1.4, 1.6] against the best a's 1 [0.9, 1.1] (seeds)" in decision.stopped["b"]
+
+
+def test_halving_never_stops_a_class_whose_interval_overlaps_the_best():
+    wide = {"a": S(1.0, 0.1), "b": S(1.5, 0.45), "c": S(1.6, 0.5), "d": S(1.7, 0.65), "e": S(2.0, 0.1)}
+    decision = smart.halve(wide, eta=3)
+    assert decision.keep == ["a", "b", "c", "d"] and list(decision.stopped) == ["e"]
+    rng = random.Random(0)
+    for _ in range(500):
+        scores = {str(i): S(rng.uniform(0, 3), rng.uniform(0, 1)) for i in range(rng.randint(1, 12))}
+        eta = rng.choice([2, 3, 4])
+        decision = smart.halve(scores, eta)
+        best = min(scores.values(), key=lambda s: s.mean)
+        assert all(scores[k].low > best.high for k in decision.stopped)
+        assert set(decision.keep) | set(decision.stopped) == set(scores)
+        assert len(decision.keep) >= math.ceil(len(scores) / eta)
+
+
+def test_nothing_is_stopped_before_any_class_has_learned():
+    # the MLP demo a ninth into its budget: every class still at ln(10) = 2.3026, a guess's loss; the
+    # small batches a hair above it (their first steps at a high LR), with tight intervals over 3 seeds
+    at_start = {"gb256": S(2.303, 0.002), "gb16": S(2.313, 0.0025), "gb32": S(2.307, 0.001)}
+    assert sorted(smart.halve(at_start, 3).stopped) == ["gb16", "gb32"]  # without the reference
+    held = smart.halve(at_start, 3, uninformed=math.log(10))
+    assert held.stopped == {} and held.keep == ["gb256", "gb32", "gb16"] and "none has learned yet" in held.note
+    learning = {"gb16": S(1.9, 0.05), "gb256": S(2.30, 0.01), "gb32": S(2.0, 0.05)}
+    assert list(smart.halve(learning, 3, uninformed=math.log(10)).stopped) == ["gb256"]
+
+
+def test_a_class_without_a_validation_loss_cannot_be_stopped():
+    scores = {"a": S(1.0, 0.01), "synthetic": smart.Score(0.0, -math.inf, math.inf, 1, "no validation loss"),
+              "b": S(5.0, 0.01)}
+    assert smart.halve(scores, 2).stopped == {}  # its interval is everything: it overlaps every other
+
+
+def test_a_rung_run_is_the_points_run_cut_short_without_the_chance_rule_before_the_end():
+    point = GridPoint(16, 1, 1, seed=0)
+    spec = PointSpec(model=ModelConfig(name="mlp"), data=DataConfig(name="digits"), train=TrainConfig(),
+                     point=point, lr=0.1, steps=90)
+    first, last = driver.rung_spec(spec, 1 / 9), driver.rung_spec(spec, 1.0)
+    assert (first.steps, last.steps) == (10, 90)
+    assert (first.point, first.lr, first.seed, first.eval) == (spec.point, spec.lr, spec.seed, spec.eval)
+    # near chance a ninth into the budget is a model still learning: only the full budget may call it so
+    assert first.divergence.chance_margin == -math.inf and first.divergence.check
+    assert last.divergence == spec.divergence
+
+
+# ---------------------------------------------------------------------------------------------------
+# A point composed from its measurement runs
+
+
+def measured(**sections) -> PointResult:
+    result = PointResult(trial_key="x", device="cpu")
+    for name, figures in sections.items():
+        getattr(result, name).update(figures)
+    return result
+
+
+TP = measured(throughput=dict(samples_per_second=1000.0, step_time_seconds=0.032, throughput_stable=True),
+              memory=dict(peak_memory_bytes=123456), cost=dict(trial_seconds=1.5, startup_seconds=0.4,
+                                                               optimizer_steps=30))
+REP = measured(accuracy=dict(val_accuracy=0.8765, val_loss=0.4321, val_loss_se=0.02, val_samples=360),
+               progress=dict(evaluations=4, eval_seconds=0.8, reached_target=1, steps_to_target=20,
+                             samples_to_target=640, time_to_target_seconds=9.0, eval_seconds_to_target=0.6),
+               throughput=dict(samples_per_second=1.0, step_time_seconds=99.0),  # a rung run's: never copied
+               memory=dict(peak_memory_bytes=1), cost=dict(optimizer_steps=45, samples_seen=1440, trial_seconds=5.0))
+REP.train_loss = [2.3, 1.1]
+CLASS = smart.classes([GridPoint(16, 2, 1, seed=0), GridPoint(32, 1, 1, seed=0)], coupled=False)[0]
+
+
+def test_a_members_accuracy_is_its_representatives_exactly_and_its_throughput_its_layouts():
+    unit = replace(CLASS.representative, seed=0)
+    point = GridPoint(16, 2, 1, seed=0)
+    out = driver.compose(point, TP, unit, REP, CLASS, rung=3, stopped=None)
+    assert out.status == "ok" and out.trial_key == "mb16-acc2-w1-s0"
+    for section in ("accuracy", "divergence", "noise"):
+        assert getattr(out, section).to_flat() == getattr(REP, section).to_flat()  # every figure, bit for bit
+    assert replace(out.progress, time_to_target_seconds=9.0) == REP.progress
+    assert out.train_loss == REP.train_loss and out.cost.samples_seen == 1440 and out.cost.optimizer_steps == 45
+    assert out.throughput == TP.throughput and out.memory == TP.memory
+    assert out.cost.startup_seconds == 0.4 and out.cost.trial_seconds is None  # no run of its own
+    # time to target: the representative's 20 steps at this layout's 0.032 s, plus its 0.6 s of evaluations
+    assert out.progress.time_to_target_seconds == pytest.approx(20 * 0.032 + 0.6)
+    assert out.progress.steps_to_target == 20 and out.progress.samples_to_target == 640
+    tags = out.tags()
+    assert tags["sweeper.accuracy_from"] == "r3-mb32-acc1-w1-s0"
+    assert tags["sweeper.throughput_from"] == "tp-mb16-acc2-w1"
+    assert tags["sweeper.accuracy_class"] == "gb32" and tags["sweeper.time_to_target"].startswith("derived")
+    assert REP.progress.time_to_target_seconds == 9.0  # the representative's own record is untouched
+    # two members of one class carry the same accuracy figures
+    other = driver.compose(GridPoint(32, 1, 1, seed=0), TP, unit, REP, CLASS, 3, None)
+    assert other.accuracy == out.accuracy and other.provenance.accuracy_from == out.provenance.accuracy_from
+
+
+def test_a_stopped_or_failed_representative_marks_its_members():
+    unit = replace(CLASS.representative, seed=0)
+    stopped = driver.compose(GridPoint(16, 2, 1, seed=0), TP, unit, REP, CLASS, 1, "val loss 2 against 1")
+    assert stopped.status == "stopped" and "rung 1: val loss 2 against 1" in stopped.error
+    assert stopped.metrics()["stopped_at_rung"] == 1 and stopped.metrics()["stopped_at_samples"] == 1440
+    assert stopped.tags()["sweeper.stopped"] == "val loss 2 against 1"
+    diverged = replace(REP, status="diverged", error="loss nan at step 3")
+    out = driver.compose(GridPoint(16, 2, 1, seed=0), TP, unit, diverged, CLASS, 1, None)
+    assert out.status == "diverged" and "(in its class representative r1-mb32-acc1-w1-s0)" in out.error
+    lost = driver.compose(GridPoint(16, 2, 1, seed=0), TP, unit, None, CLASS, 2, None)
+    assert lost.status == "failed" and lost.throughput == TP.throughput
+
+
+def test_a_class_that_ends_early_on_one_bad_seed_marks_its_ok_seeds_stopped():
+    unit0, unit1 = replace(CLASS.representative, seed=0), replace(CLASS.representative, seed=1)
+    spiked = replace(REP, status="diverged", error="spike")
+    why = driver.ended_early([(unit0, REP), (unit1, spiked)])
+    assert why.startswith("a seed of its class did not end ok") and "mb32-acc1-w1-s1" in why
+    assert driver.compose(GridPoint(16, 2, 1, seed=0), TP, unit0, REP, CLASS, 2, why).status == "stopped"
+    assert driver.compose(GridPoint(16, 2, 1, seed=1), TP, unit1, spiked, CLASS, 2, why).status == "diverged"
+    assert driver.ended_early([(unit0, REP), (unit1, REP)]) is None  # every seed reached its target
+
+
+# ---------------------------------------------------------------------------------------------------
+# The compute ledger
+
+
+def run_of(seconds, status="ok"):
+    result = PointResult(status=status)
+    result.cost.trial_seconds = seconds
+    return result
+
+
+def test_the_ledger_sums_point_seconds_by_phase():
+    ledger = driver.Ledger(classes=3)
+    for seconds in (1.0, 2.0):
+        ledger.add(GridPoint(16, 1, 1), run_of(seconds))
+    ledger.add(GridPoint(16, 1, 1, seed=0), run_of(4.0), "gb16")
+    ledger.add(GridPoint(16, 1, 1, seed=0), run_of(8.0), "gb16")
+    ledger.add(GridPoint(32, 1, 1, seed=0), run_of(16.0), "gb32")
+    ledger.add(GridPoint(64, 1, 1, seed=0), run_of(None, "failed"), "gb64")
+    ledger.stopped_classes.append("gb32")
+    ledger.full_grid_estimate = 124.0
+    assert ledger.metrics() == {
+        "compute_throughput_point_seconds": 3.0, "compute_accuracy_point_seconds": 12.0,
+        "compute_stopped_point_seconds": 16.0, "compute_point_seconds": 31.0,
+        "full_grid_point_seconds_estimate": 124.0, "compute_fraction_of_full_grid": 0.25,
+        "smart_measurement_runs": 6, "smart_accuracy_classes": 3, "smart_classes_stopped": 1,
+    }
+    assert len(ledger.measured) == 6
+
+
+def test_the_full_grid_estimate_is_each_points_whole_budget_and_evaluations():
+    point = GridPoint(16, 1, 1, seed=0)
+    spec = PointSpec(model=ModelConfig(name="mlp"), data=DataConfig(name="digits"), train=TrainConfig(),
+                     point=point, lr=0.1, steps=100)
+    spec = replace(spec, eval=replace(spec.eval, every_samples=400))  # every 25 steps: 4 evaluations
+    rung = measured(progress=dict(evaluations=2, eval_seconds=1.0))
+    estimate = driver.full_grid_estimate([point], {point: spec}, {smart.layout(point): TP},
+                                         {replace(point, seed=None): "gb16"}, {"gb16": [rung]})
+    # its throughput run (1.5 s, 30 steps) + the other 70 steps at 0.032 s + 4 evaluations at 0.5 s
+    assert estimate == pytest.approx(1.5 + 70 * 0.032 + 4 * 0.5)
+    oom = replace(TP, status="oom")
+    assert driver.full_grid_estimate([point], {point: spec}, {smart.layout(point): oom}, {}, {}) == 1.5
+
+
+# ---------------------------------------------------------------------------------------------------
+# Through the CLI: measured, interrupted mid-rung, resumed, finished
+
+
+REPO = Path(__file__).resolve().parents[1]
+SMART = [
+    "model=mlp", "model.depth=2", "model.width=32", "model.input_shape=[1,8,8]", "data=digits",
+    "sweep.micro_batch_sizes=[16,32]", "sweep.accumulation_steps=[1,2]", "sweep.num_workers=[1]",
+    "sweep.seeds=[0,1]", "sweep.strategy=smart", "smart.rungs=2", "smart.eta=2", "smart.throughput_steps=12",
+    "train.epochs=1", "eval.every_samples=512", "measure.warmup_steps=2", "measure.windows=3",
+    "measure.flops=false", "measure.memory_breakdown=false", "cluster.include_dashboard=false",
+]
+
+
+def _recorded(db: Path, prefix: str) -> int:
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
+            return con.execute("select count(*) from tags where key='sweeper.trial_key' and value like ?",
+                               (prefix + "%",)).fetchone()[0]
+    except sqlite3.Error:
+        return 0
+
+
+@pytest.mark.e2e
+def test_a_smart_sweep_interrupted_mid_rung_resumes_to_every_point_recorded_once(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "sweeper", *SMART], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 240
+    while _recorded(tmp_path / "mlflow.db", "r1-") < 1:  # rung 1 under way: 1 of its 6 runs recorded
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        assert time.time() < deadline, "no rung run recorded in time"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    first = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130, first[-3000:]
+    held = _recorded(tmp_path / "mlflow.db", "r1-")
+
+    again = subprocess.run([sys.executable, "-m", "sweeper", *SMART, "sweep.resume=true"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=400)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("sweeper").experiment_id], max_results=1000)
+    parent = next(r for r in runs if r.data.tags.get("sweeper.role") == "sweep")
+    assert parent.info.status == "FINISHED"
+    complete = [r for r in runs if "sweeper.trial_key" in r.data.tags]
+    by_role = Counter(r.data.tags["sweeper.role"] for r in complete)
+    keys_of = Counter(r.data.tags["sweeper.trial_key"] for r in complete)
+    assert max(keys_of.values()) == 1  # nothing measured or recorded twice
+    # 4 layouts' throughput runs; 3 classes (gb16, gb32, gb64) x 2 seeds at rung 1, the best half at rung 2
+    assert by_role["throughput"] == 4 and by_role["trial"] == 8
+    assert sum(k.startswith("r1-") for k in keys_of) == 6 and 2 <= sum(k.startswith("r2-") for k in keys_of) <= 6
+    # interrupted mid-rung; the resume measured neither the layouts again nor rung 1's recorded runs
+    assert 1 <= held < 6
+    experiments = [p.name for p in (tmp_path / ".sweeper" / "ray" / "results").iterdir()
+                   if any(f.name.startswith("experiment_state") for f in p.iterdir())]
+    assert sum("-rung" not in e for e in experiments) == 1, experiments  # the layouts' runs: the sweep's name
+    assert sum("-rung1" in e for e in experiments) == 2, experiments
+    points = [r for r in complete if r.data.tags["sweeper.role"] == "trial"]
+    for run in points:
+        tags = run.data.tags
+        assert tags["sweeper.accuracy_from"] in keys_of and tags["sweeper.throughput_from"] in keys_of
+        assert tags["sweeper.status"] in ("ok", "stopped")
+        assert tags["sweeper.throughput_from"] == "tp-" + tags["sweeper.trial_key"].rsplit("-s", 1)[0]
+    # the two members of gb32 (mb16-acc2, mb32-acc1) carry their representative's accuracy exactly
+    gb32 = [r for r in points if r.data.tags["sweeper.accuracy_class"] == "gb32" and r.data.params["seed"] == "0"]
+    assert len(gb32) == 2 and gb32[0].data.metrics["val_loss"] == gb32[1].data.metrics["val_loss"]
+    metrics = client.get_run(parent.info.run_id).data.metrics
+    assert metrics["compute_point_seconds"] == pytest.approx(
+        metrics["compute_throughput_point_seconds"] + metrics["compute_accuracy_point_seconds"]
+        + metrics["compute_stopped_point_seconds"])
+    assert metrics["smart_accuracy_classes"] == 3 and metrics["full_grid_point_seconds_estimate"] > 0
+    assert metrics["smart_measurement_runs"] == by_role["throughput"] + by_role["rung"]
+    assert metrics["num_trials_ok"] + metrics.get("num_trials_stopped", 0) == 8
+    assert all(r.info.status != "RUNNING" for r in runs)
