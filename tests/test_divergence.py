@@ -155,3 +155,20 @@ def test_evaluations_every_n_samples_round_up_to_whole_global_batches(samples, s
     assert result["reached_target"] in (0, 1)
     if result["reached_target"]:
         assert result["samples_to_target"] == 32 * result["steps_to_target"] and result["time_to_target_seconds"] > 0
+
+
+def test_layouts_of_one_global_batch_reach_the_target_at_the_same_sample_count():
+    """A BatchNorm-free model trains the same on every layout of a global batch (the sampler gives
+    them the same samples each step), so each reaches the target after the same samples."""
+    from sweeper.config import EvalConfig
+
+    mlp = ModelConfig(name="mlp", depth=2, width=32, input_shape=[1, 8, 8])
+    reached = {}
+    for point in (GridPoint(32, 1, 1), GridPoint(16, 2, 1), GridPoint(8, 4, 1)):
+        layout = PointSpec(model=mlp, data=DataConfig(name="digits"), train=TrainConfig(seed=1), measure=MEASURE,
+                           point=point, lr=0.2, steps=40,
+                           eval=EvalConfig(every_samples=64, target_accuracy=0.6, stop_at_target=True))
+        result = run_point(layout, WorkerContext())
+        assert result.status == "ok" and result["reached_target"] == 1, (point.key, result.error)
+        reached[point.key] = (result["samples_to_target"], result["val_accuracy_curve"][-1][1])
+    assert len(set(reached.values())) == 1, reached  # the same samples and the same accuracy there
