@@ -45,7 +45,8 @@ def test_equal_global_batch_layouts_give_one_loss_curve_through_the_cli(tmp_path
     client, parents, children = _runs(tmp_path)
     assert len(parents) == 1
     parent = parents[0]
-    assert {a.path for a in client.list_artifacts(parent.info.run_id)} == {"config.yaml", "report"}
+    assert {a.path for a in client.list_artifacts(parent.info.run_id)} == {"config.yaml", "overrides.yaml", "command.txt",
+                                                                           "report"}
     layouts = {(r.data.params["micro_batch_size"], r.data.params["accumulation_steps"], r.data.params["num_workers"])
                for r in children}
     assert layouts == {("8", "4", "1"), ("16", "2", "1"), ("8", "2", "2"), ("16", "1", "2")}

@@ -99,8 +99,18 @@ def test_a_two_worker_trial_spans_two_nodes_of_a_ray_cluster(tmp_path):
             "sweep.num_workers=[2]", f"cluster.address={cluster.address}", "cluster.placement_strategy=SPREAD",
             cwd=tmp_path,
         )
+        # With a cluster running here, cluster.address=null still starts a Ray of its own (ray.init
+        # with no address would join the running one, and then refuse num_cpus).
+        local = subprocess.run(
+            [sys.executable, "-c", "import ray; from sweeper.cluster.connect import _init; "
+             "from sweeper.config import ClusterConfig; "
+             "_init(ClusterConfig(num_cpus=1, include_dashboard=False)); "
+             "print(ray.get_runtime_context().gcs_address); ray.shutdown()"],
+            capture_output=True, text=True, timeout=120, env={**os.environ, **ENV},
+        )
     finally:
         cluster.shutdown()
+    assert local.returncode == 0 and local.stdout.split()[-1] != cluster.address, local.stdout + local.stderr[-2000:]
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     _, trials = _runs(tmp_path)
     assert len(trials) == 1

@@ -87,6 +87,9 @@ def _init(cfg: ClusterConfig) -> Any:
     kwargs: Dict[str, Any] = dict(log_to_driver=False, logging_level=logging.WARNING, ignore_reinit_error=True)
     if cfg.address is None:
         kwargs.update(
+            # "local": a new Ray of our own. With no address ray.init joins any Ray already running
+            # here (another sweep's, a `ray start`), and then refuses num_cpus.
+            address="local",
             num_cpus=cfg.num_cpus or os.cpu_count(),
             include_dashboard=cfg.include_dashboard,
             dashboard_port=cfg.dashboard_port,
