@@ -180,6 +180,15 @@ def _mean_line(ax: Axes, ok: Sequence[Trial], name: str) -> None:
                 label="mean per global batch")
 
 
+def _spread_per_point(trials: Sequence[Trial], name: str):
+    """The points' seed replicates by key, the points (seeds folded), and each point that recorded
+    `name` with its spread over seeds."""
+    groups = replicates(trials)
+    folded = folding.fold(trials)
+    shown = [(t, folding.spread(groups.get(t.key, [t]), name)) for t in folded]
+    return groups, folded, [(t, spread) for t, spread in shown if spread is not None]
+
+
 def _mark_diverged(ax: Axes, trials: Sequence[Trial], x_of=lambda t: t.global_batch_size) -> List[Line2D]:
     """A red x near the bottom at the x (the global batch, by default) of each point with a diverged
     replicate, with the reason, the step when one, and how many of its seeds diverged when not all;
@@ -269,10 +278,7 @@ def time_to_target_vs_global_batch(trials: Sequence[Trial], path: str | os.PathL
     some seed missed the target; diverged points as red x at the bottom.
 
     Returns None and writes nothing when no point reached a target (no eval target, or none met)."""
-    groups = replicates(trials)
-    folded = folding.fold(trials)
-    shown = [(t, folding.spread(groups.get(t.key, [t]), "time_to_target_seconds")) for t in folded]
-    shown = [(t, s) for t, s in shown if s is not None]
+    _, folded, shown = _spread_per_point(trials, "time_to_target_seconds")
     if not shown:
         return None
     fig, ax = _figure()
@@ -310,10 +316,7 @@ def steps_to_target_vs_global_batch(
     point's measured B_simple as a triangle on the floor of the same axis (their mean dotted).
 
     Returns None and writes nothing when no point recorded its steps to a target."""
-    groups = replicates(trials)
-    folded = folding.fold(trials)
-    shown = [(t, folding.spread(groups.get(t.key, [t]), "steps_to_target")) for t in folded]
-    shown = [(t, s) for t, s in shown if s is not None]
+    groups, folded, shown = _spread_per_point(trials, "steps_to_target")
     if not shown:
         return None
     fig, ax = _figure()
@@ -323,7 +326,8 @@ def steps_to_target_vs_global_batch(
         axis.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         axis.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     batches = [t.global_batch_size for t in folded]
-    xs = _draw_steps_and_samples(ax, right, shown, groups, set(folding.fitted_points(trials)) if found else None)
+    fitted = set(folding.fitted_points(trials))  # the points the fit used: drawn full, the rest faded
+    xs = _draw_steps_and_samples(ax, right, shown, groups, fitted if found else None)
     if found is not None:
         xs += _draw_critical_batch(ax, right, found, batches)
     b_simple = [b for t in folded if t.status == "ok" and (b := folding.b_simple(t)) is not None]
@@ -341,7 +345,6 @@ def steps_to_target_vs_global_batch(
     _titles(ax, "Steps and samples to target vs global batch", "global batch size (log2)",
             "optimizer steps to target (mean over seeds)")
     right.set_ylabel("samples to target (squares)")
-    fitted = set(folding.fitted_points(trials))
     if found is not None and any(t.key not in fitted for t, _ in shown):
         why = "faded: left out of the fit (a better LR\n  multiplier at its batch, or a seed missed)"
         extra.append(Line2D([], [], linestyle="none", marker="o", color="#1f77b4", alpha=0.35, label=why))
