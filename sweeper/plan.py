@@ -152,9 +152,8 @@ def replicate(points: Sequence[GridPoint], lr_multipliers: Sequence[float] = (1.
               seeds: Optional[Sequence[int]] = None) -> List[GridPoint]:
     """Each point at every LR multiplier and, with `seeds`, once per seed (what the frontier search's
     points leave to cross: memory depends on neither)."""
-    crossed = [replace(p, lr_multiplier=float(m), seed=s) for p in points for m in lr_multipliers
-               for s in (seeds if seeds is not None else [None])]
-    return list(dict.fromkeys(crossed))  # once each, in order: a repeated point would share its key
+    return [replace(p, lr_multiplier=float(m), seed=s) for p in points for m in lr_multipliers
+            for s in (seeds if seeds is not None else [None])]
 
 
 def worker_groups(points: Sequence[GridPoint], points_per_group: Optional[int] = None) -> List[List[GridPoint]]:
