@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +21,7 @@ from torch.utils.data import DataLoader
 
 from sweeper import data as data_mod
 from sweeper import models
-from sweeper.config import DataConfig, MeasureConfig, ModelConfig, OptimConfig, TrainConfig
+from sweeper.config import DataConfig, GnsConfig, MeasureConfig, ModelConfig, OptimConfig, TrainConfig
 from sweeper.plan import GridPoint
 from sweeper.worker.spec import PointSpec, WorkerContext
 from sweeper.worker.train import train_point
@@ -92,16 +93,22 @@ def main() -> None:
     spec = PointSpec(model=model_cfg, data=data_cfg, train=TrainConfig(), measure=measure_cfg,
                      point=GridPoint(args.micro, args.accum, 1, args.precision), lr=lr, steps=args.steps, optim=optim)
 
-    plain, ours = [], []
+    # With more than one micro-batch per step the gradient noise scale is measured (gns.enabled, on by
+    # default): the sweeper then also runs with it off, in the same rounds, to isolate its cost.
+    variants = {"plain": None, "ours": spec}
+    if args.accum > 1:
+        variants["ours_no_gns"] = replace(spec, gns=GnsConfig(enabled=False))
+    runs = {name: [] for name in variants}
     for i in range(args.rounds):
-        # Alternate which goes first, so neither always inherits the other's warm caches.
-        order = ("plain", "ours") if i % 2 == 0 else ("ours", "plain")
-        for name in order:
-            if name == "plain":
-                plain.append(plain_loop(model_cfg, data_cfg, args.micro, args.accum, args.steps, args.warmup, lr,
-                                        args.precision, args.optim))
+        # Rotate which goes first, so none always inherits another's warm caches.
+        names = list(variants)
+        for name in names[i % len(names):] + names[: i % len(names)]:
+            if variants[name] is None:
+                runs[name].append(plain_loop(model_cfg, data_cfg, args.micro, args.accum, args.steps, args.warmup,
+                                             lr, args.precision, args.optim))
             else:
-                ours.append(train_point(spec, WorkerContext())["samples_per_second"])
+                runs[name].append(train_point(variants[name], WorkerContext())["samples_per_second"])
+    plain, ours = runs["plain"], runs["ours"]
     # Each round's ratio compares two runs seconds apart, so slow drift of the machine (other
     # processes, thermal state) cancels; the headline is the median of those paired ratios.
     ratios = [o / p for o, p in zip(ours, plain)]
@@ -111,6 +118,11 @@ def main() -> None:
     print(f"plain_samples_per_second: {statistics.median(plain):.1f} (rounds: {', '.join(f'{v:.1f}' for v in plain)})")
     print(f"sweeper_samples_per_second: {statistics.median(ours):.1f} (rounds: {', '.join(f'{v:.1f}' for v in ours)})")
     print(f"paired_ratios: {', '.join(f'{r:.3f}' for r in ratios)}")
+    if "ours_no_gns" in runs:
+        off = runs["ours_no_gns"]
+        print(f"sweeper_no_gns_samples_per_second: {statistics.median(off):.1f} (rounds: {', '.join(f'{v:.1f}' for v in off)})")
+        print(f"no_gns_ratio_sweeper_over_plain: {statistics.median(o / p for o, p in zip(off, plain)):.3f}")
+        print(f"gns_on_over_off: {statistics.median(o / f for o, f in zip(ours, off)):.3f}")
     print(f"throughput_ratio_sweeper_over_plain: {statistics.median(ratios):.3f}")
 
 if __name__ == "__main__":

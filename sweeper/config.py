@@ -282,6 +282,11 @@ class GnsConfig:
     # The moving averages' decay over steps: points are ~100 steps, so ~0.9 (gpt-neox's 0.99 would
     # still remember its initial state).
     ema_beta: float = 0.9
+    # Measure on one optimizer step in this many (1: every step). Each measured step reads every
+    # micro-gradient once more: on a GPU a fraction of a percent of a step, on a memory-bound CPU
+    # ~2 % (ResNet-18, micro-batch 32; scripts/bench_step_costs.py). 2 halves that cost and the steps
+    # the averages see (gpt-neox's estimator also skips steps).
+    every_steps: int = 1
 
 
 @dataclass
@@ -653,6 +658,7 @@ def check_eval(evaluation: EvalConfig) -> List[str]:
 def check_gns(gns: GnsConfig) -> List[str]:
     problems: List[str] = []
     _check(problems, "gns.ema_beta", gns.ema_beta, lambda b: 0 <= b < 1, "must be in [0, 1), e.g. 0.9")
+    _check(problems, "gns.every_steps", gns.every_steps, _positive, "must be >= 1 (1: every step)")
     return problems
 
 

@@ -290,6 +290,7 @@ class NoiseScale(Record):
     gns_small_batch: Optional[int] = metric()  # b: the micro-batch
     gns_big_batch: Optional[int] = metric()  # B: the global batch
     gns_train_samples: Optional[int] = metric()  # N, for the without-replacement correction
+    gns_every_steps: Optional[int] = metric()  # one step in this many measured: the series' spacing
     gns_note: Optional[str] = tag("sweeper.gns")  # why there is no estimate
 
 

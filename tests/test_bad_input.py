@@ -158,6 +158,9 @@ CASES = [
     (["smart.confidence=nan"], "smart.confidence"),
     (["smart.throughput_steps=0"], "smart.throughput_steps"),
     (["smart.batch_coupled=maybe"], "smart.batch_coupled"),
+    # the gradient noise scale
+    (["gns.every_steps=0"], "gns.every_steps"),
+    (["gns.ema_beta=1"], "gns.ema_beta"),
     # the inference task checks the same sections
     (["task=inference", "inference.batch_sizes=[0]"], "inference.batch_sizes"),
     (["task=inference", "optim.lr=nan"], "optim.lr"),

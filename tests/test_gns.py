@@ -3,6 +3,7 @@ on a real model (frozen weights, exact per-sample gradients), the same estimate 
 the same micro-batches, and k-diffusion's formula fed the same norms."""
 
 import os
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from sweeper import data as data_mod
 from sweeper import models
 from sweeper.config import DataConfig, GnsConfig, MeasureConfig, ModelConfig, OptimConfig, TrainConfig
 from sweeper.plan import GridPoint
-from sweeper.worker.gns import Estimate, ema_ratio, estimate
+from sweeper.worker.gns import Estimate, ema_ratio, estimate, squared_norm, total_norm
 from sweeper.worker.points import run_point
 from sweeper.worker.spec import PointSpec, WorkerContext
 from tests.conftest import free_port
@@ -60,6 +61,19 @@ def test_sampling_without_replacement_is_corrected():
     assert np.mean([e.trace_sigma for e in raw]) / true_trace == pytest.approx(n / (n - 1), rel=0.01)
     assert np.mean([e.trace_sigma for e in corrected]) == pytest.approx(true_trace, rel=0.01)
     assert np.mean([e.grad_sq_norm for e in corrected]) == pytest.approx(true_g2, rel=0.01)
+
+
+def test_the_squared_norms_match_torchs_norm_in_every_layout_and_dtype():
+    torch.manual_seed(0)
+    dense = torch.randn(64, 3, 7, 7, dtype=torch.float64)
+    for t in (dense.float(), dense, dense.float().to(memory_format=torch.channels_last), dense[:, 0].mT,
+              dense.bfloat16()):
+        expected = torch.linalg.vector_norm(t.double()) ** 2
+        assert float(squared_norm(t)) == pytest.approx(float(expected), rel=1e-5 if t.dtype != torch.bfloat16 else 1e-2)
+    parts = [torch.randn(10), torch.randn(3, 4), torch.randn(5, 2).t()]
+    assert float(total_norm(parts)) == pytest.approx(float(torch.nn.utils.get_total_norm(parts)), rel=1e-6)
+    parts[1][0, 0] = float("inf")
+    assert not torch.isfinite(total_norm(parts))  # a divergence check reads it
 
 
 def test_the_moving_ratio_is_k_diffusions_gradient_noise_scale():
@@ -140,6 +154,21 @@ def test_the_same_micro_batches_in_another_layout_give_the_same_estimate():
         trace, g2 = out[0]
     np.testing.assert_allclose(trace, single["gns_trace_sigma_per_step"], rtol=1e-5)
     np.testing.assert_allclose(g2, single["gns_grad_sq_norm_per_step"], rtol=1e-5)
+
+
+def test_measuring_one_step_in_two_gives_every_other_steps_estimates_and_the_same_training():
+    every = run_point(spec(GridPoint(16, 2, 1), steps=9), WorkerContext())
+    half = replace(spec(GridPoint(16, 2, 1), steps=9), gns=GnsConfig(ema_beta=0.9, every_steps=2))
+    other = run_point(half, WorkerContext())
+    assert other["gns_every_steps"] == 2 and every["gns_every_steps"] == 1
+    for series in ("gns_trace_sigma_per_step", "gns_grad_sq_norm_per_step"):
+        assert len(other[series]) == 5  # steps 0, 2, 4, 6, 8
+        np.testing.assert_allclose(other[series], every[series][::2], rtol=1e-9)
+    # the hooks only read: the same losses either way
+    np.testing.assert_allclose(other["train_loss"], every["train_loss"], rtol=0)
+    # the moving averages decay per optimizer step: 0.9 a step is 0.81 a measurement
+    measured = [Estimate(g, t) for t, g in zip(other["gns_trace_sigma_per_step"], other["gns_grad_sq_norm_per_step"])]
+    assert other["gns_b_simple"] == pytest.approx(ema_ratio(measured, 0.81)[-1])
 
 
 def test_one_micro_batch_a_step_has_no_estimate_and_says_why():

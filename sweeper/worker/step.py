@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 from sweeper import data as data_mod
 from sweeper import models, recipe
 from sweeper.measure import telemetry
-from sweeper.worker.gns import MicroGradients
+from sweeper.worker.gns import MicroGradients, total_norm
 from sweeper.worker.spec import PointSpec, WorkerContext
 
 # No batch of these datasets takes a healthy loader worker anywhere near this long.
@@ -75,7 +75,7 @@ class Training:
         """
         point, target = self.spec.point, self.device.torch_device
         if self.micro_grads is not None:
-            self.micro_grads.step = step
+            self.micro_grads.begin(step)
         for micro_step in range(point.accumulation_steps):
             inputs, targets = next(self.batches) if loaded is None else loaded[micro_step]
             # Batches loaded beforehand are copied, as a GPU copies them in from the host: the
@@ -122,7 +122,7 @@ class Training:
             self.scaler.unscale_(self.optimizer)  # GradScaler.step then knows not to unscale again
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         if grads:
-            self.grad_norms[step] = torch.nn.utils.get_total_norm(grads)
+            self.grad_norms[step] = total_norm(grads)
 
     def tracked_step(self, step: int):
         """A warm-up step under torch's MemTracker (and a simulated CPU budget): the memory breakdown.
@@ -180,7 +180,8 @@ def setup(spec: PointSpec, ctx: WorkerContext, device: telemetry.Device, splits:
     scaler = recipe.grad_scaler(device.torch_device, point.precision)
     # A step with more than one micro-batch holds what the noise scale needs (K = accumulation x workers).
     measures_noise = spec.gns.enabled and point.accumulation_steps * point.num_workers > 1
-    micro = MicroGradients(model, spec.steps, point.accumulation_steps, device.torch_device) if measures_noise else None
+    micro = MicroGradients(model, spec.steps, point.accumulation_steps, device.torch_device,
+                           spec.gns.every_steps) if measures_noise else None
     warmup = spec.train.warmup_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup)) if warmup else None
     return Training(spec, ctx, device, splits, model, optimizer, iter(loader), budget_mode, losses,

@@ -230,13 +230,16 @@ def _noise_scale(result: PointResult, run: Training) -> None:
     done, k = run.steps_done, point.accumulation_steps * point.num_workers
     small = run.micro_grads.mean_sq(run.ctx, k, done, run.scale_values()[:done] if run.scaler is not None else None)
     big = (run.grad_norms[:done] ** 2).cpu().tolist()
+    measured = run.micro_grads.measured(done)  # gns.every_steps: the steps whose micro-gradients were read
+    small, big = [small[i] for i in measured], [big[i] for i in measured]
     n = len(run.splits.train)
     steps = [gns.estimate(s, g, point.micro_batch_size, point.global_batch_size, n) for s, g in zip(small, big)]
     steps = [e for e in steps if math.isfinite(e.grad_sq_norm) and math.isfinite(e.trace_sigma)]
     if not steps:
         result.noise.gns_note = "no estimate: no step had finite gradients"
         return
-    ema = gns.ema_ratio(steps, spec.gns.ema_beta)
+    # The decay per optimizer step stays gns.ema_beta when only one step in every_steps is measured.
+    ema = gns.ema_ratio(steps, spec.gns.ema_beta ** spec.gns.every_steps)
     trace = sum(e.trace_sigma for e in steps) / len(steps)
     g2 = sum(e.grad_sq_norm for e in steps) / len(steps)
     if not math.isfinite(ema[-1]) or g2 <= 0:
@@ -248,7 +251,7 @@ def _noise_scale(result: PointResult, run: Training) -> None:
         gns_trace_sigma_per_step=[e.trace_sigma for e in steps],
         gns_grad_sq_norm_per_step=[e.grad_sq_norm for e in steps],
         gns_trace_sigma=trace, gns_grad_sq_norm=g2, gns_small_batch=point.micro_batch_size,
-        gns_big_batch=point.global_batch_size, gns_train_samples=n,
+        gns_big_batch=point.global_batch_size, gns_train_samples=n, gns_every_steps=spec.gns.every_steps,
     ))
 
 
