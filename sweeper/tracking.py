@@ -555,6 +555,14 @@ class Tracker:
             self.client.log_batch(run_id, metrics=metrics[begin : begin + MAX_BATCH])
 
 
+def store_errors() -> Tuple[type, ...]:
+    """What the store raises when it refuses a request (a run or experiment that is not there, a bad
+    id), for callers that catch it without importing MLflow."""
+    from mlflow.exceptions import MlflowException
+
+    return (MlflowException,)
+
+
 def default_journal_dir(uri: str) -> str:
     """Beside the store: `<store folder>/.sweeper/journal` for SQLite or a file store, else
     `./.sweeper/journal`."""

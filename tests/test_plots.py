@@ -268,6 +268,21 @@ def test_seeds_lr_multipliers_and_recipes_are_one_mark_per_layout_on_the_through
     assert plots.memory_by_recipe([t for t in trials if t.precision == "fp32"], tmp_path / "one.png") is None
 
 
+def test_a_point_smart_stopped_early_keeps_its_layout_figures_but_not_its_rung_accuracy():
+    # sweep.strategy=smart: mb64's class was stopped at a rung; its throughput and memory come whole
+    # from its layout's own run, its accuracy is a rung's (not comparable with a full budget's).
+    stopped = trial(64, samples_per_second=500.0, peak_memory_bytes=80 * MiB, val_accuracy=0.41,
+                    steps_to_target=None, reached_target=False)
+    stopped = dataclasses.replace(stopped, status="stopped")
+    diverged = dataclasses.replace(trial(32, samples_per_second=300.0), status="diverged")
+    layouts = {t.key: t for t in plots.folding.fold_layouts([trial(16), stopped, diverged])}
+    assert layouts["mb64-acc1-w1"].status == "ok"
+    assert layouts["mb64-acc1-w1"].samples_per_second == 500.0
+    assert layouts["mb64-acc1-w1"].peak_memory_bytes == 80 * MiB
+    assert layouts["mb64-acc1-w1"].val_accuracy is None and layouts["mb64-acc1-w1"].reached_target is None
+    assert layouts["mb32-acc1-w1"].status == "diverged"  # its windows ended with its training: left out
+
+
 def test_memory_by_recipe_draws_a_line_per_recipe(monkeypatch, tmp_path):
     fp32 = [trial(m) for m in (16, 32, 64)]
     bf16 = [dataclasses.replace(trial(m, peak_memory_bytes=40 * MiB + m * 300 * 1024), precision="bf16",

@@ -22,6 +22,7 @@ from sweeper import models, smart
 from sweeper.config import DataConfig, ModelConfig, TrainConfig
 from sweeper.driver import smart as driver
 from sweeper.plan import GridPoint, replicate
+from sweeper.report import sections
 from sweeper.schema import PointResult
 from sweeper.worker.spec import PointSpec
 
@@ -272,6 +273,13 @@ def test_the_ledger_sums_point_seconds_by_phase():
         "smart_measurement_runs": 6, "smart_accuracy_classes": 3, "smart_classes_stopped": 1,
     }
     assert len(ledger.measured) == 6
+    words = sections.compute_words(ledger.metrics())
+    assert words.startswith("The sweep spent 31.0 point-seconds")
+    assert "3.0 in the layouts' throughput and memory runs, 12.0 training the accuracy classes it kept and " \
+           "16.0 in classes successive halving stopped early; 6 measurement runs, 1 of 3 accuracy classes" in words
+    assert words.endswith("~124.0 point-seconds (estimated from the same runs: each point's budget at its layout's "
+                          "measured step time, plus its evaluations): 25% of it.")
+    assert sections.compute_words({"frontier_micro_batch_size_w1": 64.0}) == ""  # a grid sweep: no section
 
 
 def test_the_full_grid_estimate_is_each_points_whole_budget_and_evaluations():
@@ -363,3 +371,8 @@ def test_a_smart_sweep_interrupted_mid_rung_resumes_to_every_point_recorded_once
     assert metrics["smart_measurement_runs"] == by_role["throughput"] + by_role["rung"]
     assert metrics["num_trials_ok"] + metrics.get("num_trials_stopped", 0) == 8
     assert all(r.info.status != "RUNNING" for r in runs)
+    # the report says what the strategy spent against the whole grid, with the parent's figures
+    page = next((tmp_path / "reports").glob("*/report.html")).read_text()
+    assert "Compute spent (sweep.strategy=smart)" in page
+    assert f"The sweep spent {metrics['compute_point_seconds']:.1f} point-seconds" in page
+    assert f"~{metrics['full_grid_point_seconds_estimate']:.1f} point-seconds" in page

@@ -92,10 +92,12 @@ def build(
         rec, cfg.objective, cfg.min_accuracy, budget, cfg.max_accuracy_drop))
     images = _draw_plots(folder, trials, cfg, sweep.params, budget, rec, found)
     text = recommendation_text(rec, line, found)
-    frontier = tracker.sweep_metrics(parent_run_id) if sweep.params.get("micro_batch_sizes") == "auto" else {}
+    # The parent's own figures: the frontier searches' (sweep.micro_batch_sizes=auto) and the smart
+    # strategy's compute ledger.
+    sweep_figures = tracker.sweep_metrics(parent_run_id)
     html = html_report.render(sweep.run_name, [_row(t) for t in sorted(trials, key=_speed, reverse=True)], images,
                               text, _settings_shown(parent_run_id, cfg, budget_gb),
-                              sections.sections(trials, found, sweep.params, frontier))
+                              sections.sections(trials, found, sweep.params, sweep_figures))
     html_path = _write_text(os.path.join(folder, "report.html"), html)
     # The answer as settings for the trainer a team uses (Lightning, Hugging Face, DeepSpeed, Ray
     # Train, torchrun), beside the sweeper's own override line.
@@ -373,8 +375,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--no-log", action="store_true", help="write files only; do not attach them to the run")
     args = parser.parse_args(argv)
 
-    from mlflow.exceptions import MlflowException
-
     from sweeper.config import TrackingConfig, tracking_uri
 
     uri = args.tracking_uri or tracking_uri(TrackingConfig())
@@ -394,7 +394,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 print(f"error: {problem}", file=sys.stderr)
             return 2
         report = build(tracker, parent, cfg, args.out, log=not args.no_log, sweep=sweep)
-    except (LookupError, ValueError, MlflowException, OSError) as exc:
+    except (LookupError, ValueError, OSError, *tracking.store_errors()) as exc:
         print(f"error: {type(exc).__name__}: {first_line(exc)}", file=sys.stderr)
         return 2
     print(report.text)

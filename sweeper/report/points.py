@@ -19,6 +19,8 @@ MEAN_FIELDS = (
     "samples_seen", "val_loss", "train_loss", "steps_to_target", "samples_to_target", "time_to_target_seconds",
     "gns_b_simple", "gns_b_simple_train_avg",
 )
+# Of those, the figures a point's layout determines (its seed and LR multiplier do not).
+LAYOUT_FIELDS = ("samples_per_second", "samples_per_second_cv", "peak_memory_bytes")
 DEFAULT_RECIPE = ("fp32", "none")
 
 
@@ -65,8 +67,16 @@ def fold(trials: Sequence[Trial], by: Callable[[Trial], str] = lambda t: t.point
 
 def fold_layouts(trials: Sequence[Trial]) -> List[Trial]:
     """One Trial per layout and recipe: seeds and LR multipliers folded (what throughput and memory
-    depend on), its LR and multiplier left unset."""
-    return [replace(t, lr=None, lr_multiplier=None) for t in fold(trials, layout_key)]
+    depend on), its LR and multiplier left unset. A point sweep.strategy=smart stopped early counts
+    here as measured: its throughput and memory come whole from its layout's own run; only its
+    accuracy figures (a rung's) are left out."""
+    measured = [_layout_figures_only(t) if t.status == "stopped" else t for t in trials]
+    return [replace(t, lr=None, lr_multiplier=None) for t in fold(measured, layout_key)]
+
+
+def _layout_figures_only(t: Trial) -> Trial:
+    return replace(t, status="ok", **{name: None for name in MEAN_FIELDS if name not in LAYOUT_FIELDS},
+                   reached_target=None)
 
 
 def _fold_one(key: str, members: List[Trial]) -> Trial:

@@ -23,14 +23,35 @@ def lr_rule(params: Dict[str, str]) -> str:
 
 
 def sections(trials: List[Trial], found: Optional[CriticalBatch], params: Dict[str, str],
-              frontier: Dict[str, float]) -> List[Section]:
-    """The page's sections between the recommendation and the plots (each left out when empty)."""
+              sweep_figures: Dict[str, float]) -> List[Section]:
+    """The page's sections between the recommendation and the plots (each left out when empty).
+    `sweep_figures`: the parent run's metrics (the frontier searches', the compute ledger)."""
     return [
+        ("Compute spent (sweep.strategy=smart)", compute_words(sweep_figures)),
         ("Critical batch size", _critical_batch_words(trials, found, params)),
         ("Points (mean over seeds)", _point_rows(trials)),
         ("LR multipliers per global batch", lr_rows(trials)),
-        *_recipe_sections(trials, frontier),
+        *_recipe_sections(trials, sweep_figures),
     ]
+
+
+def compute_words(figures: Dict[str, float]) -> str:
+    """The smart strategy's compute ledger in words, against what the whole grid would have spent
+    ('' for a grid sweep, which records no ledger)."""
+    if "compute_point_seconds" not in figures:
+        return ""
+    runs, classes = int(figures.get("smart_measurement_runs", 0)), int(figures.get("smart_accuracy_classes", 0))
+    words = (f"The sweep spent {figures['compute_point_seconds']:.1f} point-seconds (each measurement run's wall "
+             f"time in its worker): {figures.get('compute_throughput_point_seconds', 0.0):.1f} in the layouts' "
+             f"throughput and memory runs, {figures.get('compute_accuracy_point_seconds', 0.0):.1f} training the "
+             f"accuracy classes it kept and {figures.get('compute_stopped_point_seconds', 0.0):.1f} in classes "
+             f"successive halving stopped early; {runs} measurement runs, "
+             f"{int(figures.get('smart_classes_stopped', 0))} of {classes} accuracy classes stopped.")
+    if "full_grid_point_seconds_estimate" in figures:
+        words += (f" The whole grid would have spent ~{figures['full_grid_point_seconds_estimate']:.1f} "
+                  "point-seconds (estimated from the same runs: each point's budget at its layout's measured "
+                  f"step time, plus its evaluations): {figures['compute_fraction_of_full_grid']:.0%} of it.")
+    return words
 
 
 def _critical_batch_words(trials: List[Trial], found: Optional[CriticalBatch], params: Dict[str, str]) -> str:
