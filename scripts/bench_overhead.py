@@ -14,6 +14,7 @@ import argparse
 import statistics
 import time
 from dataclasses import replace
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -27,9 +28,8 @@ from sweeper.worker.spec import PointSpec, WorkerContext
 from sweeper.worker.train import train_point
 
 
-def plain_loop(model_cfg, data_cfg, micro, accum, steps, warmup, lr, precision="fp32", optim="sgd") -> float:
-    """The loop a user would write by hand: shuffle, batch, accumulate, step. Returns samples/s."""
-    splits = data_mod.load(data_cfg, model_cfg.input_shape)
+def plain_step(model_cfg, splits, micro, accum, lr, precision="fp32", optim="sgd") -> Callable[[], None]:
+    """The optimizer step a user would write by hand: shuffle, batch, accumulate, step."""
     torch.manual_seed(0)
     model = models.build(model_cfg, splits.num_classes)
     if optim == "adamw":
@@ -50,10 +50,8 @@ def plain_loop(model_cfg, data_cfg, micro, accum, steps, warmup, lr, precision="
             return next(batches)
 
     model.train()
-    start = None
-    for step in range(steps):
-        if step == warmup:
-            start = time.perf_counter()
+
+    def step() -> None:
         for _ in range(accum):
             x, y = next_batch()
             with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
@@ -65,6 +63,19 @@ def plain_loop(model_cfg, data_cfg, micro, accum, steps, warmup, lr, precision="
         else:
             opt.step()
         opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def plain_loop(model_cfg, data_cfg, micro, accum, steps, warmup, lr, precision="fp32", optim="sgd") -> float:
+    """plain_step `steps` times, the last `steps - warmup` timed. Returns samples/s."""
+    splits = data_mod.load(data_cfg, model_cfg.input_shape)
+    step = plain_step(model_cfg, splits, micro, accum, lr, precision, optim)
+    start = None
+    for i in range(steps):
+        if i == warmup:
+            start = time.perf_counter()
+        step()
     return (steps - warmup) * micro * accum / (time.perf_counter() - start)
 
 

@@ -20,40 +20,14 @@ from dataclasses import replace
 from typing import Callable, Dict, List
 
 import torch
-import torch.nn.functional as F
-from torch.utils.data import DataLoader
+from bench_overhead import plain_step
 
 from sweeper import data as data_mod
-from sweeper import models
 from sweeper.config import DataConfig, DivergenceConfig, GnsConfig, ModelConfig, OptimConfig, TrainConfig
 from sweeper.measure import telemetry
 from sweeper.plan import GridPoint
 from sweeper.worker import step as step_mod
 from sweeper.worker.spec import PointSpec, WorkerContext
-
-
-def plain_step(model_cfg: ModelConfig, splits: data_mod.Splits, micro: int, accum: int, lr: float) -> Callable[[], None]:
-    """The step a user writes by hand: accumulate, step, zero."""
-    torch.manual_seed(0)
-    model = models.build(model_cfg, splits.num_classes)
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    loader = DataLoader(splits.train, batch_size=micro, shuffle=True, drop_last=True)
-    batches = iter(loader)
-    model.train()
-
-    def step() -> None:
-        nonlocal batches
-        for _ in range(accum):
-            try:
-                x, y = next(batches)
-            except StopIteration:
-                batches = iter(loader)
-                x, y = next(batches)
-            (F.cross_entropy(model(x), y) / accum).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    return step
 
 
 def sweeper_step(spec: PointSpec, splits: data_mod.Splits) -> Callable[[], None]:

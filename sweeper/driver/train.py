@@ -57,8 +57,9 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
         else:
             rows, ledger = measure_grid(cfg, s, name, points, specs, done_keys), None
         phases("grid")
-        if ledger is not None:  # on the parent before the report, which says what the strategy spent
-            s.tracker.log_parent_metrics(ledger.metrics())
+        spent = ledger.metrics() if ledger is not None else None
+        if spent is not None:  # on the parent before the report, which says what the strategy spent
+            s.tracker.log_parent_metrics(spent)
         s.tracker.replay()  # writes the store refused while it was down, before the report reads it
         made = make_report(cfg, s.tracker, parent)
         phases("report")
@@ -66,8 +67,8 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
         failed = statuses["failed"] > 0 or frontier_failed
         # smart: a composed point has no run of its own; the point-time is its measurement runs'
         closing = summary(rows if ledger is None else ledger.measured, phases, statuses)
-        if ledger is not None:
-            console.print_ledger(ledger.metrics())
+        if spent is not None:
+            console.print_ledger(spent)
         s.end(closing, "FAILED" if failed else "FINISHED")
         console.print_summary(rows, s.uri, parent, cfg.tracking.experiment_name, accuracy_note(cfg))
         if made is not None:

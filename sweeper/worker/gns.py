@@ -88,7 +88,6 @@ class MicroGradients:
         self.sums = torch.zeros(steps, dtype=torch.float64, device=device)
         self.every_steps = every_steps
         self.step = 0
-        self.active = True  # this step is measured (gns.every_steps)
         # The loss is divided by the accumulation steps: a micro-gradient seen here is g / accumulation.
         self.factor = float(accumulation_steps) ** 2
         self.pending: List[torch.Tensor] = []  # this micro-step's per-parameter norms, not yet summed
@@ -98,12 +97,8 @@ class MicroGradients:
         # A reduction: no gradient-sized temporary, which the memory figures would count. One op per
         # parameter here; flush() sums them in a few ops per micro-step (summing each into the
         # step's total here cost ~5 % of a ResNet-18 step on CPU).
-        if self.active:
+        if self.step % self.every_steps == 0:  # gns.every_steps: only the measured steps are read
             self.pending.append(squared_norm(grad.detach()))
-
-    def begin(self, step: int) -> None:
-        """Before optimizer step `step`'s first micro-batch: whether its micro-gradients are read."""
-        self.step, self.active = step, step % self.every_steps == 0
 
     def measured(self, steps_done: int) -> List[int]:
         """The steps whose micro-gradients were read."""

@@ -75,7 +75,7 @@ class Training:
         """
         point, target = self.spec.point, self.device.torch_device
         if self.micro_grads is not None:
-            self.micro_grads.begin(step)
+            self.micro_grads.step = step
         for micro_step in range(point.accumulation_steps):
             inputs, targets = next(self.batches) if loaded is None else loaded[micro_step]
             # Batches loaded beforehand are copied, as a GPU copies them in from the host: the
