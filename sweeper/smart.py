@@ -107,30 +107,33 @@ def evaluations(steps: int, every_samples: Optional[int], global_batch_size: int
 @dataclass(frozen=True)
 class Score:
     """A class's figure at a rung (lower is better: the validation loss at the rung's samples), with
-    the interval the halving rule compares: mean +- t * sd / sqrt(n) over seeds, or with one seed the
-    normal interval of the validation set's per-sample losses."""
+    its interval: mean +- t * sd / sqrt(n) over seeds, or with one seed the normal interval of the
+    validation set's per-sample losses. `by_seed` keeps each seed's value, for comparisons paired by seed."""
 
     mean: float
     low: float
     high: float
     seeds: int
     how: str  # "seeds" | "validation set"
+    by_seed: Tuple[Tuple[object, float], ...] = ()
 
     @property
     def width(self) -> float:
         return self.high - self.low
 
 
-def score(values: Sequence[float], standard_errors: Sequence[Optional[float]], level: float) -> Score:
-    """The interval of a class's losses over its seeds (`values`), at confidence `level`."""
+def score(values: Sequence[float], standard_errors: Sequence[Optional[float]], level: float,
+          seeds: Sequence[object] = ()) -> Score:
+    """The interval of a class's losses over its seeds (`values`, in the order of `seeds`), at confidence `level`."""
     n = len(values)
     mean = statistics.fmean(values)
+    by_seed = tuple(zip(seeds, values))
     if n >= 2:
         half = t_quantile(level, n - 1) * statistics.stdev(values) / math.sqrt(n)
-        return Score(mean, mean - half, mean + half, n, "seeds")
+        return Score(mean, mean - half, mean + half, n, "seeds", by_seed)
     se = standard_errors[0] if standard_errors and standard_errors[0] is not None else 0.0
     half = statistics.NormalDist().inv_cdf(0.5 + level / 2) * se
-    return Score(mean, mean - half, mean + half, 1, "validation set")
+    return Score(mean, mean - half, mean + half, 1, "validation set", by_seed)
 
 
 def t_quantile(level: float, df: int) -> float:
@@ -140,6 +143,19 @@ def t_quantile(level: float, df: int) -> float:
     return float(t.ppf(0.5 + level / 2, df))
 
 
+def paired_difference(s: Score, best: Score, level: float) -> Optional[Score]:
+    """The interval of `s` minus `best`, seed by seed, when both were measured at the same two seeds or
+    more; else None. The same seed gives every class the same initial weights and the same samples in
+    the same order (plan.stream_indices: classes differ in how the samples are grouped into steps,
+    and in the LR), so what a seed shares with another class cancels in the difference; an interval
+    of the two losses apart would count it twice."""
+    mine, theirs = dict(s.by_seed), dict(best.by_seed)
+    common = [seed for seed in mine if seed in theirs]
+    if len(common) < 2 or len(common) != len(mine) or len(common) != len(theirs):
+        return None
+    return score([mine[seed] - theirs[seed] for seed in common], [], level, common)
+
+
 @dataclass(frozen=True)
 class Decision:
     keep: List[str]
@@ -147,10 +163,14 @@ class Decision:
     note: str = ""  # why nothing could be stopped at this rung, when that is why
 
 
-def halve(scores: Dict[str, Score], eta: int, uninformed: Optional[float] = None) -> Decision:
+def halve(scores: Dict[str, Score], eta: int, uninformed: Optional[float] = None, level: float = 0.95) -> Decision:
     """Successive halving over classes at one rung: keep the best ceil(n / eta) by mean loss, and
-    every class whose interval overlaps the best one's (the data cannot tell them apart, so halving
-    must not choose between them); stop the rest, each with the figures that stopped it.
+    every class the data cannot tell from the best one (halving must not choose between them); stop
+    the rest, each with the figures that stopped it.
+
+    Told apart: measured at the same seeds (two or more), the class's loss minus the best's, seed by
+    seed, has a t-interval at `level` wholly above zero (paired_difference); otherwise (one seed, or
+    other seeds) the two classes' own intervals do not overlap.
 
     `uninformed`: the loss of a model that has learned nothing (ln(classes) for cross-entropy: a
     uniform guess). While the best class's interval does not lie below it, no class has shown it
@@ -167,15 +187,28 @@ def halve(scores: Dict[str, Score], eta: int, uninformed: Optional[float] = None
     keep, stopped = [], {}
     for key in ranked:
         s = scores[key]
-        if key in quota or s.low <= best.high:
+        apart = separation(s, best, level)
+        if key in quota or apart is None:
             keep.append(key)
         else:
             stopped[key] = (
                 f"val loss {s.mean:.4g} [{s.low:.4g}, {s.high:.4g}] against the best {ranked[0]}'s "
-                f"{best.mean:.4g} [{best.low:.4g}, {best.high:.4g}] ({s.how}): outside the best "
-                f"1/{eta} and the intervals do not overlap"
+                f"{best.mean:.4g} [{best.low:.4g}, {best.high:.4g}] ({s.how}): outside the best 1/{eta} and {apart}"
             )
     return Decision(keep, stopped)
+
+
+def separation(s: Score, best: Score, level: float) -> Optional[str]:
+    """Why `s` is worse than `best` beyond the noise, in words; None when the data cannot tell them apart."""
+    if not (math.isfinite(s.low) and math.isfinite(s.high)):
+        return None
+    diff = paired_difference(s, best, level)
+    if diff is not None:
+        if diff.low > 0:
+            return (f"its loss minus the best's, seed by seed, is {diff.mean:.4g} [{diff.low:.4g}, {diff.high:.4g}] "
+                    f"over {diff.seeds} seeds: above zero")
+        return None
+    return "the intervals do not overlap" if s.low > best.high else None
 
 
 def derived_time_to_target(steps_to_target: Optional[float], step_time_seconds: Optional[float],

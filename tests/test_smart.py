@@ -6,6 +6,7 @@ import math
 import os
 import random
 import signal
+import statistics
 import sqlite3
 import subprocess
 import sys
@@ -145,6 +146,42 @@ def test_halving_never_stops_a_class_whose_interval_overlaps_the_best():
         assert all(scores[k].low > best.high for k in decision.stopped)
         assert set(decision.keep) | set(decision.stopped) == set(scores)
         assert len(decision.keep) >= math.ceil(len(scores) / eta)
+
+
+def seeded(*losses):
+    return smart.score(list(losses), [None] * len(losses), 0.95, list(range(len(losses))))
+
+
+def test_classes_measured_at_the_same_seeds_are_compared_seed_by_seed():
+    # seed 0 is hard for every class (its initial weights and sample order are every class's at seed 0):
+    # the classes' own intervals overlap widely, but b is worse than a at every seed by 0.3 +- 0.02
+    a, b, c = seeded(4.5, 0.6, 1.2), seeded(4.82, 0.89, 1.51), seeded(4.9, 0.3, 1.6)
+    assert b.low < a.high  # apart, the seeds' shared noise hides the difference
+    decision = smart.halve({"a": a, "b": b, "c": c}, eta=3)
+    assert decision.keep == ["a", "c"] and list(decision.stopped) == ["b"]  # c: -0.3 to +0.4, not told apart
+    assert "its loss minus the best's, seed by seed, is 0.3067" in decision.stopped["b"]
+    diff = smart.paired_difference(b, a, 0.95)
+    half = 4.302652729911275 * statistics.stdev([0.32, 0.29, 0.31]) / math.sqrt(3)
+    assert (diff.mean, diff.low, diff.high) == pytest.approx((0.3067, 0.3067 - half, 0.3067 + half), abs=1e-4)
+    # other seeds, or one seed: no pairing; the classes' own intervals decide
+    assert smart.paired_difference(smart.score([4.8, 0.9], [None] * 2, 0.95, [5, 6]), a, 0.95) is None
+    assert smart.paired_difference(seeded(2.0), seeded(1.0), 0.95) is None
+
+
+def test_halving_by_seed_never_stops_a_class_whose_paired_interval_reaches_the_best():
+    rng, stops = random.Random(1), 0
+    for _ in range(300):
+        n = rng.randint(2, 4)
+        shared = [rng.gauss(0, 1) for _ in range(n)]  # what a seed does to every class
+        scores = {str(i): seeded(*(rng.uniform(0, 2) + x + rng.gauss(0, rng.uniform(0, 0.5)) for x in shared))
+                  for i in range(rng.randint(1, 10))}
+        decision = smart.halve(scores, rng.choice([2, 3]))
+        best = scores[decision.keep[0]]
+        for key in decision.stopped:
+            assert smart.paired_difference(scores[key], best, 0.95).low > 0
+        assert set(decision.keep) | set(decision.stopped) == set(scores)
+        stops += len(decision.stopped)
+    assert stops > 100  # the rule does stop classes
 
 
 def test_nothing_is_stopped_before_any_class_has_learned():

@@ -144,7 +144,7 @@ def run_rungs(cfg: SweeperConfig, s: Session, name: str, classes: List[AccuracyC
                 record_class(cfg, c, reps, throughput, specs, rung, None if last else ended_early(reps), keep)
             else:
                 scores[c.key] = score
-        decision = smart.halve(scores, cfg.smart.eta, uninformed)
+        decision = smart.halve(scores, cfg.smart.eta, uninformed, cfg.smart.confidence)
         if decision.note:
             console.note(f"smart: rung {rung} stops no class: {decision.note}")
         for c in alive:
@@ -254,7 +254,8 @@ def rung_score(cfg: SweeperConfig, reps: List[Tuple[GridPoint, Optional[PointRes
     losses = [r.accuracy.val_loss for r in results]
     if any(v is None or not math.isfinite(v) for v in losses):
         return smart.Score(0.0, -math.inf, math.inf, len(losses), "no validation loss")
-    return smart.score(losses, [r.accuracy.val_loss_se for r in results], cfg.smart.confidence)
+    return smart.score(losses, [r.accuracy.val_loss_se for r in results], cfg.smart.confidence,
+                       [unit.seed for unit, _ in reps])
 
 
 def ended_early(reps: List[Tuple[GridPoint, Optional[PointResult]]]) -> Optional[str]:
