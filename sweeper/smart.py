@@ -96,6 +96,19 @@ def rung_steps(full_steps: int, fraction: float) -> int:
     return max(1, min(full_steps, math.ceil(full_steps * fraction - 1e-9)))
 
 
+def sample_share(num_classes: int, points_per_seed: int, eta: int, rungs: int) -> Tuple[float, float]:
+    """The share of the grid's training samples the rungs train, every point taking the same sample
+    budget: (least, most). Least: halving stops down to its quota, the best ceil(n / eta), at every
+    rung; most: it stops nothing, and every class trains every rung from step 0. Known before any run:
+    what smart can save on a grid is bounded by its classes per point, whatever the data say."""
+    fractions = rung_fractions(eta, rungs)
+    least, alive = 0.0, num_classes
+    for fraction in fractions:
+        least += alive * fraction
+        alive = max(1, math.ceil(alive / eta))
+    return least / points_per_seed, num_classes * sum(fractions) / points_per_seed
+
+
 def evaluations(steps: int, every_samples: Optional[int], global_batch_size: int) -> int:
     """How many evaluations a budget of `steps` holds: every eval.every_samples rounded up to whole
     global batches, before the last step (worker/train.py), then one at the end: ceil(steps / every)."""

@@ -110,6 +110,15 @@ def test_rungs_train_to_shares_of_the_budget_in_whole_steps():
     assert smart.evaluations(89, None, 16) == 1
 
 
+def test_what_smart_can_save_is_bounded_by_classes_per_point_before_any_run():
+    # the demo with 2 LR multipliers: 16 points per seed; a BatchNorm-free model has 10 classes, ResNet-18 12
+    least, most = smart.sample_share(10, 16, eta=3, rungs=3)
+    assert least == pytest.approx((10 / 9 + 4 / 3 + 2) / 16)  # 10 classes a ninth in, 4 a third, 2 to the end
+    assert most == pytest.approx(10 * (1 / 9 + 1 / 3 + 1) / 16)  # nothing stopped: every class every rung
+    assert smart.sample_share(12, 16, 3, 3) == pytest.approx(((12 / 9 + 4 / 3 + 2) / 16, 12 * 13 / 9 / 16))
+    assert smart.sample_share(5, 5, 3, 1) == (1.0, 1.0)  # one rung: every class once, as the grid
+
+
 def test_a_class_score_is_a_t_interval_over_seeds_or_the_validation_sets_standard_error():
     over_seeds = smart.score([1.0, 2.0, 3.0], [None] * 3, 0.95)
     half = 4.302652729911275 / math.sqrt(3)  # t(0.975, 2 df) x sd 1 / sqrt(3)
