@@ -111,9 +111,9 @@ def measure(cfg: SweeperConfig, s: Session, name: str, points: List[GridPoint], 
     print_classes(classes, coupled, len(seeds))
     per_seed = len({replace(p, seed=None) for p in points})
     least, most = smart.sample_share(len(classes), per_seed, cfg.smart.eta, cfg.smart.rungs)
-    console.note(f"smart: {len(classes)} class(es) for {per_seed} point(s) per seed: the rungs train {least:.0%} of the grid's samples if halving stops down to the best "
-                 f"1/{cfg.smart.eta} at every rung, {most:.0%} if the data let it stop nothing; the throughput "
-                 "runs come on top")
+    console.note(f"smart: {len(classes)} class(es) for {per_seed} point(s) per seed: the rungs train {least:.0%} "
+                 f"of the grid's samples if halving stops down to the best 1/{cfg.smart.eta} at every rung, "
+                 f"{most:.0%} if the data let it stop nothing; the throughput runs come on top")
     uninformed = math.log(num_classes) if num_classes > 1 else None
     accuracy_runs = run_rungs(cfg, s, name, classes, seeds, throughput, specs, ledger, keep, uninformed)
     class_of = {member: c.key for c in classes for member in c.members}
