@@ -163,10 +163,9 @@ def paired_difference(s: Score, best: Score, level: float) -> Optional[Score]:
     and in the LR), so what a seed shares with another class cancels in the difference; an interval
     of the two losses apart would count it twice."""
     mine, theirs = dict(s.by_seed), dict(best.by_seed)
-    common = [seed for seed in mine if seed in theirs]
-    if len(common) < 2 or len(common) != len(mine) or len(common) != len(theirs):
+    if len(mine) < 2 or mine.keys() != theirs.keys():
         return None
-    return score([mine[seed] - theirs[seed] for seed in common], [], level, common)
+    return score([mine[seed] - theirs[seed] for seed in mine], [], level, list(mine))
 
 
 @dataclass(frozen=True)
@@ -212,9 +211,8 @@ def halve(scores: Dict[str, Score], eta: int, uninformed: Optional[float] = None
 
 
 def separation(s: Score, best: Score, level: float) -> Optional[str]:
-    """Why `s` is worse than `best` beyond the noise, in words; None when the data cannot tell them apart."""
-    if not (math.isfinite(s.low) and math.isfinite(s.high)):
-        return None
+    """Why `s` is worse than `best` beyond the noise, in words; None when the data cannot tell them apart
+    (always for a class without a validation loss: no seeds to pair, and an interval of everything)."""
     diff = paired_difference(s, best, level)
     if diff is not None:
         if diff.low > 0:
