@@ -18,7 +18,7 @@ METRIC, SERIES, CURVE, TAG, NOTE = "metric", "series", "curve", "tag", "note"
 # How a point ends, best to worst: the worst over a point's ranks is its status.
 # `stopped` (sweep.strategy=smart: its class was stopped early by successive halving) is set by the
 # driver only, never by a worker.
-STATUSES = ("ok", "stopped", "diverged", "oom", "failed")
+STATUSES = ("ok", "stopped", "did_not_learn", "diverged", "oom", "failed")
 
 
 def metric() -> Any:

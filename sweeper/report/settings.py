@@ -32,6 +32,9 @@ class ReportConfig:
     memory_budget_gb: Optional[float] = None
     # The knee of a throughput curve: the first micro-batch after which doubling gains less.
     knee_min_gain: float = 0.10
+    # The confidence level of every interval and test behind the answer: a point's separation from
+    # chance (a point not separated has status did_not_learn), its gap to the best point.
+    confidence: float = 0.95
 
 
 def invalid_choice(key: str, value: Any, choices: Sequence[str]) -> Optional[str]:
@@ -65,6 +68,8 @@ def check(report: ReportConfig, key: Callable[[str], str] = lambda name: f"repor
     budget = report.memory_budget_gb
     if budget is not None and not (math.isfinite(budget) and budget > 0):
         problems.append(f"{key('memory_budget_gb')}={budget}: must be a positive number of GiB, or null")
+    if not 0.5 <= report.confidence < 1.0:
+        problems.append(f"{key('confidence')}={report.confidence}: must be a level in [0.5, 1), e.g. 0.95")
     if not 0.0 < report.knee_min_gain < 1.0:
         problems.append(f"{key('knee_min_gain')}={report.knee_min_gain}: must be between 0 and 1, e.g. 0.1")
     return [p for p in problems if p]

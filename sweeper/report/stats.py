@@ -72,6 +72,22 @@ def binomial(accuracy: float, samples: int, level: float = 0.95) -> Interval:
     return Interval(float(accuracy), max(0.0, centre - half), min(1.0, centre + half), n, how)
 
 
+def above_chance(hits: int, samples: int, chance: float, level: float = 0.95) -> bool:
+    """Whether `hits` correct of `samples` validation samples are separated from guessing (`chance`, e.g.
+    1 / classes) at `level`: a one-sided exact binomial test, p = P(X >= hits | chance) < 1 - level.
+    81 of 263 against 1/10 is separated (p ~ 1e-20); 25 of 263 is not (fewer hits than a guess's 26.3)."""
+    _check_level(level)
+    if samples <= 0:
+        return False
+    if not 0.0 < chance < 1.0:
+        raise ValueError(f"chance={chance} must be a probability between 0 and 1 (1 / classes)")
+    hits = int(round(hits))
+    if hits <= chance * samples:
+        return False
+    p = float(_scipy.binomtest(hits, samples, chance, alternative="greater").pvalue)
+    return p < 1.0 - level
+
+
 def welch_p(a: Sequence[float], b: Sequence[float]) -> float:
     """Two-sided p-value of Welch's t-test (unequal variances) for equal means of `a` and `b`, each
     with at least two values. Identical constant samples give 1.0; different constants 0.0."""
