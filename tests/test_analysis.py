@@ -11,6 +11,7 @@ from sweeper.report.analysis import (
     Recommendation,
     Trial,
     accuracy_interval,
+    judge_gap,
     knee,
     knees,
     loss_interval,
@@ -21,6 +22,7 @@ from sweeper.report.analysis import (
     recommendation_yaml,
     replicates,
     seconds_to_train,
+    summarize,
 )
 
 GiB = 2**30
@@ -134,8 +136,8 @@ def test_nothing_ok_says_how_the_trials_ended():
               trial(64, status="oom", samples_per_second=1e9)]
     rec = recommend(trials)
     assert rec.best is None and rec.runners_up == []
-    assert rec.reason == "no trial finished ok: 3 failed, 1 oom"
-    assert recommend([]).reason == "no trials to choose from"
+    assert rec.reason == "no point finished ok: 3 failed, 1 oom"
+    assert recommend([]).reason == "no points to choose from"
 
 
 def test_memory_budget_excludes_the_fastest_trial():
@@ -154,7 +156,7 @@ def test_memory_budget_excludes_the_fastest_trial():
     none_fit = recommend(trials[:3], memory_budget_bytes=0.5 * GiB)
     assert none_fit.best is None
     assert none_fit.reason == (
-        "no ok trial fits report.memory_budget_gb=0.5 (512.00 MiB): "
+        "no ok point fits report.memory_budget_gb=0.5 (512.00 MiB): "
         "the smallest peak was 1.00 GiB (mb16-acc1-w1)"
     )
 
@@ -172,7 +174,7 @@ def test_min_accuracy_excludes_and_explains_when_no_trial_reaches_it():
 
     nobody = recommend(trials, min_accuracy=0.9)
     assert nobody.best is None and nobody.runners_up == []
-    assert nobody.reason == "no ok trial reached report.min_accuracy=0.9 (best was 0.850, mb16-acc1-w1)"
+    assert nobody.reason == "no ok point reached report.min_accuracy=0.9 (best was 0.850, mb16-acc1-w1)"
     assert len(nobody.excluded) == 3
 
 
@@ -210,7 +212,7 @@ def test_accuracy_ties_within_half_a_point_are_broken_by_throughput():
 def test_accuracy_objective_without_any_accuracy_says_so():
     rec = recommend([trial(16, samples_per_second=100.0)], objective="accuracy")
     assert rec.best is None
-    assert rec.reason == "no ok trial has val_accuracy (synthetic data has none)"
+    assert rec.reason == "no ok point has val_accuracy (synthetic data has none)"
 
 
 def test_time_to_accuracy_is_the_shortest_training_among_trials_reaching_the_target():
@@ -278,9 +280,9 @@ def test_override_line_pins_the_lr_the_trial_used():
     best = trial(64, acc=4, w=2, lr=0.07071067811865477)
     assert override_line(best, "sqrt") == (
         "sweep.micro_batch_sizes=[64] sweep.accumulation_steps=[4] sweep.num_workers=[2] "
-        "optim.lr=0.07071067811865477 train.lr_scaling=none"
+        "optim.lr=0.07071 train.lr_scaling=none"
     )
-    assert override_line(best, "none").endswith("optim.lr=0.07071067811865477")
+    assert override_line(best, "none").endswith("optim.lr=0.07071")
     assert override_line(best).endswith("train.lr_scaling=none")  # rule unknown: pin it
     assert override_line(trial(64, acc=4, w=2)) == (
         "sweep.micro_batch_sizes=[64] sweep.accumulation_steps=[4] sweep.num_workers=[2]"
@@ -322,7 +324,7 @@ def test_recommendation_yaml_without_a_winner_is_null_with_the_reason():
     rec = recommend([trial(16, status="oom")])
     doc = yaml.safe_load(recommendation_yaml(rec))
     assert doc["recommendation"] is None
-    assert doc["reason"] == "no trial finished ok: 1 oom"
+    assert doc["reason"] == "no point finished ok: 1 oom"
     assert doc["constraints"] == {"min_accuracy": None, "memory_budget_bytes": None, "max_accuracy_drop": None}
     with pytest.raises(ValueError, match="does not match"):
         recommendation_yaml(rec, "accuracy")
@@ -379,8 +381,9 @@ def test_replicates_are_one_candidate_with_their_mean_figures():
     assert rec.best.samples_per_second == pytest.approx(220.0) and rec.best.val_accuracy == pytest.approx(0.92)
     assert [t.key for t in rec.runners_up] == ["mb16-acc1-w1"]  # never another seed of the winner
     assert "each the mean over its 3 seeds" in rec.reason
-    assert "Its val_accuracy 0.920 [0.870, 0.970] is within report.max_accuracy_drop=0.02 of the best, 0.930 [" \
-        in rec.reason
+    # Same seeds, a steady 1-point gap: the paired interval certifies it inside the 2-point drop.
+    assert ("Certified not worse: its val_accuracy 0.920 [0.870, 0.970] against the best, 0.930 [" in rec.reason
+            and "gap of -0.010 [-0.010, -0.010] (paired t interval over 3 seeds, one-sided 95 % bounds)" in rec.reason)
     interval = rec.points["mb32-acc1-w1"].accuracy
     assert interval.how == "t interval over 3 seeds, 95 %" and interval.sd == pytest.approx(0.02)
     assert accuracy_interval(replicates(trials)["mb16-acc1-w1"]).mean == pytest.approx(0.93)
@@ -392,39 +395,88 @@ def test_replicates_are_one_candidate_with_their_mean_figures():
     assert loss_interval(losses).mean == pytest.approx(0.6) and loss_interval(losses[:1]) is None
 
 
-def test_the_demo_gap_inside_one_seeds_noise_is_a_tie_not_an_exclusion():
-    # Issue 16's demo: 0.78 vs 0.822 on 360 validation samples is inside the binomial noise.
+def test_the_demo_gap_inside_one_seeds_noise_is_unproven_not_eligible():
+    # Issue 16's demo: 0.78 vs 0.822 on 360 validation samples. The gap's interval straddles -0.02:
+    # neither certified nor shown worse, so not recommended (it was "a tie" before issue 27).
     fast = trial(32, acc=2, w=2, samples_per_second=600.0, val_accuracy=0.78, val_samples=360)
     slow = trial(16, acc=2, w=1, samples_per_second=300.0, val_accuracy=0.822, val_samples=360)
     poor = trial(64, acc=2, w=2, samples_per_second=900.0, val_accuracy=0.60, val_samples=360)
     rec = recommend([fast, slow, poor], "throughput", max_accuracy_drop=0.02)
-    assert rec.best.key == "mb32-acc2-w2"
-    low, high = stats.binomial(0.78, 360), stats.binomial(0.822, 360)
-    sentence = (f"mb32-acc2-w2 (0.780 [{low.low:.3f}, {low.high:.3f}]) and mb16-acc2-w1 (0.822 [{high.low:.3f}, "
-                f"{high.high:.3f}]) cannot be told apart at 95 % (Wilson intervals of 360 validation samples, one "
-                "seed): treated as a tie")
-    assert rec.ties == {"mb32-acc2-w2": sentence} and sentence[1:] in rec.reason
-    # 0.60 is separable from 0.822: excluded, and the test is named.
+    assert rec.best.key == "mb16-acc2-w1"
+    # Non-inferiority is one-sided: the 90 % interval's bounds are the one-sided 95 % bounds.
+    gap = stats.newcombe_difference(0.78 * 360, 360, 0.822 * 360, 360, level=0.90)
+    assert gap.low < -0.02 < gap.high
+    assert list(rec.unproven) == ["mb32-acc2-w2"] and rec.ties == {}
+    assert rec.unproven["mb32-acc2-w2"].startswith("faster but unproven: its val_accuracy gap to the best "
+                                                   f"(mb16-acc2-w1) is {gap.mean:+.3f} [{gap.low:+.3f}, ")
+    assert "more seeds (sweep.seeds) would settle it" in rec.unproven["mb32-acc2-w2"]
+    assert "faster but unproven" in rec.reason and "Newcombe interval of 360 and 360 validation samples" in rec.reason
+    # 0.60 is shown more than 0.02 below 0.822: excluded, with its interval.
     assert rec.excluded["mb64-acc2-w2"].startswith("val_accuracy 0.600 [")
-    assert "beyond the noise at 95 % (Wilson intervals of 360 validation samples, one seed)" in \
-        rec.excluded["mb64-acc2-w2"]
+    assert "shown at 95 %: its gap is -0.222 [" in rec.excluded["mb64-acc2-w2"]
     assert "Not recommended although faster: mb64-acc2-w2 (900.0 samples/s" in rec.reason
-    assert "a gap the data separate at 95 % (non-overlapping intervals)" in rec.reason
+    # Nothing faster is certified: the reason says so, with the tolerance that would certify the fastest.
+    poor_gap = stats.newcombe_difference(0.60 * 360, 360, 0.822 * 360, 360, level=0.90)
+    assert (f"No point faster than mb16-acc2-w1 is certified within report.max_accuracy_drop=0.02 of it at 95 %; "
+            f"mb64-acc2-w2 is within {-poor_gap.low * 100:.1f} points of the best at 95 %.") in rec.reason
+    # A tolerance wider than the gap's whole interval certifies the faster point.
+    assert recommend([fast, slow], "throughput", max_accuracy_drop=0.11).best.key == "mb32-acc2-w2"
 
 
-def test_a_point_is_excluded_only_when_welchs_test_separates_it():
+def test_non_inferiority_three_outcomes_on_paired_seeds():
+    best_noisy = summarize(seeded(16, accuracies=[0.95, 0.40, 0.99]))
+    fast_seeds = seeded(32, accuracies=[0.93, 0.92, 0.94], rates=[200.0] * 3)
+    fast = summarize(fast_seeds)
+    # Against a reference whose seeds swing from 0.40 to 0.99 the gap could be anything: unproven.
+    gap = judge_gap(fast, best_noisy, 0.02)
+    assert gap.outcome == "unproven" and gap.interval.low < -0.02 < gap.interval.high
+    assert gap.interval.how == "paired t interval over 3 seeds, one-sided 95 % bounds"
+    # Against a steady best, the paired gap's one-sided 95 % lower bound is -0.0146 (t(2) = 2.920 x
+    # 0.00866 / sqrt(3)): certified at a 2-point drop, not at a 1-point one.
+    best_steady = seeded(16, accuracies=[0.925, 0.93, 0.935], rates=[100.0] * 3)
+    certified = judge_gap(fast, summarize(best_steady), 0.02)
+    assert certified.outcome == "eligible" and certified.interval.low == pytest.approx(-0.0146, abs=1e-4)
+    assert judge_gap(fast, summarize(best_steady), 0.01).outcome == "unproven"
+    # In recommend(): a best ahead in every seed; gap -0.0117 [-0.0311, +0.0078] (paired, 3 seeds).
+    ahead = seeded(16, accuracies=[0.935, 0.945, 0.945], rates=[100.0] * 3)
+    ok = recommend([*ahead, *fast_seeds], "throughput", max_accuracy_drop=0.035)
+    assert ok.best.key == "mb32-acc1-w1" and ok.unproven == {} and "Certified not worse" in ok.reason
+    tight = recommend([*ahead, *fast_seeds], "throughput", max_accuracy_drop=0.02)
+    assert tight.best.key == "mb16-acc1-w1" and "mb32-acc1-w1" in tight.unproven
+    assert "mb32-acc1-w1" in tight.excluded and "faster but unproven" in tight.reason
+    # Nothing faster certified: the reason gives the smallest tolerance that certifies the fastest.
+    assert "No point faster than mb16-acc1-w1 is certified within report.max_accuracy_drop=0.02" in tight.reason
+    assert "mb32-acc1-w1 is within 3.1 points of the best at 95 %" in tight.reason
+    # A clear loss in every seed: excluded (shown worse), not unproven.
+    far = seeded(64, accuracies=[0.80, 0.82, 0.79], rates=[400.0] * 3)
+    lost = recommend([*ahead, *far], "throughput", max_accuracy_drop=0.02)
+    assert lost.best.key == "mb16-acc1-w1" and lost.unproven == {}
+    assert "shown at 95 %" in lost.excluded["mb64-acc1-w1"]
+    assert judge_gap(summarize(far), summarize(best_steady), 0.02).outcome == "excluded"
+    # time_to_accuracy follows the same rule.
+    timed_fast = [replace(t, samples_seen=1000.0) for t in fast_seeds]
+    timed_best = [replace(t, samples_seen=1000.0) for t in ahead]
+    timed = recommend([*timed_best, *timed_fast], "time_to_accuracy", min_accuracy=0.5, max_accuracy_drop=0.02)
+    assert timed.best.key == "mb16-acc1-w1" and "mb32-acc1-w1" in timed.unproven
+    assert recommend([*timed_best, *timed_fast], "time_to_accuracy", min_accuracy=0.5,
+                     max_accuracy_drop=0.035).best.key == "mb32-acc1-w1"
+
+
+def test_a_point_is_eligible_only_when_its_gap_is_certified():
     top = seeded(16, accuracies=[0.84, 0.86, 0.82], rates=[100.0] * 3)
-    close = seeded(32, accuracies=[0.80, 0.82, 0.78], rates=[200.0] * 3)  # 4 points below, p = 0.0705
-    far = seeded(64, accuracies=[0.70, 0.72, 0.68], rates=[400.0] * 3)  # 14 points below, p < 0.001
+    close = seeded(32, accuracies=[0.82, 0.80, 0.78], rates=[200.0] * 3)  # 4 points below, paired sd 0.02
+    far = seeded(64, accuracies=[0.70, 0.72, 0.68], rates=[400.0] * 3)  # 14 points below in every seed
     rec = recommend([*top, *close, *far], "throughput", max_accuracy_drop=0.02)
-    assert rec.best.key == "mb32-acc1-w1"
-    assert "Welch's t-test over 3 seeds each, p = 0.07 >= 0.05" in rec.ties["mb32-acc1-w1"]
-    assert "cannot be told apart at 95 %" in rec.reason
-    assert "beyond the noise at 95 % (Welch's t-test over 3 seeds each, p = " in rec.excluded["mb64-acc1-w1"]
-    assert "mb32-acc1-w1" not in rec.excluded
-    # At 90 % the same 4-point gap is separable (|t| = 2.449 > 2.132): then the guard applies.
-    strict = recommend([*top, *close, *far], "throughput", max_accuracy_drop=0.02, level=0.90)
-    assert strict.best.key == "mb16-acc1-w1" and "mb32-acc1-w1" in strict.excluded
+    assert rec.best.key == "mb16-acc1-w1"
+    # One-sided 95 % bounds: -0.040 +/- 2.920 * 0.02 / sqrt(3) = [-0.074, -0.006], across -0.02; 5 seeds
+    # (t(4) 2.132 * 0.02 / sqrt(5) < 0.02) would settle it.
+    assert ("gap to the best (mb16-acc1-w1) is -0.040 [-0.074, -0.006] (paired t interval over 3 seeds, "
+            "one-sided 95 % bounds)") in rec.unproven["mb32-acc1-w1"]
+    assert "about 5 seeds would settle it" in rec.unproven["mb32-acc1-w1"]
+    assert "shown at 95 %: its gap is -0.140 [-0.140, -0.140]" in rec.excluded["mb64-acc1-w1"]
+    assert "mb64-acc1-w1" not in rec.unproven
+    # Without the drop, the objective alone decides.
+    assert recommend([*top, *close, *far], "throughput").best.key == "mb64-acc1-w1"
 
 
 def test_accuracy_objective_breaks_a_noise_tie_by_throughput():
@@ -466,7 +518,7 @@ def test_when_every_point_diverged_nothing_is_recommended_and_it_says_so():
                                  "mb16-acc1-w1 diverged (nonfinite at step 3); mb32-acc1-w1 diverged (chance)")
     assert "Try a lower LR" in rec.reason
     mixed = recommend([trials[0], trial(8, status="oom")])
-    assert mixed.reason.startswith("no trial finished ok: 1 diverged, 1 oom. Not eligible because they diverged")
+    assert mixed.reason.startswith("no point finished ok: 1 diverged, 1 oom. Not eligible because they diverged")
 
 
 def test_time_to_target_ranks_partial_reach_behind_full_reach():
@@ -526,11 +578,11 @@ def test_override_line_names_the_whole_recipe_and_the_multiplier():
     assert override_line(plain, "none") == (
         "sweep.micro_batch_sizes=[16] sweep.accumulation_steps=[1] sweep.num_workers=[1] sweep.precisions=[fp32] "
         "sweep.activation_checkpointing=[none] optim=sgd optim.lr=0.05 sweep.lr_multipliers=[1.0]")
-    # optim.lr x the multiplier gives back the LR the point trained with, bit for bit.
+    # optim.lr x the multiplier gives back the LR the point trained with, to 4 significant figures.
     for lr, m in ((0.1, 3.0), (0.07071067811865477, 0.3), (1e-3, 7.0)):
         line = override_line(trial(8, lr=lr, lr_multiplier=m))
-        base = float(line.split("optim.lr=")[1].split()[0])
-        assert base * m == lr
+        text = line.split("optim.lr=")[1].split()[0]
+        assert text == f"{lr / m:.4g}" and abs(float(text) * m - lr) <= 1e-3 * lr
 
 
 def test_lr_table_per_global_batch():
@@ -561,11 +613,13 @@ def test_recommendation_yaml_carries_seeds_intervals_ties_diverged_and_the_lr_ta
     rec = recommend(trials, max_accuracy_drop=0.02)
     doc = yaml.safe_load(recommendation_yaml(rec))
     chosen = doc["recommendation"]
-    assert chosen["key"] == "mb32-acc1-w1" and chosen["seeds"] == [0, 1, 2]
+    # mb32 is 4 points below in every seed: shown worse, so mb16 is chosen.
+    assert chosen["key"] == "mb16-acc1-w1" and chosen["seeds"] == [0, 1, 2]
     assert chosen["accuracy_interval"]["how"] == "t interval over 3 seeds, 95 %"
-    assert chosen["accuracy_interval"]["mean"] == pytest.approx(0.80) and chosen["lr_multiplier"] == 1.0
+    assert chosen["accuracy_interval"]["mean"] == pytest.approx(0.84) and chosen["lr_multiplier"] == 1.0
     assert doc["confidence_level"] == 0.95
-    assert doc["ties"] == rec.ties and "mb32-acc1-w1" in doc["ties"]
+    assert doc["ties"] == rec.ties and doc["unproven"] == rec.unproven == {}
+    assert "mb32-acc1-w1" in doc["excluded"]
     assert doc["diverged"] == {"mb64-acc1-w1": "diverged (nonfinite at step 7)"}
     assert doc["points"]["mb16-acc1-w1"]["statuses"] == ["ok", "ok", "ok"]
     assert doc["lr_table"][0]["global_batch_size"] == 16 and doc["lr_table"][0]["best_multiplier"] == 1.0
@@ -590,3 +644,27 @@ def test_the_sweep_refuses_time_to_target_without_a_target(cfg_of):
         cfg_of("report.objective=time_to_target")
     assert any(p.startswith("report.objective=time_to_target needs a target") for p in error.value.problems)
     assert cfg_of("report.objective=time_to_target", "eval.target_accuracy=0.9").report.objective == "time_to_target"
+
+
+def test_did_not_learn_points_are_never_eligible_and_say_what_to_try():
+    learned = trial(16, samples_per_second=100.0, val_accuracy=0.80, val_samples=263, num_classes=10)
+    stuck = trial(32, samples_per_second=900.0, val_accuracy=0.095, val_samples=263, status="did_not_learn",
+                  num_classes=10)
+    rec = recommend([learned, stuck])
+    assert rec.best.key == "mb16-acc1-w1"
+    assert rec.excluded["mb32-acc1-w1"] == (
+        "did not learn (val accuracy 0.095 at chance 1/10): try a lower or higher LR, another optimizer "
+        "(optim=adamw), more epochs (train.epochs)")
+    # The report checks separation from chance itself: an ok point at 25 of 263 against 1/10 is not eligible.
+    guessing = trial(64, samples_per_second=2000.0, val_accuracy=25 / 263, val_samples=263, num_classes=10)
+    rec = recommend([learned, guessing])
+    assert rec.best.key == "mb16-acc1-w1" and rec.excluded["mb64-acc1-w1"].startswith("did not learn (val accuracy")
+    # Nothing learned: nothing recommended, and the reason says so.
+    nobody = recommend([stuck, guessing])
+    assert nobody.best is None and nobody.reason.startswith("every point did not learn, so there is nothing to ")
+    mixed = recommend([stuck, trial(8, status="diverged", diverged_reason="nonfinite")])
+    assert mixed.best is None and mixed.reason.startswith("no point learned (1 did not learn, 1 diverged)")
+    # The status sorts between stopped and diverged, as sweeper.schema.STATUSES.
+    from sweeper.report.analysis import _STATUS_ORDER
+    from sweeper.schema import STATUSES
+    assert _STATUS_ORDER == tuple(STATUSES)

@@ -96,3 +96,61 @@ def test_interval_overlap_and_text():
     assert a.overlaps(b) and b.overlaps(a)
     assert not stats.binomial(0.60, 360).overlaps(b)
     assert a.text() == f"0.780 [{a.low:.3f}, {a.high:.3f}]"
+
+
+# --- non-inferiority: the interval of a gap (issue 27) ----------------------------------------------
+
+
+def test_paired_difference_is_a_t_interval_over_the_per_seed_differences():
+    gap = stats.paired_difference([0.93, 0.92, 0.94], [0.925, 0.93, 0.935])
+    # differences +0.005, -0.010, +0.005: mean 0, sd 0.00866, t(2, 0.975) = 4.3027
+    assert gap.mean == pytest.approx(0.0, abs=1e-12) and gap.sd == pytest.approx(0.00866025, rel=1e-5)
+    assert gap.high == pytest.approx(4.302653 * 0.00866025 / 3 ** 0.5, rel=1e-5)
+    assert gap.low == pytest.approx(-gap.high) and gap.how == "paired t interval over 3 seeds, 95 %"
+    with pytest.raises(ValueError, match="at least 2 pairs"):
+        stats.paired_difference([0.9], [0.8])
+    with pytest.raises(ValueError, match="as many values"):
+        stats.paired_difference([0.9, 0.8], [0.8])
+
+
+def test_the_paired_interval_is_narrower_than_welchs_when_seeds_correlate():
+    # Each seed moves both points together (same samples, same order): the pair's difference is steady.
+    a, b = [0.80, 0.90, 0.70, 0.85], [0.78, 0.89, 0.67, 0.84]
+    paired = stats.paired_difference(a, b)
+    welch = stats.welch_difference(a, b)
+    assert paired.high - paired.low < (welch.high - welch.low) / 5
+    assert paired.low > 0 > welch.low  # pairing proves the gap; the unpaired interval cannot
+
+
+def test_newcombe_difference_matches_newcombes_published_example():
+    # Newcombe 1998 (Stat Med 17:873), method 10, 56/70 - 48/80 = 0.2000: 95 % CI [0.0524, 0.3339].
+    gap = stats.newcombe_difference(56, 70, 48, 80)
+    assert gap.mean == pytest.approx(0.2)
+    assert (round(gap.low, 4), round(gap.high, 4)) == (0.0524, 0.3339)
+
+
+def test_newcombe_difference_of_one_seed_matches_the_formula_from_wilson_bounds():
+    # 300/359 vs 330/359, by hand: Wilson bounds l, u of each proportion with z = 1.959964, then
+    # low = d - sqrt((p1 - l1)^2 + (u2 - p2)^2), high = d + sqrt((u1 - p1)^2 + (p2 - l2)^2).
+    z, n = 1.959963984540054, 359
+
+    def wilson(p):
+        centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+        half = z / (1 + z * z / n) * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5
+        return centre - half, centre + half
+
+    p1, p2 = 300 / 359, 330 / 359
+    (l1, u1), (l2, u2) = wilson(p1), wilson(p2)
+    d = p1 - p2
+    low = d - ((p1 - l1) ** 2 + (u2 - p2) ** 2) ** 0.5
+    high = d + ((u1 - p1) ** 2 + (p2 - l2) ** 2) ** 0.5
+    gap = stats.newcombe_difference(300, 359, 330, 359)
+    assert gap.mean == pytest.approx(d) and gap.low == pytest.approx(low) and gap.high == pytest.approx(high)
+    assert -0.14 < gap.low < -0.12 and -0.04 < gap.high < -0.03  # about -0.084 [-0.131, -0.036]
+
+
+def test_seeds_to_settle_shrinks_the_half_width_past_the_threshold():
+    gap = stats.paired_difference([0.82, 0.80, 0.78], [0.84, 0.86, 0.82])  # -0.04, sd 0.02
+    # t(n-1) * 0.02 / sqrt(n) < |-0.04 - (-0.02)| = 0.02 first at n = 7 (2.447 / 2.646 = 0.925).
+    assert stats.seeds_to_settle(gap, -0.02) == 7
+    assert stats.seeds_to_settle(stats.binomial(0.8, 100), -0.02) is None  # no spread over seeds

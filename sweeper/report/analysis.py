@@ -20,10 +20,10 @@ from sweeper.report.stats import Interval
 from sweeper.report.settings import LR_SCALING_RULES, OBJECTIVES, ReportConfig, check, invalid_choice
 
 GiB = 2**30
-# A floor under the accuracy tie: accuracies this close (absolute, as fractions) are one result even when
-# the test over seeds separates them (a gap of half a point is not worth paying throughput for), so
-# throughput decides between them. Gaps above it are ties only when the data cannot separate them
-# (compare_accuracy).
+# Objective "accuracy" only: a floor under the accuracy tie: accuracies this close (absolute, as fractions)
+# are one result even when the test over seeds separates them, so throughput decides between them. Gaps
+# above it are ties only when the data cannot separate them (compare_accuracy). report.max_accuracy_drop
+# uses non-inferiority instead (judge_gap): no floor, the gap's interval must be certified.
 ACCURACY_TIE = 0.005
 MAX_RUNNERS_UP = 3
 
@@ -37,7 +37,7 @@ class Trial:
     accumulation_steps: int
     num_workers: int
     global_batch_size: int
-    status: str  # "ok" | "stopped" | "diverged" | "oom" | "failed"
+    status: str  # "ok" | "stopped" | "did_not_learn" | "diverged" | "oom" | "failed"
     lr: Optional[float] = None  # the LR it trained with (optim.lr, scaled for its global batch)
     samples_per_second: Optional[float] = None
     samples_per_second_cv: Optional[float] = None
@@ -67,6 +67,7 @@ class Trial:
     reached_target: Optional[bool] = None
     gns_b_simple: Optional[float] = None
     gns_b_simple_train_avg: Optional[float] = None
+    num_classes: Optional[int] = None  # the labels' count: chance is 1 / num_classes (None: unknown)
 
     @property
     def point(self) -> str:
@@ -88,6 +89,9 @@ class Recommendation:
     ties: Dict[str, str] = field(default_factory=dict)
     diverged: Dict[str, str] = field(default_factory=dict)  # point key -> how and where it diverged
     level: float = 0.95  # the confidence level of the intervals and the test
+    # Point key -> why it is faster but unproven: its gap to the best is neither certified inside
+    # report.max_accuracy_drop nor shown beyond it.
+    unproven: Dict[str, str] = field(default_factory=dict)
 
 
 
@@ -95,7 +99,7 @@ class Recommendation:
 # Seed replicates and their intervals
 
 # Best to worst, as sweeper.schema.STATUSES: a point's status is its worst replicate's.
-_STATUS_ORDER = ("ok", "stopped", "diverged", "oom", "failed")
+_STATUS_ORDER = ("ok", "stopped", "did_not_learn", "diverged", "oom", "failed")
 # Figures a point carries as the mean over its ok replicates; the target figures are the mean over
 # the replicates that reached the target.
 _MEAN_FIELDS = ("samples_per_second", "val_accuracy", "train_seconds", "samples_seen", "val_loss", "train_loss",
@@ -435,8 +439,12 @@ def recommend(
     Points, not runs: a point's seed replicates are one candidate with their mean figures and its
     worst replicate's status (`summarize`), so one that diverged in some seeds is not eligible.
     Eligible: ok, the objective's metric measured, within `memory_budget_bytes` and `min_accuracy`.
-    `max_accuracy_drop` (throughput, time_to_accuracy) leaves out a point more than that below the
-    most accurate one only when `compare_accuracy` separates them at `level`. Objectives:
+    `max_accuracy_drop` (throughput, time_to_accuracy) is non-inferiority: a point other than the
+    most accurate one stays eligible only when the `level` interval of its accuracy gap to it
+    (`gap_interval`: paired t over common seeds, else Newcombe) lies wholly above -max_accuracy_drop;
+    wholly below is excluded, neither is "unproven" (`Recommendation.unproven`), never recommended.
+    An ok point whose pooled validation hits are not separated from chance (1 / `Trial.num_classes`,
+    when known) is not eligible, as a `did_not_learn` one. Objectives:
     "throughput" (mean samples/s); "accuracy" (mean val_accuracy, points not separable from the
     best or within ACCURACY_TIE a tie that throughput breaks); "time_to_accuracy" (time to train
     the budget among points reaching `min_accuracy`, required); "time_to_target" (mean
@@ -446,13 +454,13 @@ def recommend(
     """
     _check_inputs(objective, min_accuracy, memory_budget_bytes, max_accuracy_drop, level)
     points = summarize_all(trials, level)
-    eligible, excluded = _eligible(list(points.values()), objective, min_accuracy, memory_budget_bytes)
+    eligible, excluded = _eligible(list(points.values()), objective, min_accuracy, memory_budget_bytes, level)
     diverged = {p.key: _diverged_text(p) for p in points.values()
                 if any(t.status == "diverged" for t in p.replicates)}
     done = partial(Recommendation, excluded=excluded, objective=objective, points=points, diverged=diverged,
                    level=level)
     if not eligible:
-        reason = _nobody_reason(list(points.values()), objective, min_accuracy, memory_budget_bytes)
+        reason = _nobody_reason(list(points.values()), objective, min_accuracy, memory_budget_bytes, level)
         if diverged and not reason.startswith("every point diverged"):
             reason += ". " + _diverged_note(diverged)
         return done(best=None, runners_up=[], reason=reason)
@@ -460,8 +468,10 @@ def recommend(
     dropped: List[PointSummary] = []
     top: Optional[PointSummary] = None
     ties: Dict[str, str] = {}
+    unproven: Dict[str, str] = {}
+    gaps: Dict[str, Gap] = {}
     if max_accuracy_drop is not None and objective in ("throughput", "time_to_accuracy"):
-        eligible, dropped, top = _within_accuracy_drop(eligible, max_accuracy_drop, excluded, ties, level)
+        eligible, dropped, top, gaps = _within_accuracy_drop(eligible, max_accuracy_drop, excluded, unproven, level)
     ranked = _rank(eligible, objective, level)
     best = ranked[0]
     reason = _winner_reason(best, ranked, objective, min_accuracy, ties, level)
@@ -469,17 +479,19 @@ def recommend(
     in_order = _rank([*dropped, best], objective, level)
     passed_over = in_order[: in_order.index(best)]
     if passed_over:
-        reason += " " + _accuracy_drop_note(passed_over, max_accuracy_drop, top, level)
-    extra = [_ties_note(best, ties, top, max_accuracy_drop), _diverged_note(diverged) if diverged else None]
+        reason += " " + _accuracy_drop_note(passed_over, max_accuracy_drop, top, level, best, gaps)
+    extra = [_certified_note(best, top, max_accuracy_drop, gaps, level),
+             _diverged_note(diverged) if diverged else None]
     if objective == "time_to_target" and critical_batch is not None:
         extra.append(_critical_batch_note(best.trial, critical_batch))
     reason = " ".join([reason, *(e for e in extra if e)])
     return done(best=best.trial, runners_up=[p.trial for p in ranked[1: 1 + MAX_RUNNERS_UP]], reason=reason,
-                ties=ties)
+                ties=ties, unproven=unproven)
 
 
 def _eligible(
-    points: List[PointSummary], objective: str, min_accuracy: Optional[float], memory_budget_bytes: Optional[float]
+    points: List[PointSummary], objective: str, min_accuracy: Optional[float], memory_budget_bytes: Optional[float],
+    level: float = 0.95,
 ) -> Tuple[List[PointSummary], Dict[str, str]]:
     """(eligible points, point key -> why not) before the accuracy guard."""
     excluded: Dict[str, str] = {}
@@ -488,6 +500,9 @@ def _eligible(
         trial = point.trial
         if trial.status != "ok":
             excluded[point.key] = _not_ok_text(point)
+            continue
+        if _not_learned(point, level):
+            excluded[point.key] = _chance_text(point)
             continue
         problems = [] if _has_metric(trial, objective) else [_missing_metric(point, objective)]
         for problem in (_over_budget(trial, memory_budget_bytes), _under_accuracy(trial, min_accuracy)):
@@ -500,9 +515,32 @@ def _eligible(
     return eligible, excluded
 
 
+DID_NOT_LEARN_TRY = "try a lower or higher LR, another optimizer (optim=adamw), more epochs (train.epochs)"
+
+
+def _chance_text(point: PointSummary) -> str:
+    accuracy = "-" if point.trial.val_accuracy is None else f"{point.trial.val_accuracy:.3f}"
+    classes = point.trial.num_classes
+    chance = f"1/{classes}" if classes else "1/classes"
+    return f"did not learn (val accuracy {accuracy} at chance {chance}): {DID_NOT_LEARN_TRY}"
+
+
+def _not_learned(point: PointSummary, level: float) -> bool:
+    """An ok point whose validation hits pooled over its seeds are not separated from chance
+    (1 / num_classes) at `level`; False when the class count or the hits are unknown."""
+    classes = point.trial.num_classes
+    pooled = _hits(point)
+    if not classes or classes < 2 or pooled is None:
+        return False
+    hits, samples = pooled
+    return not stats.above_chance(int(round(hits)), samples, 1.0 / classes, level)
+
+
 def _not_ok_text(point: PointSummary) -> str:
     if point.trial.status == "diverged":
         return _diverged_text(point)
+    if point.trial.status == "did_not_learn":
+        return _chance_text(point)
     status, members = point.trial.status, point.replicates
     worst = [t for t in members if t.status == status]
     why = " (sweep.strategy=smart stopped its accuracy class early: see its sweeper.stopped tag)" \
@@ -538,79 +576,177 @@ def _diverged_note(diverged: Dict[str, str]) -> str:
     return f"Not eligible because they diverged: {listed}{more}. To train at such a batch, {TRY_INSTEAD}."
 
 
+class Gap:
+    """A point's accuracy gap to the most accurate point (point minus best) and what it shows against
+    report.max_accuracy_drop: "eligible" (certified not worse: the interval wholly above -drop),
+    "excluded" (shown worse: wholly below), "unproven" (neither)."""
+
+    def __init__(self, interval: Optional[Interval], outcome: str):
+        self.interval = interval
+        self.outcome = outcome
+
+
+def gap_interval(point: PointSummary, top: PointSummary, level: float = 0.95) -> Optional[Interval]:
+    """The confidence interval of `point`'s accuracy minus `top`'s: a paired t interval over the seeds
+    both measured (at least 2: the same seed sees the same samples in the same order), else Newcombe's
+    interval of the pooled validation hits (val_accuracy * val_samples). None when neither exists
+    (one seed and no val_samples recorded)."""
+    def by_seed(p: PointSummary) -> Dict[int, float]:
+        return {t.seed: float(t.val_accuracy) for t in p.replicates
+                if t.status == "ok" and t.seed is not None and _finite(t.val_accuracy)}
+    mine, theirs = by_seed(point), by_seed(top)
+    common = sorted(set(mine) & set(theirs))
+    if len(common) >= 2:
+        return stats.paired_difference([mine[s] for s in common], [theirs[s] for s in common], level)
+    pooled = [_hits(point), _hits(top)]
+    if pooled[0] is None or pooled[1] is None:
+        return None
+    (ha, na), (hb, nb) = pooled
+    return stats.newcombe_difference(ha, na, hb, nb, level)
+
+
+def _hits(point: PointSummary) -> Optional[Tuple[float, int]]:
+    """(validation hits, validation samples) pooled over the point's ok seeds; None when unrecorded."""
+    measured = [t for t in point.replicates if t.status == "ok" and _finite(t.val_accuracy)]
+    if not measured or any(not t.val_samples for t in measured):
+        return None
+    return sum(t.val_accuracy * t.val_samples for t in measured), sum(int(t.val_samples) for t in measured)
+
+
+def one_sided(level: float) -> float:
+    """The two-sided level whose bounds are each one-sided at `level`: 0.95 -> 0.90."""
+    return 2.0 * level - 1.0
+
+
+def judge_gap(point: PointSummary, top: PointSummary, max_drop: float, level: float = 0.95) -> Gap:
+    """Non-inferiority of `point` against `top` (the most accurate point) at `max_drop` and `level`."""
+    if point is top:
+        return Gap(None, "eligible")
+    # Non-inferiority is one-sided: each bound of the two-sided interval at 2 x level - 1 is a one-sided
+    # bound at `level` (a 90 % interval's lower end is the 95 % lower confidence bound).
+    interval = gap_interval(point, top, one_sided(level))
+    if interval is not None:
+        interval = replace(interval, how=interval.how.replace(
+            stats.percent(one_sided(level)), f"one-sided {stats.percent(level)} bounds"))
+    if interval is None:
+        # Nothing measures the noise: the figures are taken at face value.
+        gap = point.trial.val_accuracy - top.trial.val_accuracy
+        return Gap(None, "eligible" if gap >= -max_drop - 1e-12 else "excluded")
+    # The epsilon keeps decimal edges exact: 0.93 - 0.95 is not -0.02 in binary floating point.
+    if interval.low >= -max_drop - 1e-12:
+        return Gap(interval, "eligible")
+    if interval.high < -max_drop:
+        return Gap(interval, "excluded")
+    return Gap(interval, "unproven")
+
+
+def _gap_text(interval: Interval) -> str:
+    return f"{interval.mean:+.3f} [{interval.low:+.3f}, {interval.high:+.3f}] ({interval.how})"
+
+
+def _settle_text(interval: Interval, max_drop: float, level: float) -> str:
+    n = stats.seeds_to_settle(interval, -max_drop, one_sided(level))
+    if interval.sd is None:
+        return "more seeds (sweep.seeds) would settle it"
+    if n is None:
+        return "more than 1000 seeds would be needed to settle it"
+    return f"about {n} seeds would settle it"
+
+
 def _within_accuracy_drop(
-    eligible: List[PointSummary], max_drop: float, excluded: Dict[str, str], ties: Dict[str, str], level: float
-) -> Tuple[List[PointSummary], List[PointSummary], Optional[PointSummary]]:
-    """(kept, dropped, the most accurate): a point more than `max_drop` below the best mean accuracy
-    among the eligible is dropped (and noted in `excluded`) only when `compare_accuracy` separates
-    the two; one the data cannot separate is kept, and `ties` says why. All kept when none measured
-    accuracy."""
+    eligible: List[PointSummary], max_drop: float, excluded: Dict[str, str], unproven: Dict[str, str], level: float
+) -> Tuple[List[PointSummary], List[PointSummary], Optional[PointSummary], Dict[str, Gap]]:
+    """(kept, dropped, the most accurate, gaps by key): non-inferiority. The most accurate point is
+    kept; another only when the interval of its gap to it (`gap_interval`) lies wholly above
+    -`max_drop` (certified not worse). Shown worse (wholly below) goes to `excluded`, neither to
+    `unproven`. All kept when none measured accuracy."""
     measured = [p for p in eligible if p.trial.val_accuracy is not None]
     if not measured:
-        return eligible, [], None
+        return eligible, [], None, {}
     top = max(measured, key=lambda p: (p.trial.val_accuracy, p.key))
-    kept, dropped = [], []
+    kept, dropped, gaps = [], [], {}
+    pct = stats.percent(level)
     for point in eligible:
-        accuracy = point.trial.val_accuracy
-        if accuracy is None:
+        if point.trial.val_accuracy is None:
             excluded[point.key] = "no val_accuracy to compare with the best (report.max_accuracy_drop)"
             dropped.append(point)
             continue
-        # The epsilon keeps decimal edges exact, as in _tied.
-        if accuracy >= top.trial.val_accuracy - max_drop - 1e-12:
+        gap = gaps[point.key] = judge_gap(point, top, max_drop, level)
+        if gap.outcome == "eligible":
             kept.append(point)
             continue
-        test = compare_accuracy(point, top, level)
-        if not test.separable:
-            ties[point.key] = _tie_sentence(point, top, test, level)
-            kept.append(point)
+        dropped.append(point)
+        if gap.outcome == "unproven":
+            unproven[point.key] = (
+                f"faster but unproven: its val_accuracy gap to the best ({top.key}) is {_gap_text(gap.interval)}, "
+                f"neither wholly above nor wholly below -{max_drop:g} (report.max_accuracy_drop); "
+                f"{_settle_text(gap.interval, max_drop, level)}")
+            excluded[point.key] = unproven[point.key]
             continue
-        beyond = f", a gap beyond the noise at {stats.percent(level)} ({test.how})" if test.tested else ""
+        shown = (f", shown at {pct}: its gap is {_gap_text(gap.interval)}" if gap.interval is not None
+                 else " (one seed and no validation-set size recorded: no interval tested the gap)")
         excluded[point.key] = (
             f"val_accuracy {_accuracy_text(point)} is more than report.max_accuracy_drop={max_drop:g} "
-            f"below the best, {_accuracy_text(top)} ({top.key}){beyond}"
+            f"below the best, {_accuracy_text(top)} ({top.key}){shown}"
         )
-        dropped.append(point)
-    return kept, dropped, top
+    return kept, dropped, top, gaps
 
 
-def _accuracy_drop_note(passed_over: List[PointSummary], max_drop: float, top: PointSummary, level: float) -> str:
-    shown = passed_over[:MAX_RUNNERS_UP]
-    listed = ", ".join(f"{p.key} ({_rate_text(p.trial)}, val_accuracy {_accuracy_text(p)})" for p in shown)
-    more = f" and {len(passed_over) - len(shown)} more" if len(passed_over) > len(shown) else ""
-    below = (f"more than report.max_accuracy_drop={max_drop:g} below the best "
-             f"({top.trial.val_accuracy:.3f}, {top.key})")
-    lead = f"Not recommended although faster: {listed}{more}: their accuracy is {below}"
-    if any(p.trial.val_accuracy is None for p in passed_over):
-        return f"{lead} or was not measured."
-    tests = [compare_accuracy(p, top, level) for p in shown]
-    if all(t.tested for t in tests):
-        how = "Welch's t-test over seeds" if "Welch" in tests[0].how else "non-overlapping intervals"
-        return (f"{lead}, a gap the data separate at {stats.percent(level)} ({how}), so they learn less from the "
-                "same samples.")
-    return (f"{lead}, so they learn less from the same samples (one seed and no validation-set size recorded: "
-            "no interval tested the gap).")
+def _accuracy_drop_note(
+    passed_over: List[PointSummary], max_drop: float, top: PointSummary, level: float, best: PointSummary,
+    gaps: Dict[str, Gap],
+) -> str:
+    pct = stats.percent(level)
+    worse = [p for p in passed_over if p.key not in gaps or gaps[p.key].outcome == "excluded"]
+    unproven = [p for p in passed_over if p.key in gaps and gaps[p.key].outcome == "unproven"]
+    sentences = []
+    if unproven:
+        shown = unproven[:MAX_RUNNERS_UP]
+        listed = "; ".join(f"{p.key} ({_rate_text(p.trial)}, gap to the best {_gap_text(gaps[p.key].interval)}: "
+                           f"{_settle_text(gaps[p.key].interval, max_drop, level)})" for p in shown)
+        more = f"; and {len(unproven) - len(shown)} more" if len(unproven) > len(shown) else ""
+        sentences.append(f"Not recommended, faster but unproven (the data neither certify them within "
+                         f"report.max_accuracy_drop={max_drop:g} of the best, {top.key}, at {pct} nor show them "
+                         f"worse): {listed}{more}.")
+    if worse:
+        shown = worse[:MAX_RUNNERS_UP]
+        listed = ", ".join(f"{p.key} ({_rate_text(p.trial)}, val_accuracy {_accuracy_text(p)})" for p in shown)
+        more = f" and {len(worse) - len(shown)} more" if len(worse) > len(shown) else ""
+        lead = (f"Not recommended although faster: {listed}{more}: their accuracy is more than "
+                f"report.max_accuracy_drop={max_drop:g} below the best ({top.trial.val_accuracy:.3f}, {top.key})")
+        if any(p.trial.val_accuracy is None for p in worse):
+            sentences.append(f"{lead} or was not measured.")
+        elif all(gaps[p.key].interval is not None for p in shown):
+            sentences.append(f"{lead}, shown at {pct} (the interval of the gap lies wholly below "
+                             f"-{max_drop:g}), so they learn less from the same samples.")
+        else:
+            sentences.append(f"{lead}, so they learn less from the same samples (one seed and no validation-set "
+                             "size recorded: no interval tested the gap).")
+    if best is top:
+        fastest = passed_over[0]
+        gap = gaps.get(fastest.key)
+        text = (f"No point faster than {top.key} is certified within report.max_accuracy_drop={max_drop:g} of "
+                f"it at {pct}")
+        if gap is not None and gap.interval is not None:
+            text += (f"; {fastest.key} is within {max(0.0, -gap.interval.low) * 100:.1f} points of the best at "
+                     f"{pct}")
+        sentences.append(text + ".")
+    return " ".join(sentences)
 
 
-def _ties_note(
-    best: PointSummary, ties: Dict[str, str], top: Optional[PointSummary], max_drop: Optional[float]
-) -> Optional[str]:
-    """Where the recommended point's accuracy stands against the most accurate one's (within the drop,
-    or a tie inside the noise), and which other points the noise kept eligible."""
+def _certified_note(best: PointSummary, top: Optional[PointSummary], max_drop: Optional[float],
+                    gaps: Dict[str, Gap], level: float) -> Optional[str]:
+    """Where the recommended point's accuracy stands against the most accurate one's."""
     if top is None or best is top:
         return None
-    others = [key for key in ties if key != best.key]
-    if best.key in ties:
-        text = (f"Within the noise: {ties[best.key]}, so report.max_accuracy_drop={max_drop:g} does not exclude "
-                f"{best.key}.")
-    else:
-        text = (f"Its val_accuracy {_accuracy_text(best)} is within report.max_accuracy_drop={max_drop:g} of the "
-                f"best, {_accuracy_text(top)} ({top.key}).")
-    if others:
-        listed = ", ".join(others[:MAX_RUNNERS_UP]) + (" and more" if len(others) > MAX_RUNNERS_UP else "")
-        text += (f" Also more than report.max_accuracy_drop below {top.key} but inside the noise, so still "
-                 f"eligible: {listed}.")
-    return text.strip() or None
+    gap = gaps.get(best.key)
+    if gap is None or gap.interval is None:
+        return (f"Its val_accuracy {_accuracy_text(best)} is within report.max_accuracy_drop={max_drop:g} of the "
+                f"best, {_accuracy_text(top)} ({top.key}) (one seed and no validation-set size recorded: no "
+                "interval tested the gap).")
+    return (f"Certified not worse: its val_accuracy {_accuracy_text(best)} against the best, {_accuracy_text(top)} "
+            f"({top.key}), has a gap of {_gap_text(gap.interval)}, wholly above "
+            f"-{max_drop:g} (report.max_accuracy_drop).")
 
 
 def _rank(eligible: List[PointSummary], objective: str, level: float) -> List[PointSummary]:
@@ -678,7 +814,7 @@ def _eligible_count(ranked: List[PointSummary]) -> str:
     over = ""
     if len(seeds) == 1 and max(seeds) > 1:
         over = f", {'each ' if n > 1 else ''}the mean over its {seeds.pop()} seeds"
-    return f"{n} eligible trial{'s' if n > 1 else ''}{over}"
+    return f"{n} eligible point{'s' if n > 1 else ''}{over}"
 
 
 def _throughput_reason(best: PointSummary, ranked: List[PointSummary]) -> Tuple[str, List[str]]:
@@ -722,7 +858,7 @@ def _accuracy_reason(
     else:
         noise = any(p.key in ties for p in rivals)
         standing = (f"{best.key} has the highest val_accuracy ({_accuracy_text(best)}) and is the fastest of the "
-                    f"trials {'the data cannot separate from it' if noise else f'within {ACCURACY_TIE} of it'}")
+                    f"points {'the data cannot separate from it' if noise else f'within {ACCURACY_TIE} of it'}")
     decided = f"{standing}: {_rate_text(b)} vs {_rate_text(rival.trial)} for {rival.key} ({_accuracy_text(rival)})"
     notes: List[str] = []
     if rival.trial.samples_per_second is not None:
@@ -763,7 +899,7 @@ def _time_to_accuracy_reason(
 ) -> Tuple[str, List[str]]:
     b, n = best.trial, len(ranked)
     decided = (
-        f"{best.key} trains its budget the fastest of {n} trial{'s' if n > 1 else ''} reaching "
+        f"{best.key} trains its budget the fastest of {n} point{'s' if n > 1 else ''} reaching "
         f"report.min_accuracy={min_accuracy:g}: {seconds_to_train(b):.1f} s{_samples_text(b)}, "
         f"val_accuracy {_accuracy_text(best)}"
     )
@@ -811,50 +947,59 @@ def _noise_note(best: Trial, other: Trial, gap: float, what: str, who: str = "th
 
 
 def _nobody_reason(
-    points: List[PointSummary], objective: str, min_accuracy: Optional[float], memory_budget_bytes: Optional[float]
+    points: List[PointSummary], objective: str, min_accuracy: Optional[float], memory_budget_bytes: Optional[float],
+    level: float = 0.95,
 ) -> str:
     # The constraints are applied in a fixed order; the reason names the one that removed the last
     # candidates, with the closest miss, since that is the constraint a user would relax.
     if not points:
-        return "no trials to choose from"
-    ok = [p.trial for p in points if p.trial.status == "ok"]
+        return "no points to choose from"
+    ok = [p.trial for p in points if p.trial.status == "ok" and not _not_learned(p, level)]
     if not ok:
-        return _nothing_ok_reason(points)
+        return _nothing_ok_reason(points, level)
     measured = [t for t in ok if _has_metric(t, objective)]
     if not measured:
         hint = {"accuracy": " (synthetic data has none)",
                 "time_to_target": " (set eval.target_accuracy or eval.target_loss; or no point reached it)"}
-        return f"no ok trial has {_METRIC_NAMES[objective]}{hint.get(objective, '')}"
+        return f"no ok point has {_METRIC_NAMES[objective]}{hint.get(objective, '')}"
     fitting = [t for t in measured if _over_budget(t, memory_budget_bytes) is None]
     if not fitting:
         with_memory = [t for t in measured if t.peak_memory_bytes is not None]
         if not with_memory:
-            return f"no ok trial has a peak_memory_bytes to check against {_budget_text(memory_budget_bytes)}"
+            return f"no ok point has a peak_memory_bytes to check against {_budget_text(memory_budget_bytes)}"
         smallest = min(with_memory, key=lambda t: (t.peak_memory_bytes, t.key))
         return (
-            f"no ok trial fits {_budget_text(memory_budget_bytes)}: "
+            f"no ok point fits {_budget_text(memory_budget_bytes)}: "
             f"the smallest peak was {_bytes(smallest.peak_memory_bytes)} ({smallest.key})"
         )
     within = " within report.memory_budget_gb" if memory_budget_bytes is not None else ""
     with_accuracy = [t for t in fitting if t.val_accuracy is not None]
     if not with_accuracy:
-        return f"no ok trial{within} has a val_accuracy to check against report.min_accuracy={min_accuracy:g}"
+        return f"no ok point{within} has a val_accuracy to check against report.min_accuracy={min_accuracy:g}"
     closest = max(with_accuracy, key=lambda t: (t.val_accuracy, t.key))
     return (
-        f"no ok trial{within} reached report.min_accuracy={min_accuracy:g} "
+        f"no ok point{within} reached report.min_accuracy={min_accuracy:g} "
         f"(best was {closest.val_accuracy:.3f}, {closest.key})"
     )
 
 
-def _nothing_ok_reason(points: List[PointSummary]) -> str:
-    counts = Counter(p.trial.status for p in points)
+def _nothing_ok_reason(points: List[PointSummary], level: float = 0.95) -> str:
+    counts = Counter("did_not_learn" if p.trial.status == "ok" and _not_learned(p, level) else p.trial.status
+                     for p in points)
+    if "did_not_learn" in counts and set(counts) <= {"did_not_learn", "diverged"}:
+        listed = "; ".join(f"{p.key} {_diverged_text(p) if p.trial.status == 'diverged' else _chance_text(p)}"
+                           for p in points[:MAX_RUNNERS_UP])
+        more = f"; and {len(points) - MAX_RUNNERS_UP} more" if len(points) > MAX_RUNNERS_UP else ""
+        what = ("every point did not learn" if set(counts) == {"did_not_learn"}
+                else f"no point learned ({counts['did_not_learn']} did not learn, {counts['diverged']} diverged)")
+        return f"{what}, so there is nothing to recommend: {listed}{more}"
     if set(counts) == {"diverged"}:
         listed = "; ".join(f"{p.key} {_diverged_text(p)}" for p in points[:MAX_RUNNERS_UP])
         more = f"; and {len(points) - MAX_RUNNERS_UP} more" if len(points) > MAX_RUNNERS_UP else ""
         return (f"every point diverged ({len(points)} of {len(points)}), so there is nothing to recommend: "
                 f"{listed}{more}. {_capitalize(TRY_INSTEAD)}")
     listed = ", ".join(f"{count} {status}" for status, count in sorted(counts.items(), key=lambda x: (-x[1], x[0])))
-    return f"no trial finished ok: {listed}"
+    return f"no point finished ok: {listed}"
 
 
 def _seconds(value: float) -> str:
@@ -956,9 +1101,9 @@ def override_line(best: Trial, lr_scaling: Optional[str] = None) -> str:
 
     `optim.lr` and `sweep.lr_multipliers=[m]` together give the LR the trial trained with: the LR
     already scaled by the sweep's `lr_scaling` rule for its global batch, divided by the multiplier
-    m the sweep put on top (so the multiplier chosen is named). Scaling it again would change it, so
-    unless the sweep's rule is known to be "none" (`lr_scaling`; None: unknown) the line also sets
-    `train.lr_scaling=none`. The LR is left out when the trial did not record one.
+    m the sweep put on top (so the multiplier chosen is named), to 4 significant figures. Scaling it
+    again would change it, so unless the sweep's rule is known to be "none" (`lr_scaling`; None:
+    unknown) the line also sets `train.lr_scaling=none`. The LR is left out when the trial did not record one.
     """
     problem = None if lr_scaling is None else invalid_choice("lr_scaling", lr_scaling, LR_SCALING_RULES)
     if problem:
@@ -978,8 +1123,8 @@ def override_line(best: Trial, lr_scaling: Optional[str] = None) -> str:
         parts.append(f"optim={best.optimizer}")
     if best.lr is not None:
         base = _lr_before_multiplier(float(best.lr), best.lr_multiplier)
-        # repr: the shortest text that reads back as the same float, so the run uses the exact LR.
-        parts.append(f"optim.lr={base!r}")
+        # 4 significant figures: readable, and closer than any LR sweep resolves.
+        parts.append(f"optim.lr={base:.4g}")
         if lr_scaling != "none":
             parts.append("train.lr_scaling=none")
     if best.lr_multiplier is not None:
@@ -1105,6 +1250,7 @@ def recommendation_yaml(
         "runners_up": [_figures(t) for t in rec.runners_up],
         "excluded": dict(rec.excluded),
         "ties": dict(rec.ties),
+        "unproven": dict(rec.unproven),
         "diverged": dict(rec.diverged),
         "points": {key: _point_figures(p) for key, p in rec.points.items()},
         "lr_table": _lr_rows(rec),
@@ -1120,7 +1266,10 @@ __all__ = [
     "PointSummary",
     "Recommendation",
     "Trial",
+    "Gap",
     "accuracy_interval",
+    "gap_interval",
+    "judge_gap",
     "compare_accuracy",
     "knee",
     "knees",

@@ -86,7 +86,7 @@ def build(
     found = points.critical_batch(trials)
 
     rec = analysis.recommend(trials, cfg.objective, cfg.min_accuracy, budget, cfg.max_accuracy_drop,
-                             critical_batch=found)
+                             level=cfg.confidence, critical_batch=found)
     line = analysis.override_line(rec.best) if rec.best else None
     yaml_path = _write_text(os.path.join(folder, "recommendation.yaml"), analysis.recommendation_yaml(
         rec, cfg.objective, cfg.min_accuracy, budget, cfg.max_accuracy_drop))

@@ -21,12 +21,12 @@ class ReportConfig:
     objective: str = "throughput"
     # Trials under this validation accuracy are not recommended (null: no minimum).
     min_accuracy: Optional[float] = None
-    # Objectives throughput and time_to_accuracy: points whose validation accuracy is more than this
-    # below the best point's are not recommended, so a fast layout that learns less never wins, but
-    # only when the data separate the two at 95 % (Welch's t-test over seeds; with one seed, the
-    # validation set's Wilson intervals do not overlap): a gap inside the noise is a tie (a fraction:
-    # 0.02 is 2 points; null: the objective alone decides). time_to_target needs no guard: reaching
-    # the target is the accuracy criterion.
+    # Objectives throughput and time_to_accuracy: a point faster than the most accurate one is
+    # recommended only when the data certify it not worse: the one-sided lower confidence bound (at
+    # `confidence`) of its accuracy gap to the best lies above -max_accuracy_drop (a paired t interval
+    # over shared seeds; with one seed, Newcombe's interval of the validation hits). Shown worse:
+    # excluded; neither: unproven, never recommended (a fraction: 0.02 is 2 points; null: the objective
+    # alone decides). time_to_target needs no guard: reaching the target is the accuracy criterion.
     max_accuracy_drop: Optional[float] = 0.02
     # Trials whose peak_memory_bytes exceeds this are not recommended (null: no budget).
     memory_budget_gb: Optional[float] = None
