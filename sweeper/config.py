@@ -266,12 +266,17 @@ class DivergenceConfig:
     # stops at the next check (the timed windows' edges: no host sync per step).
     check: bool = True
     # spike: `spike_steps` steps in a row with a loss over `spike_factor` x the mean of the
-    # `spike_window` steps before them (llm-foundry's rule, sized for short points).
+    # `spike_window` steps before them (llm-foundry's rule, sized for short points) that does not
+    # come back under that bar within `recover_steps` steps of its start (or by the end of training).
+    # A spike that comes back is a warning on the point (tag sweeper.spike_warning), not a divergence.
     spike_factor: float = 2.0
     spike_steps: int = 3
     spike_window: int = 10
-    # chance: a final validation accuracy within this of 1 / classes learned nothing.
-    chance_margin: float = 0.02
+    recover_steps: int = 20
+    # A point whose validation hits are not separated from a guess (1 / classes) at this level (a
+    # one-sided exact binomial test) is `did_not_learn`. null: report.confidence, filled in when the
+    # config is loaded, so the worker and the report judge at one level.
+    confidence: Optional[float] = None
 
 
 @dataclass
@@ -416,6 +421,8 @@ def to_typed(cfg: DictConfig) -> SweeperConfig:
     for key in ("precisions", "activation_checkpointing"):
         if isinstance(getattr(typed.sweep, key), str) and not is_auto(getattr(typed.sweep, key)):
             setattr(typed.sweep, key, [getattr(typed.sweep, key)])
+    if typed.divergence.confidence is None:  # the worker judges did_not_learn at the report's level
+        typed.divergence.confidence = typed.report.confidence
     return typed
 
 
@@ -665,10 +672,11 @@ def check_gns(gns: GnsConfig) -> List[str]:
 def check_divergence(divergence: DivergenceConfig) -> List[str]:
     problems: List[str] = []
     _check(problems, "divergence.spike_factor", divergence.spike_factor, lambda f: f > 1, "must be > 1, e.g. 2")
-    for key in ("spike_steps", "spike_window"):
+    for key in ("spike_steps", "spike_window", "recover_steps"):
         _check(problems, f"divergence.{key}", getattr(divergence, key), _positive, "must be >= 1")
-    _check(problems, "divergence.chance_margin", divergence.chance_margin, lambda m: 0 <= m < 1,
-           "must be in [0, 1), e.g. 0.02")
+    if divergence.confidence is not None:
+        _check(problems, "divergence.confidence", divergence.confidence, lambda c: 0.5 <= c < 1,
+               "must be a level in [0.5, 1), e.g. 0.95, or null (report.confidence)")
     return problems
 
 

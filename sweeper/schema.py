@@ -296,10 +296,18 @@ class NoiseScale(Record):
 
 @dataclass
 class Divergence(Record):
-    """Why a point is `diverged` (worker.divergence), and the gradient it had."""
+    """Why a point is `diverged` or `did_not_learn` (worker.divergence), a loss spike it came back
+    from, and the gradient it had."""
 
     diverged_at_step: Optional[int] = metric()
-    divergence_reason: Optional[str] = tag("sweeper.divergence")  # nonfinite | spike | chance
+    divergence_reason: Optional[str] = tag("sweeper.divergence")  # nonfinite | spike
+    # did_not_learn: its accuracy against a guess, in words (the binomial test's numbers and level)
+    status_detail: Optional[str] = tag("sweeper.status_detail")
+    # a loss spike that came back under its bar within divergence.recover_steps: a warning, not a divergence
+    spike_at_step: Optional[int] = metric()  # its first step over the bar
+    spike_peak_over_mean: Optional[float] = metric()  # its highest loss / the running mean before it
+    spike_recovered_after_steps: Optional[int] = metric()
+    spike_warning: Optional[str] = tag("sweeper.spike_warning")
     grad_norm: Optional[List[float]] = series()  # the whole gradient's norm at every step
 
 
@@ -358,7 +366,7 @@ class PointResult(Record):
     """One measured grid point (or frontier probe), the same on every rank of its process group."""
 
     trial_key: str = note("")  # the point's key, e.g. mb32-acc2-w1 (MLflow tag sweeper.trial_key)
-    # ok | diverged | oom | failed (| idle: a rank outside a smaller point's sub-group)
+    # ok | did_not_learn | diverged | oom | failed (| idle: a rank outside a smaller point's sub-group)
     status: str = note("ok")
     error: Optional[str] = tag("sweeper.error")
     oom_implied_by: Optional[str] = tag("sweeper.oom_implied_by")
@@ -534,6 +542,7 @@ class SweepSummary(Record):
 
     num_trials_ok: Optional[int] = metric()
     num_trials_stopped: Optional[int] = metric()
+    num_trials_did_not_learn: Optional[int] = metric()
     num_trials_diverged: Optional[int] = metric()
     num_trials_oom: Optional[int] = metric()
     num_trials_failed: Optional[int] = metric()

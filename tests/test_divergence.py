@@ -1,5 +1,6 @@
 """Diverged is a result: a NaN at step k is found at step k exactly, without a host sync per step, by
-every rank together; spikes and a point stuck at chance are named; nothing hangs."""
+every rank together; a spike that does not come back is named, one that does is a warning; a point
+whose accuracy is not separated from a guess did not learn; nothing hangs."""
 
 import os
 from dataclasses import replace
@@ -9,9 +10,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from sweeper.config import DataConfig, DivergenceConfig, LossConfig, MeasureConfig, ModelConfig, TrainConfig
+from sweeper.config import (DataConfig, DivergenceConfig, LossConfig, MeasureConfig, ModelConfig, TrainConfig,
+                            check_divergence)
 from sweeper.plan import GridPoint
-from sweeper.worker.divergence import CHANCE_MIN_STEPS, chance_reason, find_spike
+from sweeper.worker.divergence import CHANCE_MIN_STEPS, did_not_learn, find_spike, recovered_spike, spikes
 from sweeper.worker.points import run_point
 from sweeper.worker.spec import PointSpec, WorkerContext
 from tests.conftest import free_port
@@ -108,13 +110,15 @@ def test_a_nan_on_one_rank_only_is_agreed_by_both_and_nothing_hangs():
     assert ranks[0] == ranks[1] and ranks[0][:2] == ("diverged", NAN_AT)
 
 
-CFG = DivergenceConfig(spike_factor=2.0, spike_steps=3, spike_window=4)
+CFG = DivergenceConfig(spike_factor=2.0, spike_steps=3, spike_window=4, recover_steps=6)
 
 
 def test_a_spike_is_three_losses_in_a_row_over_twice_the_mean_before():
-    losses = [1.0, 1.0, 1.0, 1.0, 2.5, 2.5, 1.0, 1.0, 1.0, 1.0, 2.1, 2.2, 2.3, 1.0]
-    found = find_spike(losses, CFG)
+    losses = [1.0, 1.0, 1.0, 1.0, 2.5, 2.5, 1.0, 1.0, 1.0, 1.0, 2.1, 2.2, 2.3, 2.4]
+    found = find_spike(losses, CFG)  # the end of training: still over its bar
     assert found is not None and found.step == 10 and found.reason == "spike"  # steps 4-5: only two in a row
+    assert "by the end of training" in found.detail
+    assert find_spike(losses, CFG, final=False) is None  # mid-training: 4 steps in, it may still come back
     assert find_spike([1.0, 0.9, 0.8, 0.7, 0.6, 1.9, 1.9, 1.9], CFG) is not None
     assert find_spike([1.0, 0.9, 0.8, 0.7, 0.6, 1.4, 1.4, 1.4], CFG) is None  # under 2x
     assert find_spike([1.0] * 3 + [9.0] * 3, CFG) is None  # no full window before it
@@ -123,14 +127,93 @@ def test_a_spike_is_three_losses_in_a_row_over_twice_the_mean_before():
     assert find_spike([2.5, 2.3, 0.2, 0.2, 0.2, 0.2, 0.5, 0.6, 0.7, 0.2], CFG) is None
 
 
-def test_chance_needs_both_an_accuracy_near_guessing_and_a_loss_that_did_not_come_down():
-    flat = [2.30] * CHANCE_MIN_STEPS
-    falling = [2.3 - 0.05 * i for i in range(CHANCE_MIN_STEPS)]
-    assert chance_reason(0.11, 10, flat, DivergenceConfig()) is not None
-    assert chance_reason(0.11, 10, falling, DivergenceConfig()) is None  # still learning
-    assert chance_reason(0.30, 10, flat, DivergenceConfig()) is None  # better than guessing
-    assert chance_reason(0.11, 10, flat[:5], DivergenceConfig()) is None  # too short to say
-    assert chance_reason(0.11, 10, flat, DivergenceConfig(check=False)) is None
+def test_a_spike_that_comes_back_under_its_bar_in_time_is_a_warning_not_a_divergence():
+    losses = [1.0] * 4 + [2.5, 3.0, 2.6, 2.2, 1.0, 1.0, 1.0, 1.0]  # over 2.0 for steps 4-7, back at 8
+    assert find_spike(losses, CFG) is None and find_spike(losses, CFG, final=False) is None
+    spike = recovered_spike(losses, CFG)
+    assert (spike.step, spike.recovered_after_steps, spike.peak_over_mean) == (4, 4, 3.0)
+    assert recovered_spike(losses, DivergenceConfig(check=False)) is None
+    assert recovered_spike([1.0] * 12, CFG) is None  # no spike, no warning
+
+
+def test_a_spike_that_does_not_come_back_within_recover_steps_is_diverged():
+    stays = [1.0] * 4 + [2.5] * 10 + [1.0]  # back under only 10 steps after it began, recover_steps=6
+    found = find_spike(stays, CFG, final=False)
+    assert found is not None and found.step == 4 and found.reason == "spike" and recovered_spike(stays, CFG) is None
+    assert find_spike(stays[:10], CFG, final=False) is None  # 5 steps in: not decided yet
+    assert find_spike(stays[:11], CFG, final=False) is not None  # 6 steps in, still over: decided
+    # a spike that came back, then one that did not: diverged at the second, warned about the first
+    both = [1.0] * 4 + [2.5, 2.5, 2.5, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0] + [4.0] * 8
+    assert [s.step for s in spikes(both, CFG)] == [4, 14]
+    assert find_spike(both, CFG).step == 14 and recovered_spike(both, CFG).step == 4
+
+
+def test_recover_steps_must_be_positive():
+    assert check_divergence(DivergenceConfig()) == []
+    problems = check_divergence(DivergenceConfig(recover_steps=0))
+    assert len(problems) == 1 and problems[0].startswith("divergence.recover_steps=0")
+    assert check_divergence(DivergenceConfig(confidence=1.5))[0].startswith("divergence.confidence=1.5")
+
+
+def test_did_not_learn_is_an_accuracy_not_separated_from_a_guess_at_the_reports_level():
+    steps = CHANCE_MIN_STEPS
+    assert did_not_learn(81 / 263, 263, 10, steps, DivergenceConfig()) is None  # separated: learned
+    why = did_not_learn(25 / 263, 263, 10, steps, DivergenceConfig())  # fewer hits than a guess's 26.3
+    assert why == "validation accuracy 0.095 (25/263) is not separated from a guess (1/10) at 95 %"
+    assert did_not_learn(32 / 360, 360, 10, steps, DivergenceConfig(confidence=0.99)).endswith("at 99 %")
+    # 33/263 (p ~ 0.1) is separated at a level of 0.5, not at 0.95
+    assert did_not_learn(33 / 263, 263, 10, steps, DivergenceConfig(confidence=0.5)) is None
+    assert did_not_learn(33 / 263, 263, 10, steps, DivergenceConfig()) is not None
+    assert did_not_learn(25 / 263, 263, 10, steps - 1, DivergenceConfig()) is None  # too short to say
+    assert did_not_learn(25 / 263, 263, 10, steps, DivergenceConfig(check=False)) is None
+    assert did_not_learn(25 / 263, 0, 10, steps, DivergenceConfig()) is None  # no validation samples
+
+
+class Guess(torch.nn.Module):
+    """Learns nothing: the same logits for every sample (a trainable bias that lr=0 leaves at 0), so its
+    loss sits at a guess's ln(classes) and it predicts one class."""
+
+    def __init__(self, num_classes):
+        super().__init__()
+        self.bias = torch.nn.Parameter(torch.zeros(num_classes))
+
+    def forward(self, x):
+        return self.bias.expand(x.shape[0], -1) + 0.0 * x.flatten(1)[:, :1]
+
+
+def test_a_plateau_at_a_guess_with_chance_accuracy_did_not_learn_and_keeps_its_figures():
+    guess = ModelConfig(name="guess", _target_="tests.test_divergence.Guess", input_shape=[1, 8, 8])
+    plateau = PointSpec(model=guess, data=DataConfig(name="digits"), train=TrainConfig(seed=1), measure=MEASURE,
+                        point=GridPoint(8, 1, 1), lr=0.0, steps=CHANCE_MIN_STEPS + 2)
+    result = run_point(plateau, WorkerContext())
+    assert result.status == "did_not_learn", result.error
+    assert result.error is None and result.get("divergence_reason") is None
+    assert "is not separated from a guess (1/10) at 95 %" in result["status_detail"]
+    assert result["samples_per_second"] > 0 and result["val_accuracy"] < 0.2  # measured all the same
+    assert max(result["train_loss"]) - min(result["train_loss"]) < 1e-6  # at ln(10) throughout
+    assert run_point(replace(plateau, partial=True), WorkerContext()).status == "ok"  # a rung: not judged
+
+
+class SkewedGuess(Guess):
+    """Starts sure of one class (a loss far above a guess's) and can only learn the class prior: its
+    loss falls towards ln(classes), its predictions stay one class (a guess's accuracy)."""
+
+    def __init__(self, num_classes):
+        super().__init__(num_classes)
+        with torch.no_grad():
+            self.bias[0] = 6.0
+
+
+def test_a_falling_loss_with_chance_accuracy_still_did_not_learn():
+    """The old rule let a point whose loss came down off; what decides is the accuracy against a guess."""
+    skewed = ModelConfig(name="skewed", _target_="tests.test_divergence.SkewedGuess", input_shape=[1, 8, 8])
+    falling = PointSpec(model=skewed, data=DataConfig(name="digits"), train=TrainConfig(seed=1), measure=MEASURE,
+                        point=GridPoint(32, 1, 1), lr=0.3, steps=CHANCE_MIN_STEPS + 2)
+    result = run_point(falling, WorkerContext())
+    losses = result["train_loss"]
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5  # came down
+    assert result.status == "did_not_learn" and result.get("divergence_reason") is None, result.error
+    assert did_not_learn(26 / 263, 263, 10, 100, DivergenceConfig()) is not None
 
 
 def test_no_check_means_no_status_change():

@@ -121,7 +121,8 @@ def true_noise_scale() -> float:
 def test_the_estimate_on_frozen_weights_matches_the_exact_per_sample_answer():
     # lr=0: the weights never move, so every step samples the same gradient distribution.
     result = run_point(spec(GridPoint(10, 8, 1), steps=220, lr=0.0), WorkerContext())
-    assert result.status == "ok", result.error
+    # frozen weights learn nothing (an accuracy not separated from a guess); measured all the same
+    assert result.status in ("ok", "did_not_learn"), result.error
     trace = np.array(result["gns_trace_sigma_per_step"])
     g2 = np.array(result["gns_grad_sq_norm_per_step"])
     ratio = trace.mean() / g2.mean()

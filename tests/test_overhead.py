@@ -48,7 +48,8 @@ def test_the_summary_adds_the_phases_and_divides_by_both_point_and_training_time
     out = summary(rows, phases(setup=2.0, ray_start=5.0, tracking=1.0, grid=22.0, report=2.0),
                   Counter(ok=2, failed=1)).metrics()
     assert out == pytest.approx({
-        "num_trials_ok": 2, "num_trials_stopped": 0, "num_trials_diverged": 0, "num_trials_oom": 0, "num_trials_failed": 1,
+        "num_trials_ok": 2, "num_trials_stopped": 0, "num_trials_did_not_learn": 0, "num_trials_diverged": 0,
+        "num_trials_oom": 0, "num_trials_failed": 1,
         "sweep_wall_seconds": 32.0,
         "sweep_setup_seconds": 2.0,
         "sweep_ray_start_seconds": 5.0,

@@ -29,6 +29,8 @@ NOT_ON_ONE_CPU_POINT = {
     # a target's and a divergence's (none here)
     "reached_target", "samples_to_target", "steps_to_target", "time_to_target_seconds", "eval_seconds_to_target",
     "diverged_at_step",
+    # a loss spike's warning (none here)
+    "spike_at_step", "spike_peak_over_mean", "spike_recovered_after_steps",
     # sweep.strategy=smart's: set by the driver on a point whose class successive halving stopped, never
     # by a worker (tests/test_smart.py checks them)
     "stopped_at_rung", "stopped_at_samples",

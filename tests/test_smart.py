@@ -210,16 +210,17 @@ def test_a_class_without_a_validation_loss_cannot_be_stopped():
     assert smart.halve(scores, 2).stopped == {}  # its interval is everything: it overlaps every other
 
 
-def test_a_rung_run_is_the_points_run_cut_short_without_the_chance_rule_before_the_end():
+def test_a_rung_run_is_the_points_run_cut_short_and_not_judged_as_learned_or_not_before_the_end():
     point = GridPoint(16, 1, 1, seed=0)
     spec = PointSpec(model=ModelConfig(name="mlp"), data=DataConfig(name="digits"), train=TrainConfig(),
                      point=point, lr=0.1, steps=90)
     first, last = driver.rung_spec(spec, 1 / 9), driver.rung_spec(spec, 1.0)
     assert (first.steps, last.steps) == (10, 90)
     assert (first.point, first.lr, first.seed, first.eval) == (spec.point, spec.lr, spec.seed, spec.eval)
-    # near chance a ninth into the budget is a model still learning: only the full budget may call it so
-    assert first.divergence.chance_margin == -math.inf and first.divergence.check
-    assert last.divergence == spec.divergence
+    # near a guess a ninth into the budget is a model still learning: only the full budget may call it
+    # did_not_learn (and a spike still over its bar at a rung's end may yet come back)
+    assert first.partial and first.divergence == spec.divergence and first.divergence.check
+    assert not last.partial and last.divergence == spec.divergence
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -185,13 +185,13 @@ def rung_spec(spec: PointSpec, fraction: float) -> PointSpec:
     """A representative's accuracy run to `fraction` of its budget, evaluated at its end: no memory
     breakdown, FLOPs or CPU budget (its layout's throughput run measured those, and fits). One warm-up
     step, for the point's deadline to be projected from; the windows stay, as the edges where
-    divergence is checked. Before the last rung the `chance` rule is off: an accuracy near chance a
+    divergence is checked. Before the last rung the run is `partial`: an accuracy near a guess a
     fraction into the budget is a model still learning, not one that learned nothing (halving ranks
-    it by its loss instead); nonfinite and spike still end it diverged."""
+    it by its loss instead), and a spike still over its bar at the rung's end may yet come back;
+    nonfinite and an unrecovered spike still end it diverged."""
     light = replace(spec.measure, warmup_steps=1, memory_breakdown=False)
-    divergence = spec.divergence if fraction >= 1 else replace(spec.divergence, chance_margin=-math.inf)
     return replace(spec, steps=smart.rung_steps(spec.steps, fraction), measure=light, flop_count=None,
-                   memory_estimate_bytes=None, memory_budget_bytes=None, profile=False, divergence=divergence)
+                   memory_estimate_bytes=None, memory_budget_bytes=None, profile=False, partial=fraction < 1)
 
 
 def measure_runs(cfg: SweeperConfig, s: Session, label: str, role: str, unit_specs: Dict[GridPoint, PointSpec],

@@ -3,8 +3,10 @@ windows' edges), never with a host sync per step, and agreed by every rank: a ra
 alone must not leave the others waiting in a collective.
 
 Reasons: `nonfinite` (the loss, or the gradient's norm, NaN or infinite), `spike` (several steps in a
-row far above the running loss), `chance` (a final accuracy no better than guessing: see
-`chance_reason`). Ray Tune has mishandled NaN metrics for years; the status is decided here.
+row far above the running loss that do not come back under it within `divergence.recover_steps`).
+A spike that comes back is a warning on the point (`spike_warning`), not a divergence. A point whose
+final validation accuracy is not separated from a guess is `did_not_learn` (`did_not_learn`), not
+diverged. Ray Tune has mishandled NaN metrics for years; the status is decided here.
 """
 
 from __future__ import annotations
@@ -17,25 +19,48 @@ import torch
 import torch.distributed as dist
 
 from sweeper.config import DivergenceConfig
+from sweeper.report.settings import ReportConfig
+from sweeper.report.stats import above_chance
 from sweeper.worker import collectives as comm
 from sweeper.worker.step import Training
 
-NONFINITE, SPIKE, CHANCE = "nonfinite", "spike", "chance"
-# Fewer steps than this say too little about learning for the chance rule: a few noisy losses of a
-# point that has hardly started (a frontier probe, a test's toy point) are not a divergence.
+NONFINITE, SPIKE = "nonfinite", "spike"
+DID_NOT_LEARN = "did_not_learn"  # a status of its own, not a divergence reason
+# Fewer steps than this say too little about learning for the did_not_learn rule: a point that has
+# hardly started (a frontier probe, a test's toy point) is not judged.
 CHANCE_MIN_STEPS = 20
 
 
 @dataclass(frozen=True)
 class Diverged:
     step: int  # the first optimizer step (0-based) that shows it
-    reason: str  # nonfinite | spike | chance
+    reason: str  # nonfinite | spike
     detail: str  # the numbers, in words
 
 
-def check(run: Training, cfg: DivergenceConfig) -> Optional[Diverged]:
+@dataclass(frozen=True)
+class Spike:
+    """`spike_steps` losses in a row over the bar (max(spike_factor x the running mean, the untrained
+    loss)), from `step` on."""
+
+    step: int  # the first step over the bar
+    mean: float  # the mean of the `spike_window` losses before it
+    bar: float
+    peak: float  # the highest loss from `step` until it came back (or to the end)
+    recovered_after_steps: Optional[int]  # from `step` to the first loss back under the bar; None: never
+
+    @property
+    def peak_over_mean(self) -> float:
+        return self.peak / self.mean
+
+    def recovered(self, cfg: DivergenceConfig) -> bool:
+        return self.recovered_after_steps is not None and self.recovered_after_steps <= cfg.recover_steps
+
+
+def check(run: Training, cfg: DivergenceConfig, final: bool = False) -> Optional[Diverged]:
     """Divergence in the steps done so far, the same on every rank (call it on every rank, at a point
-    where all are: the window edges)."""
+    where all are: the window edges). `final`: training has ended, so a spike still over its bar is a
+    divergence even if fewer than `recover_steps` steps followed it."""
     done = run.steps_done
     if not cfg.check or done == 0:
         return None
@@ -51,7 +76,7 @@ def check(run: Training, cfg: DivergenceConfig) -> Optional[Diverged]:
     if int(first.item()) < done:
         step = int(first.item())
         return Diverged(step, NONFINITE, f"the loss or the gradient's norm was not finite at step {step}")
-    return find_spike(global_losses(run), cfg)
+    return find_spike(global_losses(run), cfg, final)
 
 
 def global_losses(run: Training) -> List[float]:
@@ -61,39 +86,82 @@ def global_losses(run: Training) -> List[float]:
     return (losses / run.ctx.world_size).cpu().tolist()
 
 
-def find_spike(losses: Sequence[float], cfg: DivergenceConfig) -> Optional[Diverged]:
-    """The first run of `spike_steps` consecutive losses each above `spike_factor` x the mean of the
+def spikes(losses: Sequence[float], cfg: DivergenceConfig) -> List[Spike]:
+    """Every run of `spike_steps` consecutive losses each above `spike_factor` x the mean of the
     `spike_window` losses before the run began (llm-foundry's rule: a loss >= 2x the running mean,
-    several times in a row, ends the run) and above the untrained model's loss (the first step's).
+    several times in a row) and above the untrained model's loss (the first step's), in order, each
+    with how long the loss took to come back under its bar; the scan stops at one that never does.
     The second condition is for small batches: once a classifier's mean loss is small, a few hard
     micro-batches in a row exceed twice it while the run is fine; a diverging run climbs past where
     it started."""
     window, run_length = cfg.spike_window, cfg.spike_steps
     start_loss = losses[0] if losses else math.inf
-    for start in range(window, len(losses) - run_length + 1):
+    found: List[Spike] = []
+    start = window
+    while start <= len(losses) - run_length:
         mean = sum(losses[start - window:start]) / window
         bar = max(cfg.spike_factor * mean, start_loss)
-        if mean > 0 and all(losses[start + i] > bar for i in range(run_length)):
-            return Diverged(start, SPIKE, (
-                f"{run_length} steps from step {start} had losses over {cfg.spike_factor:g}x the mean of the "
-                f"{window} before ({mean:.4g}) and over the untrained loss ({start_loss:.4g})"
-            ))
+        if not (mean > 0 and all(losses[start + i] > bar for i in range(run_length))):
+            start += 1
+            continue
+        back = next((j for j in range(start + run_length, len(losses)) if losses[j] <= bar), None)
+        peak = max(losses[start:back if back is not None else len(losses)])
+        found.append(Spike(start, mean, bar, peak, None if back is None else back - start))
+        if back is None:
+            break
+        start = back
+    return found
+
+
+def find_spike(losses: Sequence[float], cfg: DivergenceConfig, final: bool = True) -> Optional[Diverged]:
+    """The first spike (`spikes`) whose loss did not come back under its bar within `recover_steps`
+    steps of its start, as a divergence. Before the end of training (`final` False) a spike still
+    over its bar with fewer than `recover_steps` steps after its start is not decided yet."""
+    for spike in spikes(losses, cfg):
+        if spike.recovered(cfg):
+            continue
+        if spike.recovered_after_steps is None and not final and len(losses) - 1 - spike.step < cfg.recover_steps:
+            return None
+        where = ("by the end of training" if spike.recovered_after_steps is None
+                 else f"for {spike.recovered_after_steps} steps")
+        return Diverged(spike.step, SPIKE, (
+            f"the loss went over {cfg.spike_factor:g}x the mean of the {cfg.spike_window} steps before step "
+            f"{spike.step} ({spike.mean:.4g}) and over the untrained loss ({losses[0]:.4g}) and did not come back "
+            f"under within {cfg.recover_steps} steps (it stayed over {where}; peak {spike.peak:.4g})"
+        ))
     return None
 
 
-def chance_reason(accuracy: float, num_classes: int, losses: Sequence[float], cfg: DivergenceConfig) -> Optional[str]:
-    """Why a point learned nothing: a final accuracy within `chance_margin` of guessing AND a training
-    loss that did not come down (its last quarter no lower than its first). A short point that is
-    still learning is near chance too, but its loss falls; one stuck at chance has a flat or rising
-    loss (an LR too high, say)."""
-    chance = 1.0 / num_classes
-    if len(losses) < CHANCE_MIN_STEPS:
+def recovered_spike(losses: Sequence[float], cfg: DivergenceConfig) -> Optional[Spike]:
+    """The first spike that came back under its bar within `recover_steps`: a warning, not a divergence."""
+    if not cfg.check:
         return None
-    if not (cfg.check and math.isfinite(accuracy) and accuracy <= chance + cfg.chance_margin):
+    return next((s for s in spikes(losses, cfg) if s.recovered(cfg)), None)
+
+
+def spike_warning(spike: Spike, cfg: DivergenceConfig) -> str:
+    return (f"a loss spike from step {spike.step}: {cfg.spike_steps}+ steps over {cfg.spike_factor:g}x the running "
+            f"mean ({spike.mean:.4g}), peak {spike.peak_over_mean:.3g}x it; back under after "
+            f"{spike.recovered_after_steps} steps, so not a divergence")
+
+
+def confidence(cfg: DivergenceConfig) -> float:
+    """The level a point's accuracy is tested against a guess at: report.confidence (copied into
+    divergence.confidence when the config is loaded), else the report's default."""
+    return ReportConfig().confidence if cfg.confidence is None else cfg.confidence
+
+
+def did_not_learn(accuracy: float, samples: int, num_classes: int, steps: int,
+                  cfg: DivergenceConfig) -> Optional[str]:
+    """Why a point learned nothing, or None: its validation hits (accuracy x samples) are not separated
+    from a guess (1 / classes) by a one-sided exact binomial test at `confidence(cfg)`, whatever its
+    loss did (a loss that falls while the accuracy stays at a guess has still learned nothing to
+    show). Not judged: a point of fewer than CHANCE_MIN_STEPS steps, one with no validation samples
+    or classes to guess among, or with divergence.check off."""
+    if not cfg.check or steps < CHANCE_MIN_STEPS or num_classes < 2 or not samples or not math.isfinite(accuracy):
         return None
-    quarter = max(1, len(losses) // 4)
-    first, last = losses[:quarter], losses[-quarter:]
-    if not first or sum(last) / len(last) < sum(first) / len(first):
+    level, hits = confidence(cfg), int(round(accuracy * samples))
+    if above_chance(hits, samples, 1.0 / num_classes, level):
         return None
-    return (f"its validation accuracy {accuracy:.3f} is within {cfg.chance_margin:g} of chance (1/{num_classes} = "
-            f"{chance:.3f}) and its training loss did not come down")
+    return (f"validation accuracy {accuracy:.3f} ({hits}/{samples}) is not separated from a guess "
+            f"(1/{num_classes}) at {level * 100:g} %")

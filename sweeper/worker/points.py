@@ -161,8 +161,8 @@ def run_point(
     facts: Optional[GroupFacts] = None,
     deadline: Optional[Deadline] = None,
 ) -> PointResult:
-    """One grid point, its failure included: every rank agrees on the status (ok | diverged | oom |
-    failed).
+    """One grid point, its failure included: every rank agrees on the status (ok | did_not_learn |
+    diverged | oom | failed).
 
     A point that raises on every rank (bad model code, an OOM of the same size everywhere) is
     recorded and the group goes on to the next point. A rank that fails alone cannot agree with
@@ -190,12 +190,13 @@ def run_point(
             raise raised from None
         raise
     worst = max(outcomes, key=lambda o: STATUS_ORDER.index(o[0]))
-    # A divergence every rank decided together (worker.divergence) keeps its result: how far it got.
-    agreed_divergence = worst[0] == "diverged" and result.status == "diverged"
-    if worst[0] != "ok" and not agreed_divergence:
+    # A divergence or a did_not_learn every rank decided together (worker.divergence, from figures
+    # all ranks share) keeps its result: how far it got, what it measured.
+    agreed = worst[0] in ("diverged", "did_not_learn") and result.status == worst[0]
+    if worst[0] != "ok" and not agreed:
         result = PointResult(status=worst[0], error=worst[1] or "failed on another rank",
                              oom_simulated=result.oom_simulated)
-    elif worst[0] == "ok":
+    elif worst[0] in ("ok", "did_not_learn"):  # trained to the end: its throughput and FLOPs stand
         result.flops.update(_flops_metrics(spec, result, facts or GroupFacts()))
         tracked = result.memory.memory_tracked_peak_bytes
         if spec.memory_estimate_bytes is not None and tracked:

@@ -57,6 +57,9 @@ class PointSpec:
     # cluster.point_timeout_seconds: the point's time limit on a worker (None: projected from its
     # warm-up; worker.deadline).
     timeout_seconds: Optional[float] = None
+    # sweep.strategy=smart's rungs before the last: training goes on past these steps (in a later
+    # rung), so neither did_not_learn nor a spike still unrecovered at the end is judged here.
+    partial: bool = False
 
     @property
     def seed(self) -> int:

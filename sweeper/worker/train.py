@@ -147,7 +147,7 @@ def _loop(run: Training, roles: List[timing.StepRole], clock: Clock, profiler: "
             if diverged := divergence.check(run, check):
                 return breakdown, diverged
             checked = step + 1
-    return breakdown, divergence.check(run, check)
+    return breakdown, divergence.check(run, check, final=not run.spec.partial)
 
 
 def _has_accuracy(run: Training) -> bool:
@@ -386,17 +386,30 @@ def _progress(result: PointResult, progress: Progress) -> None:
 
 
 def _divergence(result: PointResult, run: Training, diverged: Optional[Diverged]) -> None:
-    """Diverged during training, or learned nothing (an accuracy at chance): status `diverged`."""
+    """Diverged during training (status `diverged`), or trained to an accuracy not separated from a
+    guess (status `did_not_learn`); a loss spike it came back from is a warning."""
+    spec = run.spec
     if run.grad_norms is not None:
         result.divergence.grad_norm = run.grad_norms[: run.steps_done].cpu().tolist()
-    accuracy = result.accuracy.val_accuracy
-    if diverged is None and accuracy is not None:
-        why = divergence.chance_reason(accuracy, run.splits.num_classes, result["train_loss"], run.spec.divergence)
-        diverged = Diverged(max(run.steps_done - 1, 0), divergence.CHANCE, why) if why else None
+    losses = result["train_loss"] or []
+    spike = divergence.recovered_spike(losses, spec.divergence)
+    if spike is not None:
+        result.divergence.update(dict(
+            spike_at_step=spike.step, spike_peak_over_mean=spike.peak_over_mean,
+            spike_recovered_after_steps=spike.recovered_after_steps,
+            spike_warning=divergence.spike_warning(spike, spec.divergence)))
     if diverged is not None:
         result.status = "diverged"
         result.error = f"diverged ({diverged.reason}): {diverged.detail}"
         result.divergence.update(dict(diverged_at_step=diverged.step, divergence_reason=diverged.reason))
+        return
+    accuracy, samples = result.accuracy.val_accuracy, result.accuracy.val_samples
+    if accuracy is None or samples is None or spec.partial:
+        return  # a rung before the last (smart): a model still learning, not one that learned nothing
+    why = divergence.did_not_learn(accuracy, samples, run.splits.num_classes, run.steps_done, spec.divergence)
+    if why is not None:
+        result.status = divergence.DID_NOT_LEARN
+        result.divergence.status_detail = why
 
 
 def _profiler(spec: PointSpec, ctx: WorkerContext, device: telemetry.Device):
