@@ -62,3 +62,21 @@ def test_placement_that_can_never_happen_is_refused_before_any_trial():
     with pytest.raises(ConfigError, match="cannot be placed STRICT_SPREAD"):
         plan_resources(ClusterConfig(cpus_per_worker=1, placement_strategy="STRICT_SPREAD"), nodes(8),
                        [GridPoint(16, 1, 2)])
+
+
+def test_tune_missing_logs_warning_is_filtered():
+    import logging
+
+    from sweeper.cluster.connect import TUNE_ANALYSIS_LOGGER, install_log_filter
+
+    install_log_filter()
+    install_log_filter()
+    logger = logging.getLogger(TUNE_ANALYSIS_LOGGER)
+    dropped = logger.makeRecord(
+        logger.name, logging.WARNING, __file__, 1,
+        "Failed to fetch metrics for 1 trial(s):\n- t: FileNotFoundError('Could not fetch metrics for t: "
+        "both result.json and progress.csv were not found at /x')", None, None,
+    )
+    kept = logger.makeRecord(logger.name, logging.WARNING, __file__, 1, "some other warning", None, None)
+    assert not logger.filter(dropped)
+    assert logger.filter(kept)

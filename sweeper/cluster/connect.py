@@ -61,6 +61,27 @@ def connect(cfg: ClusterConfig) -> Cluster:
     )
 
 
+# Tune's ExperimentAnalysis warns for every trial that result.json and progress.csv are missing:
+# they are missing because TUNE_DISABLE_AUTO_CALLBACK_LOGGERS=1 above, on purpose.
+TUNE_ANALYSIS_LOGGER = "ray.tune.analysis.experiment_analysis"
+
+
+class MissingTrialLogsFilter(logging.Filter):
+    """Drops only Tune's "Failed to fetch metrics ... result.json and progress.csv" warning."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (
+            message.startswith("Failed to fetch metrics") and "result.json" in message and "progress.csv" in message
+        )
+
+
+def install_log_filter() -> None:
+    logger = logging.getLogger(TUNE_ANALYSIS_LOGGER)
+    if not any(isinstance(f, MissingTrialLogsFilter) for f in logger.filters):
+        logger.addFilter(MissingTrialLogsFilter())
+
+
 def _prepare_environment(cfg: ClusterConfig, ray_dir: str) -> Optional[str]:
     """What Ray reads once per process, set before it is imported; the local cluster's token path."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -71,6 +92,7 @@ def _prepare_environment(cfg: ClusterConfig, ray_dir: str) -> Optional[str]:
     # worker group of several points, so their curves would join unrelated points. The points' record
     # is MLflow. TUNE_DISABLE_AUTO_CALLBACK_LOGGERS=0 in the environment brings them back.
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    install_log_filter()
     if cfg.address is not None:
         return None
     # Ray 2.60 turns on token auth for a new local cluster and would write the token to
