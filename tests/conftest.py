@@ -1,9 +1,13 @@
-"""Shared fixtures: a shrunk config compose, a working directory per test, the CLI runner."""
+"""Shared fixtures: a shrunk config compose, a working directory per test, the CLI runner, and one
+Ray for the test session that the CLI joins (as a user with a cluster does)."""
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +16,8 @@ from hydra import compose, initialize_config_module
 from sweeper import config
 
 config.register()
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def compose_cfg(*overrides: str):
@@ -25,8 +31,171 @@ def cfg_of():
     return lambda *overrides: config.load(compose_cfg(*overrides))
 
 
-def run_cli(*args: str, cwd: Path, timeout: float = 600, env=None) -> subprocess.CompletedProcess:
+def free_port() -> int:
+    """A TCP port nothing listens on now (for a gloo rendezvous, a server, a dashboard)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class SessionRay:
+    """One `ray start --head` for the whole test session, started on first use and stopped at exit.
+
+    Starting a Ray costs 4-6 s and ~0.5 GB here (STACK.md); the e2e tests made ~60 of them. Sized as
+    the CLI's own local Ray (num_cpus = the machine's cores) so a joining sweep plans the same
+    resources it would plan alone. Token auth on, as Ray 2.60 does for any new cluster: a joining
+    process needs RAY_AUTH_MODE=token and the token's path (what `env` returns).
+    """
+
+    def __init__(self):
+        self.address = None
+        self.folder = None
+        self._env = None
+        self._probe = None
+
+    def env(self) -> dict:
+        if self.address is None:
+            self._start()
+        return dict(self._env)
+
+    def _start(self, attempts: int = 2) -> None:
+        # Ray's own start-up waits are short for a loaded 2-core box (once at load 15: exit 1); retry.
+        for attempt in range(attempts):
+            try:
+                return self._start_once()
+            except RuntimeError:
+                self.stop(force=True)
+                if attempt == attempts - 1:
+                    raise
+
+    def _start_once(self) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="sweeper-test-ray-"))
+        token = self.folder / "auth_token"
+        token.write_text(os.urandom(32).hex())
+        token.chmod(0o600)
+        port = free_port()
+        self._env = {
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": str(token),
+            # Ray's workers import test models (tests.test_training.Sleepy, ...) from this repository.
+            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+            "RAY_USAGE_STATS_ENABLED": "0",
+        }
+        started = subprocess.run(
+            [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--port={port}",
+             f"--num-cpus={os.cpu_count()}", "--num-gpus=0",
+             # A dashboard, as a user's cluster has: a joining sweep prints its address first thing.
+             "--include-dashboard=true", "--dashboard-host=127.0.0.1",
+             # Its own ports: other Rays on this machine (other sweeps, the tests that start their own)
+             # would otherwise meet at 8265 and friends.
+             f"--dashboard-port={free_port()}", f"--ray-client-server-port={free_port()}",
+             f"--dashboard-agent-listen-port={free_port()}", f"--metrics-export-port={free_port()}",
+             f"--temp-dir={self.folder / 'tmp'}", "--disable-usage-stats"],
+            env={**os.environ, **self._env}, capture_output=True, text=True, timeout=300,
+        )
+        if started.returncode != 0:
+            raise RuntimeError(f"`ray start --head` for the test session failed:\n{started.stdout[-3000:]}\n"
+                               f"{started.stderr[-3000:]}")
+        self.address = f"127.0.0.1:{port}"
+
+    def wait_idle(self, timeout: float = 60) -> None:
+        """Until every CPU is free again (a sweep's actors and placement groups gone)."""
+        if self.address is None:
+            return
+        if self._probe is None or self._probe.poll() is not None:
+            # One driver kept attached for the session: a fresh `ray.init` per check costs ~4.6 s here.
+            self._probe = subprocess.Popen(
+                [sys.executable, "-c", IDLE_PROBE, self.address], env={**os.environ, **self._env},
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            )
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            self._probe.stdin.write("?\n")
+            self._probe.stdin.flush()
+            if self._probe.stdout.readline().strip() == "idle":
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"the session Ray still holds CPUs {timeout:.0f} s after a sweep ended")
+
+    def stop(self, force: bool = False) -> None:
+        """Ends only this Ray's processes (`ray stop` would end every Ray of this user on the machine)."""
+        if self.folder is None or (self.address is None and not force):
+            return
+        import psutil
+
+        if self._probe is not None:
+            self._probe.kill()
+            self._probe.wait()
+        mine = []
+        for proc in psutil.process_iter(["cmdline"]):
+            try:
+                if str(self.folder) in " ".join(proc.info["cmdline"] or []):
+                    mine.append(proc)
+            except psutil.Error:
+                pass
+        for proc in mine:
+            try:
+                proc.terminate()
+            except psutil.Error:
+                pass
+        _, alive = psutil.wait_procs(mine, timeout=10)
+        for proc in alive:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        shutil.rmtree(self.folder, ignore_errors=True)
+        self.address = self.folder = self._probe = None
+
+
+IDLE_PROBE = """
+import sys, ray
+ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
+for _ in sys.stdin:
+    total, free = ray.cluster_resources().get("CPU", 0), ray.available_resources().get("CPU", 0)
+    print("idle" if free >= total - 1e-6 else "busy", flush=True)
+"""
+
+if __name__ == "tests.conftest":
+    SESSION_RAY = SessionRay()
+else:
+    # pytest loads this file as `conftest` while the tests import `tests.conftest`: one Ray for both.
+    from tests.conftest import SESSION_RAY  # noqa: E402
+
+
+def pytest_sessionfinish(session, exitstatus):
+    SESSION_RAY.stop()
+
+
+@pytest.fixture(scope="session")
+def session_ray() -> SessionRay:
+    """The session's Ray, started on first use."""
+    SESSION_RAY.env()
+    return SESSION_RAY
+
+
+def joining_session_ray(args, env=None):
+    """(args, env) of a CLI run that joins the session's Ray, for a test that drives the process
+    itself (Popen, signals) rather than through run_cli. Waits first until the session's Ray is idle:
+    a sweep that ended (or was killed) leaves its actors to Ray's clean-up, and a worker group waiting
+    for their CPUs would hang silently (STACK.md)."""
+    ray_env = SESSION_RAY.env()
+    SESSION_RAY.wait_idle()
+    if env and "PYTHONPATH" in env:
+        ray_env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], ray_env["PYTHONPATH"]])
+    return [*args, f"cluster.address={SESSION_RAY.address}"], {**os.environ, **(env or {}), **ray_env}
+
+
+def run_cli(
+    *args: str, cwd: Path, timeout: float = 600, env=None, own_ray: bool = False
+) -> subprocess.CompletedProcess:
+    """`python -m sweeper *args` in cwd. It joins the session's Ray (cluster.address=...) unless
+    own_ray is true or args already name a cluster.address: tests of Ray's start-up, of a two-node
+    cluster, of faults that kill Ray's processes and of the dashboard start their own."""
     merged = {**os.environ, **(env or {})}
+    args = list(args)
+    if not own_ray and not any(a.startswith(("cluster.address=", "+cluster.address=")) for a in args):
+        args, merged = joining_session_ray(args, env)
     return subprocess.run(
         [sys.executable, "-m", "sweeper", *args],
         cwd=cwd,
@@ -35,10 +204,3 @@ def run_cli(*args: str, cwd: Path, timeout: float = 600, env=None) -> subprocess
         timeout=timeout,
         env=merged,
     )
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on now (for a gloo rendezvous, a server, a dashboard)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

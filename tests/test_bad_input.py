@@ -247,7 +247,7 @@ def test_bad_input_is_one_error_line_before_ray(outcomes, index):
 def test_a_multirun_goes_on_after_a_job_with_bad_input(tmp_path):
     """Hydra's job runner does not catch SystemExit: a job that exited would end the multirun."""
     result = run_cli("-m", "optim.lr=nan,inf", NO_DASHBOARD, cwd=tmp_path, env={"HOME": str(tmp_path / "home")},
-                     timeout=120)
+                     timeout=120, own_ray=True)
     assert result.returncode == 2, result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert [e.split(" ")[1] for e in errors] == ["optim.lr=nan", "optim.lr=inf"], result.stderr

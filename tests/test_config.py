@@ -25,7 +25,7 @@ def test_issue_overrides_compose(cfg_of):
         "sweep.micro_batch_sizes=[16,32,64]", "sweep.accumulation_steps=[1,4]",
         "sweep.num_workers=[1,2]", "model=mlp", "data=synthetic", "train.epochs=2",
     )
-    assert cfg.model.depth == 8 and cfg.model.width == 1024
+    assert cfg.model.depth == 4 and cfg.model.width == 1024
     assert cfg.data.name == "synthetic" and cfg.train.epochs == 2
 
 
@@ -99,15 +99,24 @@ BAD_INPUTS = [
 ]
 
 
-@pytest.mark.parametrize("overrides,key", BAD_INPUTS, ids=[k for _, k in BAD_INPUTS])
-def test_cli_bad_input_is_one_clean_line(tmp_path, overrides, key):
-    result = run_cli(*overrides, cwd=tmp_path, timeout=120)
-    assert result.returncode == 2, result.stderr
-    assert "Traceback" not in result.stderr + result.stdout
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1, result.stderr
+@pytest.fixture(scope="module")
+def bad_input_outcomes(tmp_path_factory):
+    """Every BAD_INPUTS case through the CLI's own `main()` in one subprocess (test_bad_input's runner),
+    each in a folder of its own: Python, torch and the driver's imports paid once, not ~7 s per case."""
+    from tests.test_bad_input import run_cases
+
+    return run_cases([overrides for overrides, _ in BAD_INPUTS], tmp_path_factory.mktemp("config_bad_input"))
+
+
+@pytest.mark.parametrize("index", range(len(BAD_INPUTS)), ids=[k for _, k in BAD_INPUTS])
+def test_cli_bad_input_is_one_clean_line(bad_input_outcomes, index):
+    key, result = BAD_INPUTS[index][1], bad_input_outcomes[index]
+    assert result["status"] == 2, result["stderr"]
+    assert "Traceback" not in result["stderr"] + result["stdout"]
+    errors = [line for line in result["stderr"].splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, result["stderr"]
     assert errors[0].startswith(f"error: {key}")
-    assert not (tmp_path / ".sweeper" / "ray").exists()  # no Ray was started
+    assert not result["ray_started"]  # no Ray was started (not in this process, no .sweeper/ray folder)
 
 
 def test_cli_dashboard_port_in_use_names_the_key(tmp_path):
@@ -115,7 +124,7 @@ def test_cli_dashboard_port_in_use_names_the_key(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = run_cli(f"cluster.dashboard_port={port}", cwd=tmp_path, timeout=120)
+        result = run_cli(f"cluster.dashboard_port={port}", cwd=tmp_path, timeout=120, own_ray=True)
     assert result.returncode == 2, result.stderr[-2000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert errors == [errors[0]] and errors[0].startswith(f"error: cluster.dashboard_port={port} is in use")
@@ -123,22 +132,23 @@ def test_cli_dashboard_port_in_use_names_the_key(tmp_path):
 
 
 def test_cli_collects_several_problems(tmp_path):
-    result = run_cli("sweep.micro_batch_sizes=[0]", "model.name=nope", "data.name=nope", cwd=tmp_path, timeout=120)
+    result = run_cli("sweep.micro_batch_sizes=[0]", "model.name=nope", "data.name=nope", cwd=tmp_path, timeout=120,
+                     own_ray=True)
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 3 and "Traceback" not in result.stderr
 
 
 def test_cli_help_and_cfg_job(tmp_path):
-    help_text = run_cli("--help", cwd=tmp_path, timeout=60)
+    help_text = run_cli("--help", cwd=tmp_path, timeout=60, own_ray=True)
     assert help_text.returncode == 0 and "micro-batch" in help_text.stdout
     assert "model: custom, mlp, resnet18" in help_text.stdout
-    job = run_cli("+experiment=resnet_batch", "--cfg", "job", cwd=tmp_path, timeout=60)
+    job = run_cli("+experiment=resnet_batch", "--cfg", "job", cwd=tmp_path, timeout=60, own_ray=True)
     assert job.returncode == 0 and "name: resnet18" in job.stdout
 
 
 def test_unknown_config_group_option_exits_2_without_traceback(tmp_path):
-    result = run_cli("model=nope", cwd=tmp_path, timeout=60)
+    result = run_cli("model=nope", cwd=tmp_path, timeout=60, own_ray=True)
     assert result.returncode == 2
     assert "Could not find 'model/nope'" in result.stderr and "Traceback" not in result.stderr
     assert "resnet18" in result.stderr  # Hydra lists the options
@@ -149,7 +159,8 @@ def test_own_experiment_files_with_config_dir(tmp_path):
     (tmp_path / "my_conf" / "experiment" / "wide.yaml").write_text(
         "# @package _global_\ndefaults:\n  - override /model: mlp\nmodel: {width: 4096}\n"
     )
-    result = run_cli("--config-dir", "my_conf", "+experiment=wide", "--cfg", "job", cwd=tmp_path, timeout=60)
+    result = run_cli("--config-dir", "my_conf", "+experiment=wide", "--cfg", "job", cwd=tmp_path, timeout=60,
+                     own_ray=True)
     assert result.returncode == 0, result.stderr
     assert "width: 4096" in result.stdout
 

@@ -1,4 +1,5 @@
-"""The real thing: the CLI with a local Ray and a SQLite MLflow store, read back afterwards."""
+"""The real thing: the CLI on a real Ray (the session's, or its own local one where that is what is
+tested) and a SQLite MLflow store, read back afterwards."""
 
 import gzip
 import json
@@ -17,7 +18,9 @@ from tests.conftest import run_cli
 pytestmark = pytest.mark.e2e
 
 TINY_MLP = ["model=mlp", "model.depth=2", "model.width=64", "model.input_shape=[1,8,8]"]
-TRAIN = ["train.epochs=1", "optim.lr=0.1", "measure.warmup_steps=3", "measure.windows=3"]
+# The mechanics below were written against SGD (momentum: one buffer a parameter); the default is AdamW.
+BUDGET = ["train.epochs=1", "measure.warmup_steps=3", "measure.windows=3"]
+TRAIN = ["optim=sgd", "optim.lr=0.1", *BUDGET]
 
 
 def _runs(tmp_path, experiment="sweeper"):
@@ -29,6 +32,8 @@ def _runs(tmp_path, experiment="sweeper"):
     return client, parents, children
 
 
+# Its own Ray: it checks the local Ray's start-up (the token kept in .sweeper/ray, nothing in $HOME).
+@pytest.mark.own_ray
 def test_equal_global_batch_layouts_give_one_loss_curve_through_the_cli(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
@@ -36,7 +41,7 @@ def test_equal_global_batch_layouts_give_one_loss_curve_through_the_cli(tmp_path
         *TINY_MLP, "data=digits", *TRAIN,
         "sweep.micro_batch_sizes=[8,16]", "sweep.accumulation_steps=[1,2,4]",
         "sweep.num_workers=[1,2]", "sweep.global_batch_sizes=[32]",
-        cwd=tmp_path, env={"HOME": str(home)},
+        cwd=tmp_path, env={"HOME": str(home)}, own_ray=True,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "mlflow ui --backend-store-uri sqlite:///" in result.stdout
@@ -139,7 +144,7 @@ def test_own_model_factory_on_synthetic_data_reports_no_accuracy(tmp_path):
         "data=synthetic", "data.num_samples=384", *TRAIN,
         "sweep.micro_batch_sizes=[16]", "sweep.accumulation_steps=[2]", "sweep.num_workers=[1]",
         "tracking.experiment_name=custom", "profile=true", "measure.profile_steps=2",
-        cwd=tmp_path,
+        cwd=tmp_path, own_ray=True,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "synthetic data has random labels" in result.stdout
@@ -182,7 +187,7 @@ def test_a_point_that_raises_is_recorded_failed_and_its_group_goes_on(tmp_path):
     result = run_cli(
         "model=custom", "model._target_=fragile.Fragile", "model.input_shape=[1,8,8]", *TRAIN,
         "sweep.micro_batch_sizes=[32,8]", "sweep.accumulation_steps=[1]", "sweep.num_workers=[1]",
-        cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)},
+        cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)}, own_ray=True,
     )
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     assert "Traceback" not in result.stdout
@@ -199,10 +204,10 @@ def test_a_point_that_raises_is_recorded_failed_and_its_group_goes_on(tmp_path):
 
 def test_a_recipe_sweep_crosses_precision_and_checkpointing_with_adamw(tmp_path):
     result = run_cli(
-        *TINY_MLP, *TRAIN, "optim=adamw", "optim.lr=0.001", "sweep.micro_batch_sizes=[16]",
+        *TINY_MLP, *BUDGET, "optim=adamw", "optim.lr=0.001", "sweep.micro_batch_sizes=[16]",
         "sweep.accumulation_steps=[1]", "sweep.num_workers=[1]", "sweep.precisions=[fp32,bf16]",
         "sweep.activation_checkpointing=[none,blocks]", "tracking.experiment_name=recipe",
-        cwd=tmp_path,
+        cwd=tmp_path, own_ray=True,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     client, parents, children = _runs(tmp_path, "recipe")
@@ -231,7 +236,7 @@ def test_a_diverging_lr_is_a_diverged_point_and_replicates_share_their_point(tmp
     result = run_cli(
         *TINY_MLP, *TRAIN, "sweep.micro_batch_sizes=[16]", "sweep.accumulation_steps=[1]", "sweep.num_workers=[1]",
         "sweep.lr_multipliers=[1,10000]", "sweep.seeds=[0,1]", "eval.every_samples=400", "eval.target_accuracy=0.5",
-        "tracking.experiment_name=diverge", cwd=tmp_path,
+        "tracking.experiment_name=diverge", cwd=tmp_path, own_ray=True,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]  # diverged is a result
     client, parents, children = _runs(tmp_path, "diverge")

@@ -15,7 +15,8 @@ pytestmark = pytest.mark.e2e
 
 MLP = ModelConfig(name="mlp", depth=2, width=256, input_shape=[1, 8, 8])
 TINY_MLP = ["model=mlp", "model.depth=2", "model.width=256", "model.input_shape=[1,8,8]"]
-TRAIN = ["data=digits", "train.epochs=2", "measure.warmup_steps=3", "measure.windows=3", "measure.flops=false"]
+# optim=sgd: estimated_peak (estimate_step) prices SGD's one momentum buffer, not AdamW's two.
+TRAIN = ["optim=sgd", "data=digits", "train.epochs=2", "measure.warmup_steps=3", "measure.windows=3", "measure.flops=false"]
 
 
 def estimated_peak(micro: int) -> int:
@@ -39,7 +40,7 @@ def test_a_budget_below_the_largest_grid_size_records_oom_rows_and_the_sweep_goe
     result = run_cli(
         *TINY_MLP, *TRAIN, f"device.memory_budget_gb={budget_gb!r}",
         "sweep.micro_batch_sizes=[8,16,64,128]", "sweep.accumulation_steps=[1]", "sweep.num_workers=[1]",
-        cwd=tmp_path,
+        cwd=tmp_path, own_ray=True,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     client, by_role = _runs(tmp_path)
@@ -66,7 +67,7 @@ def test_auto_finds_the_frontier_in_few_probes_and_measures_global_batches_at_it
     result = run_cli(
         *TINY_MLP, *TRAIN, f"device.memory_budget_gb={budget / 2**30!r}",
         "sweep.micro_batch_sizes=auto", "sweep.global_batch_sizes=[64,200]", "sweep.num_workers=[1]",
-        cwd=tmp_path,
+        cwd=tmp_path, own_ray=True,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "frontier, 1 worker(s): micro-batch" in result.stdout

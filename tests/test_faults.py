@@ -17,9 +17,12 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import run_cli
+from tests.conftest import joining_session_ray, run_cli
 
-pytestmark = pytest.mark.e2e
+# Every test here starts Ray of its own: faults that kill Ray's workers or the driver that started its
+# Ray, a two-node cluster, signals mid-sweep. (The interrupts could join the session's Ray; not yet
+# measured on it.)
+pytestmark = [pytest.mark.e2e, pytest.mark.own_ray]
 
 REPO = Path(__file__).resolve().parents[1]
 # Ray's workers import the slow test model from this repository.
@@ -28,7 +31,7 @@ ENV = {"PYTHONPATH": str(REPO)}
 # be interrupted in the middle.
 SLEEPY = ["model=custom", "model._target_=tests.test_training.Sleepy", "model.input_shape=[1,8,8]"]
 TINY_MLP = ["model=mlp", "model.depth=2", "model.width=64", "model.input_shape=[1,8,8]"]
-COMMON = ["data=digits", "train.epochs=1", "measure.flops=false", "cluster.include_dashboard=false"]
+COMMON = ["optim=sgd", "data=digits", "train.epochs=1", "measure.flops=false", "cluster.include_dashboard=false"]
 THREE_POINTS = ["sweep.micro_batch_sizes=[8,16,32]", "sweep.accumulation_steps=[1]", "sweep.num_workers=[1]"]
 
 
@@ -54,11 +57,17 @@ def _nothing_running(tmp_path, uri=None):
             if r.info.status == "RUNNING"] == []
 
 
-def _start(tmp_path, *overrides):
+def _start(tmp_path, *overrides, own_ray=True):
+    """The sweep as a process of its own, to signal or kill. Its own Ray by default (these tests kill
+    Ray's processes or the driver that started them); own_ray=False joins the session's."""
+    if own_ray:
+        args, env = list(overrides), {**os.environ, **ENV}
+    else:
+        args, env = joining_session_ray(overrides, ENV)
     return subprocess.Popen(
-        [sys.executable, "-m", "sweeper", *overrides],
+        [sys.executable, "-m", "sweeper", *args],
         cwd=tmp_path,
-        env={**os.environ, **ENV},
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -121,10 +130,12 @@ def test_a_two_worker_trial_spans_two_nodes_of_a_ray_cluster(tmp_path):
 
 
 def test_a_worker_killed_mid_trial_is_restarted_and_each_point_recorded_once(tmp_path):
-    proc = _start(tmp_path, *SLEEPY, *COMMON, *THREE_POINTS)
+    proc = _start(tmp_path, *SLEEPY, *COMMON, *THREE_POINTS, own_ray=True)
     try:
         _wait_for_trials(tmp_path, proc, 1)  # the first point is recorded: the group is on the second
-        workers = [p for p in psutil.process_iter(["cmdline"]) if "RayTrainWorker" in " ".join(p.info["cmdline"] or [])]
+        # Only this sweep's workers (its local Ray descends from its driver): other Rays may run here.
+        workers = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                   if "RayTrainWorker" in " ".join(p.cmdline())]
         assert workers, "no Ray Train worker process found"
         for worker in workers:
             worker.send_signal(signal.SIGKILL)
@@ -146,7 +157,7 @@ def test_a_worker_killed_mid_trial_is_restarted_and_each_point_recorded_once(tmp
 
 def test_a_killed_sweep_resumes_under_the_same_run_without_rerunning_what_was_recorded(tmp_path):
     overrides = [*SLEEPY, *COMMON, *THREE_POINTS]
-    proc = _start(tmp_path, *overrides)
+    proc = _start(tmp_path, *overrides, own_ray=True)
     try:
         _wait_for_trials(tmp_path, proc, 1)
         proc.send_signal(signal.SIGKILL)  # the driver, as a lost laptop session or an OOM-killer would
@@ -158,7 +169,7 @@ def test_a_killed_sweep_resumes_under_the_same_run_without_rerunning_what_was_re
     assert len(parents) == 1 and 1 <= len(before) < 3
     first = {t.data.tags["sweeper.trial_key"]: t.info.run_id for t in before}
 
-    result = run_cli(*overrides, "sweep.resume=true", cwd=tmp_path, env=ENV)
+    result = run_cli(*overrides, "sweep.resume=true", cwd=tmp_path, env=ENV, own_ray=True)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "resuming sweep-" in result.stdout
     parents, trials = _runs(tmp_path)
@@ -172,7 +183,7 @@ def test_a_killed_sweep_resumes_under_the_same_run_without_rerunning_what_was_re
 
 
 def test_resume_with_nothing_to_resume_is_a_clean_error(tmp_path):
-    result = run_cli(*TINY_MLP, *COMMON, "sweep.resume=true", cwd=tmp_path, timeout=300)
+    result = run_cli(*TINY_MLP, *COMMON, "sweep.resume=true", cwd=tmp_path, timeout=300, own_ray=True)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith("error: sweep.resume=true: no unfinished sweep")
 
@@ -222,20 +233,21 @@ def test_an_interrupted_sweep_ends_killed_and_its_resume_loses_and_repeats_nothi
     assert _nothing_running(tmp_path)
 
     # Another experiment is refused before anything is touched, naming what differs.
-    other = run_cli(*overrides, "optim.lr=0.2", "sweep.resume=true", cwd=tmp_path, env=ENV, timeout=300)
+    other = run_cli(*overrides, "optim.lr=0.2", "sweep.resume=true", cwd=tmp_path, env=ENV, timeout=300,
+                    own_ray=True)
     assert other.returncode == 2 and "Traceback" not in other.stderr
     assert "optim.lr: 0.05 -> 0.2" in other.stderr  # the differing key named, values both ways
     (still,), _ = _runs(tmp_path)
     assert still.info.status == "KILLED" and still.data.metrics == killed.data.metrics
 
-    result = run_cli(*overrides, "sweep.resume=true", cwd=tmp_path, env=ENV)
+    result = run_cli(*overrides, "sweep.resume=true", cwd=tmp_path, env=ENV, own_ray=True)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     parents, points = _runs(tmp_path)
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     assert Counter(t.data.tags["sweeper.trial_key"] for t in points) == POINT_KEYS
     assert all(t.data.tags["sweeper.status"] == "ok" for t in points)
     assert parents[0].data.metrics["num_trials_ok"] == 3 and _nothing_running(tmp_path)
-    again = run_cli(*overrides, "sweep.resume=true", cwd=tmp_path, env=ENV, timeout=300)
+    again = run_cli(*overrides, "sweep.resume=true", cwd=tmp_path, env=ENV, timeout=300, own_ray=True)
     assert again.returncode == 2 and "finished" in again.stderr  # a FINISHED sweep is never reopened
 
 
@@ -297,7 +309,7 @@ def test_a_rank_that_stalls_forever_fails_its_point_at_the_deadline_and_the_othe
     result = run_cli(
         "model=custom", "model._target_=tests.test_faults.Stalls", "model.input_shape=[1,8,8]", *COMMON,
         *THREE_POINTS, "measure.memory_breakdown=false", "cluster.point_timeout_seconds=10",
-        cwd=tmp_path, env=ENV, timeout=600,
+        cwd=tmp_path, env=ENV, timeout=600, own_ray=True,
     )
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]  # a point failed
     parents, points = _runs(tmp_path)
@@ -361,7 +373,7 @@ def test_a_tracking_server_that_goes_away_mid_sweep_loses_nothing(tmp_path):
 
         server = _mlflow_server(tmp_path, port)
         _wait_healthy(uri)
-        result = run_cli(*overrides, "sweep.resume=true", cwd=tmp_path, env=ENV)
+        result = run_cli(*overrides, "sweep.resume=true", cwd=tmp_path, env=ENV, own_ray=True)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         assert "recorded now" in result.stdout  # the journal's writes, replayed
         parents, points = _runs(tmp_path, uri)

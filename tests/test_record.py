@@ -146,7 +146,7 @@ def test_a_password_in_the_tracking_uri_is_in_no_output_hydra_file_or_error(tmp_
 
     secret = "pa55-w0rd-xyz"
     result = run_cli(f"tracking.uri=http://alice:{secret}@127.0.0.1:{free_port()}", "cluster.include_dashboard=false",
-                     cwd=tmp_path, env={"HOME": str(tmp_path)}, timeout=300)
+                     cwd=tmp_path, env={"HOME": str(tmp_path)}, timeout=300, own_ray=True)  # refused before Ray
     assert result.returncode == 2 and "tracking.uri='http://127.0.0.1:" in result.stderr  # no credentials left
     written = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert any(p.name == "overrides.yaml" for p in written)  # Hydra wrote its copies, then they were redacted

@@ -349,7 +349,7 @@ def test_the_full_grid_estimate_is_each_points_whole_budget_and_evaluations():
 
 REPO = Path(__file__).resolve().parents[1]
 SMART = [
-    "model=mlp", "model.depth=2", "model.width=32", "model.input_shape=[1,8,8]", "data=digits",
+    "optim=sgd", "model=mlp", "model.depth=2", "model.width=32", "model.input_shape=[1,8,8]", "data=digits",
     "sweep.micro_batch_sizes=[16,32]", "sweep.accumulation_steps=[1,2]", "sweep.num_workers=[1]",
     "sweep.seeds=[0,1]", "sweep.strategy=smart", "smart.rungs=2", "smart.eta=2", "smart.throughput_steps=12",
     "train.epochs=1", "eval.every_samples=512", "measure.warmup_steps=2", "measure.windows=3",

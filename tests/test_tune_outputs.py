@@ -45,6 +45,7 @@ print(json.dumps({"results": sorted(sink.results), "errors": sink.errors, "folde
 """
 
 
+@pytest.mark.own_ray  # connect() itself: the environment it sets before Ray starts
 def test_a_tune_experiment_leaves_no_automatic_logger_files(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"}
     run = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "ray")], cwd=tmp_path, env=env,

@@ -57,7 +57,7 @@ def server(tmp_path_factory):
                 pass
             assert time.time() < deadline, "mlflow server did not answer /health within 120 s"
             time.sleep(1)
-        sweep = run_cli(*TINY, f"tracking.uri={url}", cwd=folder, timeout=600)
+        sweep = run_cli(*TINY, f"tracking.uri={url}", cwd=folder, timeout=600, own_ray=True)
         assert sweep.returncode == 0, sweep.stdout[-3000:] + sweep.stderr[-3000:]
         yield url
     finally:
@@ -201,6 +201,7 @@ def test_the_mlflow_ui_lists_the_sweep_and_compares_its_trials_in_headless_chrom
     assert "micro_batch_size" in compare and "Parallel" in compare
 
 
+@pytest.mark.own_ray  # the dashboard and token of the Ray the sweep starts itself
 def test_the_ray_dashboard_answers_with_the_token_while_a_sweep_runs(tmp_path):
     port = free_port()
     proc = subprocess.Popen(
