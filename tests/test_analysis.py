@@ -545,6 +545,20 @@ def test_time_to_target_ranks_partial_reach_behind_full_reach():
     assert nothing.best is None and "eval.target_accuracy" in nothing.reason
 
 
+def test_time_to_target_certifies_the_final_accuracy_of_a_faster_point_like_throughput_does():
+    def reps(mb, times, accuracies):
+        return [replace(t, time_to_target_seconds=s, reached_target=True, steps_to_target=10.0 * s,
+                        samples_to_target=100.0 * s) for t, s in zip(seeded(mb, accuracies=accuracies), times)]
+
+    best = reps(16, [10.0, 12.0, 14.0], [0.95, 0.94, 0.96])
+    noisy = reps(32, [5.0, 6.0, 7.0], [0.93, 0.40, 0.99])  # reaches the target sooner, ends anywhere
+    rec = recommend([*noisy, *best], "time_to_target", max_accuracy_drop=0.02)
+    assert rec.best.key == "mb16-acc1-w1" and "mb32-acc1-w1" in rec.unproven
+    steady = reps(32, [5.0, 6.0, 7.0], [0.95, 0.94, 0.96])  # same final accuracy seed for seed
+    assert recommend([*steady, *best], "time_to_target", max_accuracy_drop=0.02).best.key == "mb32-acc1-w1"
+    assert recommend([*noisy, *best], "time_to_target").best.key == "mb32-acc1-w1"  # no tolerance: no guard
+
+
 class _Fit:
     """The CriticalBatch interface recommend uses: S(B) = S_min (1 + B_crit / B)."""
 
@@ -668,3 +682,20 @@ def test_did_not_learn_points_are_never_eligible_and_say_what_to_try():
     from sweeper.report.analysis import _STATUS_ORDER
     from sweeper.schema import STATUSES
     assert _STATUS_ORDER == tuple(STATUSES)
+
+
+def test_lr_table_judges_each_multiplier_against_the_best_by_non_inferiority():
+    def at(m, accuracy, seed):
+        return Trial(key=f"mb32-acc1-w1-lrx{m:g}-s{seed}", point_key=f"mb32-acc1-w1-lrx{m:g}", seed=seed,
+                     micro_batch_size=32, accumulation_steps=1, num_workers=1, global_batch_size=32, status="ok",
+                     lr_multiplier=m, val_accuracy=accuracy)
+
+    # x1 is the best (0.935 mean); x0.5 tracks it seed by seed, x2 is noisy, x4 clearly worse.
+    runs = {0.5: [0.93, 0.93, 0.94], 1.0: [0.93, 0.935, 0.94], 2.0: [0.95, 0.40, 0.99], 4.0: [0.70, 0.71, 0.69]}
+    trials = [at(m, a, s) for m, accuracies in runs.items() for s, a in enumerate(accuracies)]
+    row = lr_table(trials, max_accuracy_drop=0.02)[32]
+    assert row.best_multiplier == 1.0
+    assert row.outcome("eligible") == (0.5, 1.0)
+    assert row.outcome("unproven") == (2.0,)
+    assert row.outcome("excluded") == (4.0,)
+    assert lr_table(trials)[32].judged == ()  # no drop: no verdict

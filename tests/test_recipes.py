@@ -1,6 +1,8 @@
 """Recipes compared (sweeper/report/recipes.py): deltas against fp32 without checkpointing, what
 checkpointing saved, and checkpointing vs accumulation at equal global batch. Pure, no processes."""
 
+from dataclasses import replace
+
 import pytest
 
 from sweeper.report.analysis import Trial
@@ -55,3 +57,39 @@ def test_checkpointing_that_saves_nothing_says_so_and_one_recipe_compares_nothin
 def test_a_gap_inside_the_spread_is_about_as_fast():
     trials = [point(16, 2, rate=100.0, cv=0.05), point(32, 1, ckpt="blocks", rate=103.0, cv=0.02)]
     assert "is about as fast as (a 3% gap, within the measured spread of 5%)" in compare_recipes(trials).sentences[-1]
+
+
+def test_recipes_are_judged_against_fp32_by_non_inferiority_over_matched_seeds():
+    # The issue's arrays, one recipe each against fp32 at the same layout and seeds 0-2: bf16 tracks
+    # fp32 seed by seed (certified within 2 points), fp16 is noisy (unproven), fp32+ckpt loses clearly.
+    base = [0.925, 0.93, 0.935]
+    outcomes = {"bf16": [0.93, 0.92, 0.94], "fp16": [0.95, 0.40, 0.99], "fp32+blocks": [0.70, 0.71, 0.69]}
+    trials = [point(32, 1, accuracy=a, seed=s, rate=100.0) for s, a in enumerate(base)]
+    for name, accuracies in outcomes.items():
+        precision, _, ckpt = name.partition("+")
+        trials += [point(32, 1, precision, ckpt or "none", accuracy=a, seed=s, rate=150.0)
+                   for s, a in enumerate(accuracies)]
+    found = compare_recipes(trials, max_accuracy_drop=0.02)
+    rows = {(r.precision, r.checkpointing): r for r in found.rows}
+    assert rows[("fp32", "none")].accuracy_gap is None
+    assert rows[("bf16", "none")].accuracy_gap.outcome == "eligible"
+    assert rows[("fp16", "none")].accuracy_gap.outcome == "unproven"
+    assert rows[("fp32", "blocks")].accuracy_gap.outcome == "excluded"
+    verdicts = " | ".join(found.verdicts)
+    assert "bf16 with no checkpointing is certified not worse than fp32 at 95 %" in verdicts
+    assert "fp16 with no checkpointing is not recommended, faster but unproven against fp32" in verdicts
+    assert "seeds would settle it" in verdicts
+    assert ("fp32 with blocks checkpointing is not recommended: its accuracy is more than "
+            "report.max_accuracy_drop=0.02 below fp32's") in verdicts
+    # The old reading, "the gap is -1.2 points on average and cannot be separated: a tie", is gone:
+    # without a drop there is no verdict at all.
+    assert compare_recipes(trials, max_accuracy_drop=None).verdicts == []
+
+
+def test_a_recipe_with_one_seed_is_judged_on_its_validation_hits():
+    # One seed: Newcombe's interval of the pooled hits; 330/359 against 330/359 on 1 layout is no
+    # certificate within 2 points (the interval is about +-4.5 points), so: unproven.
+    trials = [replace(point(32, 1, accuracy=330 / 359), val_samples=359),
+              replace(point(32, 1, "bf16", accuracy=330 / 359, rate=150.0), val_samples=359)]
+    (verdict,) = compare_recipes(trials).verdicts
+    assert "unproven against fp32" in verdict and "Newcombe" in verdict

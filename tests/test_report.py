@@ -261,3 +261,49 @@ def test_the_recipe_sections_take_the_frontier_and_answer_checkpointing_or_accum
     # Without a frontier: the largest ok point, and the smallest oom above it.
     assert {r["from"] for r in sections.largest_micro_batches(trials, {}) if r["recipe"] == "fp32"} == {
         "largest ok point (oom at 64)"}
+
+
+def test_the_report_knows_the_class_count_so_its_pooled_chance_check_runs():
+    from types import SimpleNamespace
+
+    from sweeper.report import analysis
+
+    def row(seed, accuracy, **extra):
+        return {"key": f"mb16-acc1-w1-s{seed}", "point": "mb16-acc1-w1", "seed": str(seed), "micro_batch_size": "16",
+                "accumulation_steps": "1", "num_workers": "1", "global_batch_size": "16", "status": "ok",
+                "samples_per_second": 100.0, "val_accuracy": accuracy, "val_samples": 360.0, **extra}
+
+    # Each seed alone is close to chance (1/10); pooled, the report can tell, once it knows the classes.
+    rows = [row(s, a) for s, a in enumerate([0.11, 0.10, 0.12])]
+    digits = report.trials_of(SimpleNamespace(params={"dataset": "digits"}, children=rows))
+    assert {t.num_classes for t in digits} == {10}
+    rec = analysis.recommend(digits)
+    assert rec.best is None and "did not learn" in rec.excluded["mb16-acc1-w1"]
+    # data=synthetic's labels are random: no chance check; a run's own record wins over the dataset.
+    assert {t.num_classes for t in report.trials_of(SimpleNamespace(params={"dataset": "synthetic"},
+                                                                    children=rows))} == {None}
+    own = [row(0, 0.5, num_classes="4")]
+    assert report.trials_of(SimpleNamespace(params={"dataset": "digits"}, children=own))[0].num_classes == 4
+
+
+def test_the_lr_table_and_recipe_sections_judge_by_the_sweeps_recorded_drop():
+    from sweeper.report.analysis import Trial
+
+    assert sections.judging({"report_max_accuracy_drop": "0.05", "report_confidence": "0.9"}) == (0.05, 0.9)
+    assert sections.judging({"report_max_accuracy_drop": "None"}) == (None, 0.95)
+    assert sections.judging({}) == (0.02, 0.95)
+
+    def run(m, accuracy, seed, precision="fp32"):
+        return Trial(key=f"mb32-lrx{m:g}-{precision}-s{seed}", point_key=f"mb32-lrx{m:g}-{precision}", seed=seed,
+                     micro_batch_size=32, accumulation_steps=1, num_workers=1, global_batch_size=32, status="ok",
+                     lr_multiplier=m, precision=precision, activation_checkpointing="none",
+                     samples_per_second=100.0, val_accuracy=accuracy)
+
+    trials = [run(m, a, s) for m, accuracies in {1.0: [0.93, 0.935, 0.94], 2.0: [0.95, 0.40, 0.99]}.items()
+              for s, a in enumerate(accuracies)]
+    (row,) = sections.lr_rows(trials, 0.02)
+    assert row["certified within 0.02 of the best"] == "1" and row["unproven"] == "2"
+    trials += [run(1.0, a, s, "bf16") for s, a in enumerate([0.70, 0.71, 0.69])]
+    shown = dict(sections._recipe_sections(trials, {}, 0.02))
+    assert "bf16 with no checkpointing is not recommended: its accuracy is more than" in \
+        shown["Recipes against fp32: accuracy by the recommendation's rule"]

@@ -1,23 +1,46 @@
-"""From a sweep's runs to an answer: seed replicates folded into points with confidence intervals, throughput
-knees, the throughput/memory front, the LR table and the configuration to use (recipes compared: recipes.py).
-Pure functions on plain values (stdlib; scipy.stats via report.stats; PyYAML for the report), tested
-without processes."""
+"""From a sweep's points to an answer: which are eligible for the objective and the configuration to use,
+with the reason in words. Its parts live beside it and are re-exported here: trials.py (runs folded over
+seeds), noninferiority.py (the "not worse" rule), front.py (knees, Pareto front), lr.py (the LR table),
+output.py (override line, YAML); recipes compared: recipes.py. Pure (stdlib; scipy.stats via report.stats)."""
 
 from __future__ import annotations
 
 import math
-import statistics
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from functools import partial
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
-
-import yaml
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from sweeper.errors import ConfigError
 from sweeper.report import stats
+from sweeper.report.front import knee, knees, pareto
+from sweeper.report.lr import LrRow, lr_table
+from sweeper.report.noninferiority import (  # noqa: F401
+    Gap,
+    _gap_text,
+    _hits,
+    _settle_text,
+    gap_interval,
+    gap_words,
+    judge_gap,
+    judge_matched,
+    one_sided,
+)
+from sweeper.report.output import override_line, recommendation_yaml
+from sweeper.report.settings import OBJECTIVES, ReportConfig, check
 from sweeper.report.stats import Interval
-from sweeper.report.settings import LR_SCALING_RULES, OBJECTIVES, ReportConfig, check, invalid_choice
+from sweeper.report.trials import (  # noqa: F401
+    _STATUS_ORDER,
+    PointSummary,
+    Recommendation,
+    Trial,
+    accuracy_interval,
+    loss_interval,
+    replicates,
+    seconds_to_train,
+    summarize,
+    summarize_all,
+)
 
 GiB = 2**30
 # Objective "accuracy" only: a floor under the accuracy tie: accuracies this close (absolute, as fractions)
@@ -26,202 +49,6 @@ GiB = 2**30
 # uses non-inferiority instead (judge_gap): no floor, the gap's interval must be certified.
 ACCURACY_TIE = 0.005
 MAX_RUNNERS_UP = 3
-
-
-@dataclass(frozen=True)
-class Trial:
-    """One grid point's outcome, as the sweep recorded it (MLflow child run params and metrics)."""
-
-    key: str  # e.g. "mb32-acc2-w1"
-    micro_batch_size: int
-    accumulation_steps: int
-    num_workers: int
-    global_batch_size: int
-    status: str  # "ok" | "stopped" | "did_not_learn" | "diverged" | "oom" | "failed"
-    lr: Optional[float] = None  # the LR it trained with (optim.lr, scaled for its global batch)
-    samples_per_second: Optional[float] = None
-    samples_per_second_cv: Optional[float] = None
-    throughput_stable: Optional[bool] = None
-    peak_memory_bytes: Optional[float] = None
-    val_accuracy: Optional[float] = None
-    train_seconds: Optional[float] = None  # wall time of its optimizer steps
-    samples_seen: Optional[float] = None
-    # The point this run is a seed replicate of (param `point`: the key without the seed);
-    # None: the key itself (a single-seed sweep, or a record from before seeds).
-    point_key: Optional[str] = None
-    seed: Optional[int] = None
-    lr_multiplier: Optional[float] = None  # sweep.lr_multipliers, on top of the scaling rule
-    precision: Optional[str] = None  # "fp32" | "bf16" | "fp16"
-    activation_checkpointing: Optional[str] = None  # "none" | "blocks"
-    optimizer: Optional[str] = None  # the optim group: "sgd" | "adamw" | "custom"
-    compiled: Optional[bool] = None  # train.compile
-    error: Optional[str] = None
-    diverged_reason: Optional[str] = None  # "nonfinite" | "spike" | "chance" (status "diverged")
-    diverged_at_step: Optional[int] = None
-    val_loss: Optional[float] = None
-    val_samples: Optional[int] = None  # validation samples behind val_accuracy
-    train_loss: Optional[float] = None  # final train loss
-    steps_to_target: Optional[float] = None
-    samples_to_target: Optional[float] = None
-    time_to_target_seconds: Optional[float] = None
-    reached_target: Optional[bool] = None
-    gns_b_simple: Optional[float] = None
-    gns_b_simple_train_avg: Optional[float] = None
-    num_classes: Optional[int] = None  # the labels' count: chance is 1 / num_classes (None: unknown)
-
-    @property
-    def point(self) -> str:
-        """The point this run measures, its seed left out."""
-        return self.key if self.point_key is None else self.point_key
-
-
-@dataclass(frozen=True)
-class Recommendation:
-    """The answer for one objective; `best` is None when no trial was eligible, and `reason` says why."""
-
-    best: Optional[Trial]  # the point's figures: the mean over its seeds (PointSummary.trial)
-    runners_up: List[Trial]  # up to 3, best first
-    reason: str  # a few sentences with the measured numbers that decided it
-    excluded: Dict[str, str]  # point key -> why it was not eligible
-    objective: str
-    points: Dict[str, "PointSummary"] = field(default_factory=dict)  # every point, by key
-    # Point key -> why it counts as tied with the most accurate point (the data cannot separate them).
-    ties: Dict[str, str] = field(default_factory=dict)
-    diverged: Dict[str, str] = field(default_factory=dict)  # point key -> how and where it diverged
-    level: float = 0.95  # the confidence level of the intervals and the test
-    # Point key -> why it is faster but unproven: its gap to the best is neither certified inside
-    # report.max_accuracy_drop nor shown beyond it.
-    unproven: Dict[str, str] = field(default_factory=dict)
-
-
-
-# ---------------------------------------------------------------------------------------------------
-# Seed replicates and their intervals
-
-# Best to worst, as sweeper.schema.STATUSES: a point's status is its worst replicate's.
-_STATUS_ORDER = ("ok", "stopped", "did_not_learn", "diverged", "oom", "failed")
-# Figures a point carries as the mean over its ok replicates; the target figures are the mean over
-# the replicates that reached the target.
-_MEAN_FIELDS = ("samples_per_second", "val_accuracy", "train_seconds", "samples_seen", "val_loss", "train_loss",
-                "gns_b_simple", "gns_b_simple_train_avg")
-_TARGET_FIELDS = ("steps_to_target", "samples_to_target", "time_to_target_seconds")
-
-
-@dataclass(frozen=True)
-class PointSummary:
-    """One point over its seed replicates. `trial` carries the point's figures under the point's key:
-    the mean over its ok replicates (throughput, accuracy, losses; the target figures over those that
-    reached it), the largest peak memory and window spread, and the worst status of any replicate, so
-    a point that diverged, ran out of memory or failed in one seed is not eligible."""
-
-    trial: Trial
-    replicates: Tuple[Trial, ...]
-    accuracy: Optional[Interval] = None  # accuracy_interval of the replicates
-    loss: Optional[Interval] = None  # loss_interval of the replicates
-
-    @property
-    def key(self) -> str:
-        return self.trial.key
-
-    @property
-    def seeds(self) -> List[Optional[int]]:
-        return [t.seed for t in self.replicates]
-
-    @property
-    def accuracies(self) -> List[float]:
-        """val_accuracy of each ok replicate that measured it."""
-        return [t.val_accuracy for t in self.replicates if t.status == "ok" and _finite(t.val_accuracy)]
-
-    @property
-    def reached(self) -> int:
-        """Replicates that ended ok and reached the target (with a time to it)."""
-        return sum(1 for t in self.replicates
-                   if t.status == "ok" and t.reached_target and _finite(t.time_to_target_seconds))
-
-    @property
-    def reached_in_every_seed(self) -> bool:
-        return self.reached == len(self.replicates)
-
-
-def replicates(trials: Iterable[Trial]) -> Dict[str, List[Trial]]:
-    """The trials grouped by the point they replicate (`Trial.point`: point_key, else key), points
-    and replicates in the order first seen."""
-    groups: Dict[str, List[Trial]] = {}
-    for trial in trials:
-        groups.setdefault(trial.point, []).append(trial)
-    return groups
-
-
-def summarize(members: Sequence[Trial], level: float = 0.95) -> PointSummary:
-    """One point's replicates (all with the same `Trial.point`) as a PointSummary. A single replicate
-    keeps its own figures exactly (the mean of one value is that value)."""
-    members = tuple(members)
-    if not members:
-        raise ValueError("summarize needs at least one replicate")
-    ok = [t for t in members if t.status == "ok"]
-    source = ok or list(members)
-    worst = max(members, key=_status_rank)
-    reached = [t for t in ok if t.reached_target]
-    figures = {name: _mean([getattr(t, name) for t in source]) for name in _MEAN_FIELDS}
-    figures.update({name: _mean([getattr(t, name) for t in reached]) for name in _TARGET_FIELDS})
-    flags = [t.reached_target for t in members]
-    stable = [t.throughput_stable for t in source if t.throughput_stable is not None]
-    first = source[0]
-    trial = replace(
-        first, **figures, key=first.point, point_key=first.point,
-        seed=first.seed if len(members) == 1 else None,
-        status=worst.status, error=worst.error,
-        diverged_reason=worst.diverged_reason, diverged_at_step=worst.diverged_at_step,
-        samples_per_second_cv=_largest([t.samples_per_second_cv for t in source]),
-        peak_memory_bytes=_largest([t.peak_memory_bytes for t in source]),
-        throughput_stable=all(stable) if stable else None,
-        reached_target=None if all(f is None for f in flags) else all(bool(f) for f in flags),
-    )
-    return PointSummary(trial, members, accuracy_interval(members, level), loss_interval(members, level))
-
-
-def summarize_all(trials: Iterable[Trial], level: float = 0.95) -> Dict[str, PointSummary]:
-    """Every point of the sweep, by point key, in the order first seen."""
-    return {key: summarize(members, level) for key, members in replicates(trials).items()}
-
-
-def accuracy_interval(trials: Sequence[Trial], level: float = 0.95) -> Optional[Interval]:
-    """The confidence interval of one point's val_accuracy: Student t over its ok seed replicates
-    when at least two measured it (clipped to [0, 1]), else the Wilson interval of the one ok replicate's validation
-    set (needs val_samples). None when neither can be computed."""
-    measured = [t for t in trials if t.status == "ok" and _finite(t.val_accuracy)]
-    if len(measured) >= 2:
-        interval = stats.over_seeds([t.val_accuracy for t in measured], level)
-        # An accuracy lies in [0, 1]: a t interval over few seeds can reach past either end.
-        return replace(interval, low=max(0.0, interval.low), high=min(1.0, interval.high))
-    if len(measured) == 1 and measured[0].val_samples:
-        return stats.binomial(measured[0].val_accuracy, measured[0].val_samples, level)
-    return None
-
-
-def loss_interval(trials: Sequence[Trial], level: float = 0.95) -> Optional[Interval]:
-    """The t interval of one point's final train loss over its ok seed replicates (at least two);
-    one run has no interval for a loss (no binomial stand-in), so None."""
-    measured = [t.train_loss for t in trials if t.status == "ok" and _finite(t.train_loss)]
-    return stats.over_seeds(measured, level) if len(measured) >= 2 else None
-
-
-def _finite(value: Optional[float]) -> bool:
-    return value is not None and math.isfinite(value)
-
-
-def _mean(values: Sequence[Optional[float]]) -> Optional[float]:
-    finite = [float(v) for v in values if _finite(v)]
-    return statistics.fmean(finite) if finite else None
-
-
-def _largest(values: Sequence[Optional[float]]) -> Optional[float]:
-    finite = [v for v in values if _finite(v)]
-    return max(finite) if finite else None
-
-
-def _status_rank(trial: Trial) -> int:
-    return _STATUS_ORDER.index(trial.status) if trial.status in _STATUS_ORDER else len(_STATUS_ORDER)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -276,80 +103,9 @@ def _tie_sentence(a: PointSummary, b: PointSummary, test: AccuracyTest, level: f
 
 
 # ---------------------------------------------------------------------------------------------------
-# Knees and the Pareto front
-
-
-def knee(points: Sequence[Tuple[int, float]], min_gain: float = 0.10) -> Optional[int]:
-    """The micro-batch size past which a bigger micro-batch stops paying, or None.
-
-    `points` are (micro_batch_size, samples_per_second) of one (accumulation, workers) series. Sorted
-    by size, each step from s1 to s2 is scored as a gain per doubling of the micro-batch,
-    `(t2 / t1) ** (1 / log2(s2 / s1)) - 1`, so a grid 16, 64 is judged like a grid 16, 32, 64 (a 21 %
-    gain over 16 -> 64 is 10 % per doubling). The knee is the first s1 whose next step gains less than
-    `min_gain` per doubling (a loss counts too). None when every step gains at least `min_gain`
-    (throughput still climbing: try larger micro-batches) or with fewer than two points.
-    """
-    if min_gain < 0:
-        raise ValueError(f"min_gain={min_gain} must be >= 0 (a fraction: 0.10 is 10 % per doubling)")
-    ordered = sorted((int(size), float(rate)) for size, rate in points)
-    for (s1, t1), (s2, t2) in zip(ordered, ordered[1:]):
-        if s1 == s2:
-            raise ValueError(f"micro_batch_size {s1} appears twice in one series: pass one throughput per size")
-        if s1 <= 0 or t1 <= 0 or t2 <= 0:
-            raise ValueError(
-                f"knee needs positive sizes and throughputs, got ({s1}, {t1}) -> ({s2}, {t2}): "
-                "leave out trials without a measured throughput"
-            )
-        gain_per_doubling = (t2 / t1) ** (1.0 / math.log2(s2 / s1)) - 1.0
-        if gain_per_doubling < min_gain:
-            return s1
-    return None
-
-
-def knees(trials: Iterable[Trial], min_gain: float = 0.10) -> Dict[Tuple[int, int], Optional[int]]:
-    """`knee` of every (accumulation_steps, num_workers) series, over ok trials with a throughput.
-    A series with a single measured size maps to None (no knee can be seen)."""
-    series: Dict[Tuple[int, int], List[Tuple[int, float]]] = {}
-    for trial in trials:
-        if trial.status == "ok" and trial.samples_per_second is not None:
-            series.setdefault((trial.accumulation_steps, trial.num_workers), []).append(
-                (trial.micro_batch_size, trial.samples_per_second)
-            )
-    return {group: knee(points, min_gain) for group, points in sorted(series.items())}
-
-
-def pareto(trials: Iterable[Trial]) -> List[Trial]:
-    """Ok trials that no other ok trial beats on both throughput (higher) and peak memory (lower),
-    sorted by peak memory. Trials missing either figure cannot be placed and are left out."""
-    measured = [
-        t
-        for t in trials
-        if t.status == "ok" and t.samples_per_second is not None and t.peak_memory_bytes is not None
-    ]
-
-    def dominated(t: Trial) -> bool:
-        return any(
-            o.samples_per_second >= t.samples_per_second
-            and o.peak_memory_bytes <= t.peak_memory_bytes
-            and (o.samples_per_second > t.samples_per_second or o.peak_memory_bytes < t.peak_memory_bytes)
-            for o in measured
-        )
-
-    front = [t for t in measured if not dominated(t)]
-    return sorted(front, key=lambda t: (t.peak_memory_bytes, -t.samples_per_second, t.key))
-
-
-# ---------------------------------------------------------------------------------------------------
 # Recommendation
 
 
-def seconds_to_train(trial: Trial) -> Optional[float]:
-    """Time to train the trial's sample budget. The steady-state rate is preferred over the wall
-    clock: `train_seconds` also holds the warm-up steps (one of them memory-tracked, much slower) and
-    any profiled steps, which a real training run does not repeat."""
-    if trial.samples_seen is not None and trial.samples_per_second:
-        return trial.samples_seen / trial.samples_per_second
-    return trial.train_seconds
 
 
 _METRIC_NAMES = {
@@ -439,7 +195,7 @@ def recommend(
     Points, not runs: a point's seed replicates are one candidate with their mean figures and its
     worst replicate's status (`summarize`), so one that diverged in some seeds is not eligible.
     Eligible: ok, the objective's metric measured, within `memory_budget_bytes` and `min_accuracy`.
-    `max_accuracy_drop` (throughput, time_to_accuracy) is non-inferiority: a point other than the
+    `max_accuracy_drop` (throughput, time_to_accuracy, time_to_target) is non-inferiority: a point other than the
     most accurate one stays eligible only when the `level` interval of its accuracy gap to it
     (`gap_interval`: paired t over common seeds, else Newcombe) lies wholly above -max_accuracy_drop;
     wholly below is excluded, neither is "unproven" (`Recommendation.unproven`), never recommended.
@@ -470,7 +226,7 @@ def recommend(
     ties: Dict[str, str] = {}
     unproven: Dict[str, str] = {}
     gaps: Dict[str, Gap] = {}
-    if max_accuracy_drop is not None and objective in ("throughput", "time_to_accuracy"):
+    if max_accuracy_drop is not None and objective in ("throughput", "time_to_accuracy", "time_to_target"):
         eligible, dropped, top, gaps = _within_accuracy_drop(eligible, max_accuracy_drop, excluded, unproven, level)
     ranked = _rank(eligible, objective, level)
     best = ranked[0]
@@ -574,83 +330,6 @@ def _diverged_note(diverged: Dict[str, str]) -> str:
     listed = "; ".join(f"{key} {text}" for key, text in shown)
     more = f"; and {len(diverged) - len(shown)} more" if len(diverged) > len(shown) else ""
     return f"Not eligible because they diverged: {listed}{more}. To train at such a batch, {TRY_INSTEAD}."
-
-
-class Gap:
-    """A point's accuracy gap to the most accurate point (point minus best) and what it shows against
-    report.max_accuracy_drop: "eligible" (certified not worse: the interval wholly above -drop),
-    "excluded" (shown worse: wholly below), "unproven" (neither)."""
-
-    def __init__(self, interval: Optional[Interval], outcome: str):
-        self.interval = interval
-        self.outcome = outcome
-
-
-def gap_interval(point: PointSummary, top: PointSummary, level: float = 0.95) -> Optional[Interval]:
-    """The confidence interval of `point`'s accuracy minus `top`'s: a paired t interval over the seeds
-    both measured (at least 2: the same seed sees the same samples in the same order), else Newcombe's
-    interval of the pooled validation hits (val_accuracy * val_samples). None when neither exists
-    (one seed and no val_samples recorded)."""
-    def by_seed(p: PointSummary) -> Dict[int, float]:
-        return {t.seed: float(t.val_accuracy) for t in p.replicates
-                if t.status == "ok" and t.seed is not None and _finite(t.val_accuracy)}
-    mine, theirs = by_seed(point), by_seed(top)
-    common = sorted(set(mine) & set(theirs))
-    if len(common) >= 2:
-        return stats.paired_difference([mine[s] for s in common], [theirs[s] for s in common], level)
-    pooled = [_hits(point), _hits(top)]
-    if pooled[0] is None or pooled[1] is None:
-        return None
-    (ha, na), (hb, nb) = pooled
-    return stats.newcombe_difference(ha, na, hb, nb, level)
-
-
-def _hits(point: PointSummary) -> Optional[Tuple[float, int]]:
-    """(validation hits, validation samples) pooled over the point's ok seeds; None when unrecorded."""
-    measured = [t for t in point.replicates if t.status == "ok" and _finite(t.val_accuracy)]
-    if not measured or any(not t.val_samples for t in measured):
-        return None
-    return sum(t.val_accuracy * t.val_samples for t in measured), sum(int(t.val_samples) for t in measured)
-
-
-def one_sided(level: float) -> float:
-    """The two-sided level whose bounds are each one-sided at `level`: 0.95 -> 0.90."""
-    return 2.0 * level - 1.0
-
-
-def judge_gap(point: PointSummary, top: PointSummary, max_drop: float, level: float = 0.95) -> Gap:
-    """Non-inferiority of `point` against `top` (the most accurate point) at `max_drop` and `level`."""
-    if point is top:
-        return Gap(None, "eligible")
-    # Non-inferiority is one-sided: each bound of the two-sided interval at 2 x level - 1 is a one-sided
-    # bound at `level` (a 90 % interval's lower end is the 95 % lower confidence bound).
-    interval = gap_interval(point, top, one_sided(level))
-    if interval is not None:
-        interval = replace(interval, how=interval.how.replace(
-            stats.percent(one_sided(level)), f"one-sided {stats.percent(level)} bounds"))
-    if interval is None:
-        # Nothing measures the noise: the figures are taken at face value.
-        gap = point.trial.val_accuracy - top.trial.val_accuracy
-        return Gap(None, "eligible" if gap >= -max_drop - 1e-12 else "excluded")
-    # The epsilon keeps decimal edges exact: 0.93 - 0.95 is not -0.02 in binary floating point.
-    if interval.low >= -max_drop - 1e-12:
-        return Gap(interval, "eligible")
-    if interval.high < -max_drop:
-        return Gap(interval, "excluded")
-    return Gap(interval, "unproven")
-
-
-def _gap_text(interval: Interval) -> str:
-    return f"{interval.mean:+.3f} [{interval.low:+.3f}, {interval.high:+.3f}] ({interval.how})"
-
-
-def _settle_text(interval: Interval, max_drop: float, level: float) -> str:
-    n = stats.seeds_to_settle(interval, -max_drop, one_sided(level))
-    if interval.sd is None:
-        return "more seeds (sweep.seeds) would settle it"
-    if n is None:
-        return "more than 1000 seeds would be needed to settle it"
-    return f"about {n} seeds would settle it"
 
 
 def _within_accuracy_drop(
@@ -1039,225 +718,6 @@ def _capitalize(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
-# ---------------------------------------------------------------------------------------------------
-# LR multipliers per global batch
-
-
-@dataclass(frozen=True)
-class LrRow:
-    """One global batch's LR multipliers (sweep.lr_multipliers): which trained best and how far the LR
-    could go up without diverging."""
-
-    global_batch_size: int
-    multipliers: Tuple[float, ...]  # tried, ascending
-    metric: str  # what "best" means: val_accuracy (higher), else val_loss or train_loss (lower)
-    best_multiplier: Optional[float]  # the best mean `metric` over the ok replicates at this global batch
-    best_value: Optional[float]
-    largest_stable: Optional[float]  # the largest multiplier with an ok replicate and none diverged
-    diverged: Tuple[float, ...]  # multipliers with a diverged replicate
-
-
-def lr_table(trials: Iterable[Trial], metric: Optional[str] = None) -> Dict[int, LrRow]:
-    """Per global batch (ascending), the best LR multiplier and the largest that did not diverge,
-    over every layout and recipe at that global batch and every seed (a run without a multiplier
-    trained at 1). `metric` None: val_accuracy when any ok run measured it, else val_loss, else
-    train_loss (final); any Trial figure may be named (val_accuracy is the only one where higher is
-    better, e.g. time_to_target_seconds or steps_to_target rank lower first)."""
-    trials = list(trials)
-    ok = [t for t in trials if t.status == "ok"]
-    if metric is None:
-        metric = next((m for m in ("val_accuracy", "val_loss", "train_loss")
-                       if any(_finite(getattr(t, m)) for t in ok)), "val_accuracy")
-    higher = metric == "val_accuracy"
-    table: Dict[int, LrRow] = {}
-    for batch in sorted({t.global_batch_size for t in trials}):
-        at_batch = [t for t in trials if t.global_batch_size == batch]
-        tried = sorted({_multiplier(t) for t in at_batch})
-        diverged = tuple(m for m in tried if any(t.status == "diverged" and _multiplier(t) == m for t in at_batch))
-        means = {m: _mean([getattr(t, metric) for t in at_batch if t.status == "ok" and _multiplier(t) == m])
-                 for m in tried}
-        scored = {m: v for m, v in means.items() if v is not None}
-        # Equal figures: the smaller multiplier, the safer LR.
-        best = max(scored, key=lambda m: (scored[m] if higher else -scored[m], -m)) if scored else None
-        stable = [m for m in tried if m not in diverged and any(t.status == "ok" and _multiplier(t) == m
-                                                                 for t in at_batch)]
-        table[batch] = LrRow(batch, tuple(tried), metric, best, None if best is None else scored[best],
-                             max(stable) if stable else None, diverged)
-    return table
-
-
-def _multiplier(trial: Trial) -> float:
-    return 1.0 if trial.lr_multiplier is None else float(trial.lr_multiplier)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Output: a command line and a YAML report
-
-
-def override_line(best: Trial, lr_scaling: Optional[str] = None) -> str:
-    """Hydra overrides that train `best`'s configuration, to append to the sweep's own command line:
-    the layout, the recipe it recorded (precision, activation checkpointing, optimizer group,
-    `train.compile=true` when compiled) and its LR.
-
-    `optim.lr` and `sweep.lr_multipliers=[m]` together give the LR the trial trained with: the LR
-    already scaled by the sweep's `lr_scaling` rule for its global batch, divided by the multiplier
-    m the sweep put on top (so the multiplier chosen is named), to 4 significant figures. Scaling it
-    again would change it, so unless the sweep's rule is known to be "none" (`lr_scaling`; None:
-    unknown) the line also sets `train.lr_scaling=none`. The LR is left out when the trial did not record one.
-    """
-    problem = None if lr_scaling is None else invalid_choice("lr_scaling", lr_scaling, LR_SCALING_RULES)
-    if problem:
-        raise ValueError(problem)
-    parts = [
-        f"sweep.micro_batch_sizes=[{best.micro_batch_size}]",
-        f"sweep.accumulation_steps=[{best.accumulation_steps}]",
-        f"sweep.num_workers=[{best.num_workers}]",
-    ]
-    if best.precision is not None:
-        parts.append(f"sweep.precisions=[{best.precision}]")
-    if best.activation_checkpointing is not None:
-        parts.append(f"sweep.activation_checkpointing=[{best.activation_checkpointing}]")
-    if best.compiled:
-        parts.append("train.compile=true")
-    if best.optimizer is not None:
-        parts.append(f"optim={best.optimizer}")
-    if best.lr is not None:
-        base = _lr_before_multiplier(float(best.lr), best.lr_multiplier)
-        # 4 significant figures: readable, and closer than any LR sweep resolves.
-        parts.append(f"optim.lr={base:.4g}")
-        if lr_scaling != "none":
-            parts.append("train.lr_scaling=none")
-    if best.lr_multiplier is not None:
-        parts.append(f"sweep.lr_multipliers=[{float(best.lr_multiplier)!r}]")
-    return " ".join(parts)
-
-
-def _lr_before_multiplier(lr: float, multiplier: Optional[float]) -> float:
-    """The optim.lr that the multiplier turns into `lr` exactly (lr / m, or a neighbouring float when
-    rounding puts lr / m * m one ulp off)."""
-    if multiplier is None or multiplier == 1.0 or not multiplier > 0:
-        return lr
-    base = lr / multiplier
-    for candidate in (base, math.nextafter(base, math.inf), math.nextafter(base, -math.inf)):
-        if candidate * multiplier == lr:
-            return candidate
-    return base
-
-
-def _figures(trial: Trial) -> Dict[str, object]:
-    # Plain Python types only: figures read back from MLflow or numpy would make safe_dump fail.
-    return {
-        "key": trial.key,
-        "samples_per_second": _num(trial.samples_per_second),
-        "samples_per_second_cv": _num(trial.samples_per_second_cv),
-        "throughput_stable": None if trial.throughput_stable is None else bool(trial.throughput_stable),
-        "peak_memory_bytes": _byte_count(trial.peak_memory_bytes),
-        "val_accuracy": _num(trial.val_accuracy),
-        "seconds_to_train": _num(seconds_to_train(trial)),
-    }
-
-
-def _point_figures(point: PointSummary) -> Dict[str, object]:
-    """A point's seeds, statuses and intervals, and its target figures when it has them."""
-    out: Dict[str, object] = {
-        "seeds": [None if s is None else int(s) for s in point.seeds],
-        "statuses": [t.status for t in point.replicates],
-        "accuracy_interval": _interval(point.accuracy),
-        "train_loss_interval": _interval(point.loss),
-    }
-    t = point.trial
-    if t.reached_target is not None:
-        out.update(reached_target_seeds=point.reached, time_to_target_seconds=_num(t.time_to_target_seconds),
-                   samples_to_target=_num(t.samples_to_target), steps_to_target=_num(t.steps_to_target))
-    return out
-
-
-def _interval(interval: Optional[Interval]) -> Optional[Dict[str, object]]:
-    if interval is None:
-        return None
-    return {"mean": float(interval.mean), "low": float(interval.low), "high": float(interval.high),
-            "n": int(interval.n), "sd": _num(interval.sd), "how": interval.how}
-
-
-def _num(value: Optional[float]) -> Optional[float]:
-    return None if value is None else float(value)
-
-
-def _byte_count(value: Optional[float]) -> Optional[float]:
-    # Whole bytes read back as an int (2147483648, not 2147483648.0), as a person would write them.
-    if value is None:
-        return None
-    return int(value) if float(value).is_integer() else float(value)
-
-
-def _chosen(rec: Recommendation) -> Dict[str, object]:
-    best = rec.best
-    chosen: Dict[str, object] = {
-        "key": best.key,
-        "micro_batch_size": int(best.micro_batch_size),
-        "accumulation_steps": int(best.accumulation_steps),
-        "num_workers": int(best.num_workers),
-        "global_batch_size": int(best.global_batch_size),
-        "lr": _num(best.lr),
-        "lr_multiplier": _num(best.lr_multiplier),
-        "precision": best.precision,
-        "activation_checkpointing": best.activation_checkpointing,
-        "optimizer": best.optimizer,
-        "compiled": None if best.compiled is None else bool(best.compiled),
-    }
-    chosen.update(_figures(best))
-    if best.key in rec.points:
-        chosen.update(_point_figures(rec.points[best.key]))
-    chosen["overrides"] = override_line(best)
-    return chosen
-
-
-def _lr_rows(rec: Recommendation) -> List[Dict[str, object]]:
-    rows = lr_table([t for p in rec.points.values() for t in p.replicates]).values()
-    return [{"global_batch_size": int(r.global_batch_size), "multipliers": [float(m) for m in r.multipliers],
-             "metric": r.metric, "best_multiplier": _num(r.best_multiplier), "best_value": _num(r.best_value),
-             "largest_stable_multiplier": _num(r.largest_stable),
-             "diverged_multipliers": [float(m) for m in r.diverged]}
-            for r in rows]
-
-
-def recommendation_yaml(
-    rec: Recommendation,
-    objective: Optional[str] = None,
-    min_accuracy: Optional[float] = None,
-    memory_budget_bytes: Optional[float] = None,
-    max_accuracy_drop: Optional[float] = None,
-) -> str:
-    """A small YAML report of `rec`: the objective and constraints, the confidence level, the chosen
-    configuration with its measured figures (means over seeds), seeds and intervals and a Hydra
-    override line, the reason, the runners-up, the excluded points, the ties the data could not
-    break, the diverged points, every point's intervals and the LR table (`lr_table`). With no
-    eligible point, `recommendation: null` and the reason. `objective` defaults to `rec.objective`
-    and must agree with it."""
-    objective = rec.objective if objective is None else objective
-    if objective != rec.objective:
-        raise ValueError(f"objective {objective!r} does not match the recommendation's {rec.objective!r}")
-    doc: Dict[str, object] = {
-        "objective": objective,
-        "constraints": {
-            "min_accuracy": _num(min_accuracy),
-            "memory_budget_bytes": _byte_count(memory_budget_bytes),
-            "max_accuracy_drop": _num(max_accuracy_drop),
-        },
-        "confidence_level": float(rec.level),
-        "recommendation": None if rec.best is None else _chosen(rec),
-        "reason": rec.reason,
-        "runners_up": [_figures(t) for t in rec.runners_up],
-        "excluded": dict(rec.excluded),
-        "ties": dict(rec.ties),
-        "unproven": dict(rec.unproven),
-        "diverged": dict(rec.diverged),
-        "points": {key: _point_figures(p) for key, p in rec.points.items()},
-        "lr_table": _lr_rows(rec),
-    }
-    return yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, width=1000)
-
-
 __all__ = [
     "ACCURACY_TIE",
     "OBJECTIVES",
@@ -1270,6 +730,8 @@ __all__ = [
     "accuracy_interval",
     "gap_interval",
     "judge_gap",
+    "judge_matched",
+    "gap_words",
     "compare_accuracy",
     "knee",
     "knees",

@@ -78,7 +78,7 @@ def build(
     sweep = sweep or tracker.load_sweep(parent_run_id)
     variant_name = variant(cfg, sweep.params)
     folder = folder or default_folder(tracker.uri, sweep.run_name, variant_name)
-    trials = [_trial(row) for row in sweep.children]
+    trials = trials_of(sweep)
     os.makedirs(folder, exist_ok=True)
     # The report's own budget, else the one the sweep ran under (device.memory_budget_gb).
     budget_gb = cfg.memory_budget_gb or _number(sweep.params.get("device_memory_budget_gb"))
@@ -245,6 +245,27 @@ def _number(text: Optional[str]) -> Optional[float]:
         return float(text) if text not in (None, "None") else None
     except ValueError:
         return None
+
+
+# Labels of the bundled datasets whose labels are real (data=synthetic's are random: its accuracy sits
+# at chance by design, so no chance check applies). A child run's own `num_classes` (param or metric)
+# wins; a dataset not named here leaves the pooled chance check off.
+KNOWN_CLASSES = {"digits": 10, "cifar10": 10}
+
+
+def num_classes(row: Dict[str, Any], sweep_params: Dict[str, str]) -> Optional[int]:
+    """The class count behind a child run's accuracy: its own record when it has one, else the
+    sweep's dataset when it is a bundled one with real labels (KNOWN_CLASSES); None: unknown."""
+    own = _number(None if row.get("num_classes") is None else str(row.get("num_classes")))
+    if own is not None and own >= 2:
+        return int(own)
+    return KNOWN_CLASSES.get(str(sweep_params.get("dataset")))
+
+
+def trials_of(sweep: "tracking.SweepRecord") -> List[Trial]:
+    """The sweep's child runs as Trials, each with the class count the report's pooled chance check
+    needs (`num_classes`)."""
+    return [replace(_trial(row), num_classes=num_classes(row, sweep.params)) for row in sweep.children]
 
 
 def _trial(row: Dict[str, Any]) -> Trial:

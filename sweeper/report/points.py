@@ -9,8 +9,8 @@ import statistics
 from dataclasses import replace
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from sweeper.report.analysis import Trial, replicates
 from sweeper.report.critical_batch import CriticalBatch, fit_with_interval
+from sweeper.report.trials import Trial, replicates
 from sweeper.schema import STATUSES
 
 # Figures a folded point carries as the mean over its ok replicates.

@@ -1,15 +1,18 @@
 """The recipes a sweep compared (precision x activation checkpointing): per recipe, the largest micro-batch
 that ran per worker count and its throughput, accuracy and memory against fp32 without checkpointing at the
-same layout; in words, what checkpointing saved and whether a larger micro-batch with it beats
-accumulation at equal global batch. Pure (standard library), on points folded over seeds."""
+same layout; in words, whether each recipe is certified not worse than fp32 in accuracy (the report's
+non-inferiority rule, analysis.judge_matched), what checkpointing saved and whether a larger micro-batch
+with it beats accumulation at equal global batch. Pure (standard library), on points folded over seeds."""
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from sweeper.report.analysis import Trial, summarize_all
+from sweeper.report.noninferiority import Gap, gap_words, judge_matched
+from sweeper.report.trials import Trial, summarize_all
 
 BASELINE = ("fp32", "none")
 # Checkpointing that lowers peak memory by less than this saved "~nothing": within the run-to-run
@@ -31,12 +34,18 @@ class RecipeRow:
     accuracy_delta: Optional[float]  # mean change of val_accuracy (a fraction: 0.01 is one point)
     memory_delta: Optional[float]  # mean relative change of peak memory: -0.4 is 40 % less
     layouts_compared: int  # layouts where both this recipe and the baseline ended ok
+    # Its val_accuracy gap to the baseline, matched by layout and seed, judged against
+    # report.max_accuracy_drop (analysis.judge_matched): outcome "eligible" | "unproven" | "excluded";
+    # None for the baseline, without a drop, or without a shared layout and seed.
+    accuracy_gap: Optional[Gap] = None
 
 
 @dataclass(frozen=True)
 class RecipeComparison:
     rows: List[RecipeRow]  # the baseline first, then by precision and checkpointing
     sentences: List[str]  # what checkpointing saved; checkpointing vs accumulation at equal global batch
+    # Per recipe other than the baseline, its accuracy against fp32 by the recommendation's rule.
+    verdicts: List[str] = dataclasses.field(default_factory=list)
 
 
 def recipe_of(trial: Trial) -> Recipe:
@@ -49,9 +58,13 @@ def _layout(trial: Trial) -> Layout:
     return trial.micro_batch_size, trial.accumulation_steps, trial.num_workers, multiplier
 
 
-def compare_recipes(trials: Iterable[Trial]) -> RecipeComparison:
+def compare_recipes(trials: Iterable[Trial], max_accuracy_drop: Optional[float] = 0.02,
+                    level: float = 0.95) -> RecipeComparison:
     """Every recipe of the sweep against the baseline, over points folded over seeds (mean figures);
-    empty when the sweep ran one recipe only."""
+    empty when the sweep ran one recipe only. With `max_accuracy_drop`, each recipe's accuracy is judged
+    against the baseline's by the recommendation's rule (non-inferiority at `level`, paired over the
+    layouts and seeds both ran): a recipe is recommended over fp32 only when certified not worse."""
+    trials = list(trials)
     points = [p.trial for p in summarize_all(trials).values()]
     by_recipe: Dict[Recipe, Dict[Layout, Trial]] = {}
     for point in points:
@@ -61,10 +74,13 @@ def compare_recipes(trials: Iterable[Trial]) -> RecipeComparison:
     order = sorted(by_recipe, key=lambda r: (r != BASELINE, r))
     base = by_recipe.get(BASELINE, {})
     rows = [_row(recipe, by_recipe[recipe], base) for recipe in order]
+    if max_accuracy_drop is not None:
+        rows = [_judged(row, trials, max_accuracy_drop, level) for row in rows]
+    verdicts = [_verdict(row, max_accuracy_drop, level) for row in rows if row.accuracy_gap is not None]
     sentences = [s for precision in sorted({r[0] for r in by_recipe})
-                 for s in [_memory_sentence(precision, by_recipe)] if s]
+                  for s in [_memory_sentence(precision, by_recipe)] if s]
     sentences += _checkpointing_vs_accumulation(points)
-    return RecipeComparison(rows, sentences)
+    return RecipeComparison(rows, sentences, verdicts)
 
 
 def _row(recipe: Recipe, runs: Dict[Layout, Trial], base: Dict[Layout, Trial]) -> RecipeRow:
@@ -82,6 +98,25 @@ def _row(recipe: Recipe, runs: Dict[Layout, Trial], base: Dict[Layout, Trial]) -
         _mean_of(pairs, lambda p, b: _relative(p.peak_memory_bytes, b.peak_memory_bytes)),
         len(pairs),
     )
+
+
+def _runs(trials: List[Trial], recipe: Recipe) -> Dict[Any, Trial]:
+    """A recipe's runs by (layout, seed): what a run of another recipe is matched with."""
+    return {(_layout(t), t.seed): t for t in trials if recipe_of(t) == recipe}
+
+
+def _judged(row: RecipeRow, trials: List[Trial], max_drop: float, level: float) -> RecipeRow:
+    recipe = (row.precision, row.checkpointing)
+    if recipe == BASELINE:
+        return row
+    gap = judge_matched(_runs(trials, recipe), _runs(trials, BASELINE), max_drop, level)
+    return dataclasses.replace(row, accuracy_gap=gap)
+
+
+def _verdict(row: RecipeRow, max_drop: Optional[float], level: float) -> str:
+    what = f"{row.precision} with {'no' if row.checkpointing == 'none' else row.checkpointing} checkpointing"
+    faster = row.throughput_delta is not None and row.throughput_delta > 0
+    return gap_words(what, "fp32", row.accuracy_gap, max_drop, level, faster)
 
 
 def _relative(value: Optional[float], base: Optional[float]) -> Optional[float]:

@@ -10,6 +10,7 @@ from sweeper.report import analysis, points, recipes
 from sweeper.report.analysis import Trial
 from sweeper.report.critical_batch import CriticalBatch
 from sweeper.report.html import Section
+from sweeper.report.settings import ReportConfig
 
 
 def lr_rule(params: Dict[str, str]) -> str:
@@ -30,8 +31,8 @@ def sections(trials: List[Trial], found: Optional[CriticalBatch], params: Dict[s
         ("Compute spent (sweep.strategy=smart)", compute_words(sweep_figures)),
         ("Critical batch size", _critical_batch_words(trials, found, params)),
         ("Points (mean over seeds)", _point_rows(trials)),
-        ("LR multipliers per global batch", lr_rows(trials)),
-        *_recipe_sections(trials, sweep_figures),
+        ("LR multipliers per global batch", lr_rows(trials, *judging(params))),
+        *_recipe_sections(trials, sweep_figures, *judging(params)),
     ]
 
 
@@ -98,10 +99,29 @@ def _point_rows(trials: List[Trial]) -> List[Dict[str, str]]:
     return rows if telling else []
 
 
-def lr_rows(trials: List[Trial]) -> List[Dict[str, str]]:
+def judging(params: Dict[str, str]) -> Tuple[Optional[float], float]:
+    """(report.max_accuracy_drop, report.confidence) as the sweep recorded them (its parent params),
+    the defaults where it did not: the LR table and the recipes are judged by the recommendation's rule."""
+    defaults = ReportConfig()
+
+    def number(name: str, default: Optional[float]) -> Optional[float]:
+        text = params.get(f"report_{name}")
+        if text is None:
+            return default
+        try:
+            return None if text in ("None", "null", "") else float(text)
+        except ValueError:
+            return default
+    return number("max_accuracy_drop", defaults.max_accuracy_drop), number("confidence", defaults.confidence)
+
+
+def lr_rows(trials: List[Trial], max_accuracy_drop: Optional[float] = None,
+            level: float = 0.95) -> List[Dict[str, str]]:
     """analysis.lr_table as rows: per global batch, the multipliers tried, the best and the largest
-    that did not diverge; none when the sweep tried one multiplier and nothing diverged."""
-    table = analysis.lr_table(trials)
+    that did not diverge, and (by val_accuracy, with `max_accuracy_drop`) which are certified within the
+    drop of the best, which are unproven and which shown worse; none when the sweep tried one
+    multiplier and nothing diverged."""
+    table = analysis.lr_table(trials, max_accuracy_drop=max_accuracy_drop, level=level)
     if not any(len(row.multipliers) > 1 or row.diverged for row in table.values()):
         return []
 
@@ -115,6 +135,11 @@ def lr_rows(trials: List[Trial]) -> List[Dict[str, str]]:
         row.metric: "-" if row.best_value is None else f"{row.best_value:.3f}",
         "largest not diverged": "-" if row.largest_stable is None else f"{row.largest_stable:g}",
         "diverged at": listed(row.diverged),
+        **({} if not row.judged else {
+            f"certified within {max_accuracy_drop:g} of the best": listed(row.outcome("eligible")),
+            "unproven": listed(row.outcome("unproven")),
+            "shown worse": listed(row.outcome("excluded")),
+        }),
     } for batch, row in table.items()]
 
 
@@ -170,11 +195,12 @@ def _by_recipe_and_workers(trials: List[Trial]) -> Dict[Tuple[str, str, int], Li
     return groups
 
 
-def _recipe_sections(trials: List[Trial], frontier: Dict[str, float]) -> List[Section]:
+def _recipe_sections(trials: List[Trial], frontier: Dict[str, float], max_accuracy_drop: Optional[float] = 0.02,
+                     level: float = 0.95) -> List[Section]:
     """When the sweep measured more than one recipe: the largest micro-batch per recipe, each recipe
     against fp32 without checkpointing (recipes.compare_recipes), and in words what checkpointing
     saved and whether a larger micro-batch with it beats accumulation at equal global batch."""
-    compared = recipes.compare_recipes(trials)
+    compared = recipes.compare_recipes(trials, max_accuracy_drop, level)
     if not compared.rows:
         return []
 
@@ -193,5 +219,6 @@ def _recipe_sections(trials: List[Trial], frontier: Dict[str, float]) -> List[Se
     return [
         ("Largest micro-batch per recipe", largest_micro_batches(trials, frontier)),
         ("Recipes against fp32 without checkpointing (same layouts, mean over seeds)", rows),
+        ("Recipes against fp32: accuracy by the recommendation's rule", "\n".join(s + "." for s in compared.verdicts)),
         ("Checkpointing: what it saved, and against accumulation", "\n".join(s + "." for s in compared.sentences)),
     ]

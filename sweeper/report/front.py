@@ -1,0 +1,68 @@
+"""Throughput knees and the throughput/memory Pareto front of a sweep's trials. Pure (stdlib)."""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+from sweeper.report.trials import Trial
+
+
+def knee(points: Sequence[Tuple[int, float]], min_gain: float = 0.10) -> Optional[int]:
+    """The micro-batch size past which a bigger micro-batch stops paying, or None.
+
+    `points` are (micro_batch_size, samples_per_second) of one (accumulation, workers) series. Sorted
+    by size, each step from s1 to s2 is scored as a gain per doubling of the micro-batch,
+    `(t2 / t1) ** (1 / log2(s2 / s1)) - 1`, so a grid 16, 64 is judged like a grid 16, 32, 64 (a 21 %
+    gain over 16 -> 64 is 10 % per doubling). The knee is the first s1 whose next step gains less than
+    `min_gain` per doubling (a loss counts too). None when every step gains at least `min_gain`
+    (throughput still climbing: try larger micro-batches) or with fewer than two points.
+    """
+    if min_gain < 0:
+        raise ValueError(f"min_gain={min_gain} must be >= 0 (a fraction: 0.10 is 10 % per doubling)")
+    ordered = sorted((int(size), float(rate)) for size, rate in points)
+    for (s1, t1), (s2, t2) in zip(ordered, ordered[1:]):
+        if s1 == s2:
+            raise ValueError(f"micro_batch_size {s1} appears twice in one series: pass one throughput per size")
+        if s1 <= 0 or t1 <= 0 or t2 <= 0:
+            raise ValueError(
+                f"knee needs positive sizes and throughputs, got ({s1}, {t1}) -> ({s2}, {t2}): "
+                "leave out trials without a measured throughput"
+            )
+        gain_per_doubling = (t2 / t1) ** (1.0 / math.log2(s2 / s1)) - 1.0
+        if gain_per_doubling < min_gain:
+            return s1
+    return None
+
+
+def knees(trials: Iterable[Trial], min_gain: float = 0.10) -> Dict[Tuple[int, int], Optional[int]]:
+    """`knee` of every (accumulation_steps, num_workers) series, over ok trials with a throughput.
+    A series with a single measured size maps to None (no knee can be seen)."""
+    series: Dict[Tuple[int, int], List[Tuple[int, float]]] = {}
+    for trial in trials:
+        if trial.status == "ok" and trial.samples_per_second is not None:
+            series.setdefault((trial.accumulation_steps, trial.num_workers), []).append(
+                (trial.micro_batch_size, trial.samples_per_second)
+            )
+    return {group: knee(points, min_gain) for group, points in sorted(series.items())}
+
+
+def pareto(trials: Iterable[Trial]) -> List[Trial]:
+    """Ok trials that no other ok trial beats on both throughput (higher) and peak memory (lower),
+    sorted by peak memory. Trials missing either figure cannot be placed and are left out."""
+    measured = [
+        t
+        for t in trials
+        if t.status == "ok" and t.samples_per_second is not None and t.peak_memory_bytes is not None
+    ]
+
+    def dominated(t: Trial) -> bool:
+        return any(
+            o.samples_per_second >= t.samples_per_second
+            and o.peak_memory_bytes <= t.peak_memory_bytes
+            and (o.samples_per_second > t.samples_per_second or o.peak_memory_bytes < t.peak_memory_bytes)
+            for o in measured
+        )
+
+    front = [t for t in measured if not dominated(t)]
+    return sorted(front, key=lambda t: (t.peak_memory_bytes, -t.samples_per_second, t.key))
