@@ -105,6 +105,15 @@ def _kind(value: object) -> str:
     return f"{'an' if name[0].lower() in 'aeiou' else 'a'} {name}{size}"
 
 
+def source(cfg: DataConfig) -> str:
+    """Where the data comes from, as MLflow's dataset input names it."""
+    return {
+        "digits": "sklearn.datasets.load_digits",
+        "cifar10": f"torchvision.datasets.CIFAR10 ({os.path.abspath(cfg.root) if cfg.root else 'data'})",
+        "synthetic": "sweeper.data (random tensors)",
+    }.get(cfg.name, cfg._target_ or cfg.name)
+
+
 def load(cfg: DataConfig, input_shape: Sequence[int]) -> Splits:
     """The training and held-out splits, every sample shaped `input_shape`."""
     if cfg._target_:

@@ -254,6 +254,7 @@ class Accuracy(Record):
     val_loss: Optional[float] = metric()  # mean cross-entropy over the held-out split
     val_loss_se: Optional[float] = metric()  # its standard error over the held-out samples
     val_samples: Optional[int] = metric()  # the held-out split's size (its binomial interval)
+    num_classes: Optional[int] = metric()  # the labels' count: a guess scores 1/num_classes (the chance check)
     # BatchNorm statistics re-estimated over these samples before validation (absent without BatchNorm)
     bn_recalibration_samples: Optional[int] = metric()
     # why there is no accuracy (e.g. synthetic data), set by the driver

@@ -42,6 +42,28 @@ EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 _launch: Dict[str, str] = {}
 
 
+@dataclass(frozen=True)
+class DatasetRecord:
+    """The data every point of a sweep trained on, logged as each point's MLflow dataset input (the runs
+    table's Datasets column): its name, where it comes from, a digest, and the split sizes."""
+
+    name: str
+    source: str
+    train_samples: int
+    val_samples: int
+    # A fingerprint of the data's config and split sizes (not of its bytes): equal for equal data.
+    digest: str
+
+    @classmethod
+    def of(cls, name: str, source: str, config: Dict[str, Any], train_samples: int, val_samples: int
+           ) -> "DatasetRecord":
+        import hashlib
+
+        key = json.dumps({"name": name, "source": source, "config": config, "train": train_samples,
+                          "val": val_samples}, sort_keys=True, default=str)
+        return cls(name, source, train_samples, val_samples, hashlib.sha256(key.encode()).hexdigest()[:8])
+
+
 def record_launch(files: Dict[str, str]) -> None:
     """The launch files (e.g. Hydra's `overrides.yaml`, `command.txt`) the next sweep's parent run
     records beside `config.yaml`. __main__ calls it once per job, before the job's sweep starts."""
@@ -189,6 +211,8 @@ class Tracker:
         self.monitor = monitor
         self._monitor: Optional[Any] = None  # the running SystemMetricsMonitor
         self._context: Optional[Dict[str, str]] = None
+        # The sweep's data (set by the driver once it has loaded it): each point's run logs it as an input.
+        self.dataset: Optional[DatasetRecord] = None
 
     # ---------------------------------------------------------------------------------------------
     # The parent run
@@ -476,6 +500,8 @@ class Tracker:
         run_id = run.info.run_id
         self._log_params(run_id, params)
         self._log_metrics(run_id, typed.metrics(), typed.series(), typed.curves())
+        if self.dataset is not None and record == "point":
+            self._log_dataset(run_id, self.dataset)
         if role in MEASUREMENT_ROLES:
             self.client.log_dict(run_id, result, MEASUREMENT_FILE)
         trace = getattr(typed, "profile_trace_dir", None)
@@ -532,6 +558,20 @@ class Tracker:
         from mlflow.entities import Param
 
         self.client.log_batch(run_id, params=[Param(k, str(v)) for k, v in params.items()])
+
+    def _log_dataset(self, run_id: str, dataset: DatasetRecord) -> None:
+        """MLflow's dataset input (MlflowClient.log_inputs takes the run id; mlflow.log_input needs an
+        active run): a MetaDataset, since the data itself lives in the workers; the split sizes as the
+        input's tags beside MLflow's own context tag."""
+        from mlflow.data.code_dataset_source import CodeDatasetSource
+        from mlflow.data.meta_dataset import MetaDataset
+        from mlflow.entities import DatasetInput, InputTag
+
+        meta = MetaDataset(CodeDatasetSource({"mlflow.source.name": dataset.source}), name=dataset.name,
+                           digest=dataset.digest)
+        tags = [InputTag("mlflow.data.context", "train"), InputTag("train_samples", str(dataset.train_samples)),
+                InputTag("val_samples", str(dataset.val_samples))]
+        self.client.log_inputs(run_id, datasets=[DatasetInput(meta._to_mlflow_entity(), tags=tags)])
 
     def _log_tags(self, run_id: str, tags: Dict[str, str]) -> None:
         from mlflow.entities import RunTag

@@ -80,3 +80,43 @@ def test_tune_missing_logs_warning_is_filtered():
     kept = logger.makeRecord(logger.name, logging.WARNING, __file__, 1, "some other warning", None, None)
     assert not logger.filter(dropped)
     assert logger.filter(kept)
+
+
+def test_a_million_workers_of_a_two_cpu_machine_are_refused_naming_sweep_num_workers():
+    from sweeper.cluster.resources import capacity_problems
+
+    [problem] = capacity_problems(ClusterConfig(), cluster(2), [1, 1_000_000])
+    assert problem.startswith("sweep.num_workers=[1,1000000]:")
+    assert "2 CPUs and 0 GPUs" in problem and "at most 199" in problem
+    assert capacity_problems(ClusterConfig(), cluster(2), [1, 2]) == []
+
+
+def test_cpus_per_worker_above_the_machine_is_refused_naming_the_key():
+    from sweeper.cluster.resources import capacity_problems
+
+    [problem] = capacity_problems(ClusterConfig(cpus_per_worker=4), cluster(2), [1])
+    assert problem.startswith("cluster.cpus_per_worker=4:") and "2 CPUs" in problem and "at most 1.99" in problem
+    [problem] = capacity_problems(ClusterConfig(use_gpu="true"), cluster(8, gpus=2), [4])
+    assert problem.startswith("sweep.num_workers=[4]:") and "2 GPUs" in problem
+
+
+def test_an_autoscaling_cluster_waits_instead_of_refusing(capsys):
+    growing = Cluster("x:1", 2.0, 0.0, None, None, "/tmp", can_grow=True)
+    r = plan_resources(ClusterConfig(cpus_per_worker=1.0), growing, [GridPoint(16, 1, 8)])
+    assert r.cpus_per_worker == 1.0
+    assert "autoscales, so the sweep waits" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match=r"sweep.num_workers=\[8\]|cluster.cpus_per_worker=1"):
+        plan_resources(ClusterConfig(cpus_per_worker=1.0), nodes(2), [GridPoint(16, 1, 8)])
+
+
+def test_the_cli_refuses_a_million_local_workers_before_the_grid(tmp_path):
+    from tests.conftest import run_cli
+
+    # A local Ray (own_ray: not the session's joined one), whose capacity is this machine's. Its points
+    # would also get 0 optimizer steps (train.epochs): the capacity is what is said, alone.
+    result = run_cli("sweep.num_workers=[1000000]", cwd=tmp_path, env={"HOME": str(tmp_path)}, timeout=120,
+                     own_ray=True)
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() + result.stdout.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: sweep.num_workers=[1000000]:"), errors
+    assert "CPUs" in errors[0] and "train.epochs" not in errors[0]

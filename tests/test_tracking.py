@@ -74,3 +74,25 @@ def test_a_server_that_asks_for_a_login_is_named_before_anything_starts_simulate
         assert clean == uri and check(clean) == []
     finally:
         server.shutdown()
+
+
+def test_every_point_logs_its_dataset_as_an_mlflow_input(tmp_path):
+    from sweeper.tracking import DatasetRecord
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker(uri, "exp")
+    tracker.start_sweep("sweep-x", {"model": "mlp"}, "model:\n  name: mlp\n")
+    tracker.dataset = DatasetRecord.of("digits", "sklearn.datasets.load_digits", {"val_fraction": 0.2}, 1438, 359)
+    run_id = tracker.log_point(GridPoint(8, 1, 1), {"micro_batch_size": 8},
+                               PointResult.from_flat({"status": "ok", "val_accuracy": 0.9}))
+
+    [logged] = MlflowClient(uri).get_run(run_id).inputs.dataset_inputs
+    assert logged.dataset.name == "digits" and logged.dataset.digest == tracker.dataset.digest
+    assert "sklearn.datasets.load_digits" in logged.dataset.source
+    tags = {t.key: t.value for t in logged.tags}
+    assert tags == {"mlflow.data.context": "train", "train_samples": "1438", "val_samples": "359"}
+    # The same data gives the same digest; other split sizes another.
+    assert DatasetRecord.of("digits", "sklearn.datasets.load_digits", {"val_fraction": 0.2}, 1438, 359).digest == \
+        tracker.dataset.digest
+    assert DatasetRecord.of("digits", "sklearn.datasets.load_digits", {"val_fraction": 0.3}, 1258, 539).digest != \
+        tracker.dataset.digest

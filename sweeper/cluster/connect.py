@@ -26,6 +26,8 @@ class Cluster:
     results_dir: str
     # (CPUs, GPUs) of each alive node; None: one node holding everything.
     nodes: Optional[List[Tuple[float, float]]] = None
+    # An autoscaling cluster adds nodes for work that does not fit: a group too large waits, not refused.
+    can_grow: bool = False
 
     @property
     def node_resources(self) -> List[Tuple[float, float]]:
@@ -58,7 +60,24 @@ def connect(cfg: ClusterConfig) -> Cluster:
         token_path=token_path or os.environ.get("RAY_AUTH_TOKEN_PATH"),
         results_dir=results_dir,
         nodes=nodes,
+        can_grow=cfg.address is not None and _autoscales(),
     )
+
+
+def _autoscales() -> bool:
+    """Whether the joined cluster's autoscaler may add nodes: a node type whose max_count is unlimited
+    (-1) or above its min_count, Ray Data's own rule (ray.data's is_autoscaling_enabled). No autoscaler
+    config (a fixed cluster, `ray start` by hand): False."""
+    try:
+        import ray._private.state
+
+        config = ray._private.state.state.get_cluster_config()
+    except Exception:  # noqa: BLE001 - a private API; without it the cluster is treated as fixed
+        return False
+    if not config or not config.node_group_configs:
+        return False
+    return any(g.max_count == -1 or g.max_count > g.min_count
+               for g in config.node_group_configs if g.resources and g.max_count != 0)
 
 
 # Tune's ExperimentAnalysis warns for every trial that result.json and progress.csv are missing:

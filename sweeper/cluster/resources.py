@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List
+from typing import List, Sequence
 
 from sweeper.cluster.connect import Cluster
 from sweeper.config import ClusterConfig
@@ -41,7 +41,14 @@ def plan_resources(cfg: ClusterConfig, cluster: Cluster, points: List[GridPoint]
     use_gpu = cluster.gpus > 0 if cfg.use_gpu == "auto" else cfg.use_gpu == "true"
     nodes = cluster.node_resources
     strategy = cfg.placement_strategy
-    problems = []
+    problems = capacity_problems(cfg, cluster, [max_workers])
+    if problems and cluster.can_grow:
+        from sweeper.driver import console  # the one place this arithmetic speaks: a wait, not an error
+
+        console.note(waits_for_capacity(cfg, cluster, max_workers, use_gpu))
+        return _resources(cfg, use_gpu, cfg.cpus_per_worker or 1.0)
+    if problems:
+        raise ConfigError(problems)
     if use_gpu and not _placeable([g for _, g in nodes], max_workers, 1.0, 0.0, strategy):
         problems.append(
             f"cluster.use_gpu={cfg.use_gpu}: the largest worker group needs {max_workers} GPUs (one per worker, "
@@ -68,6 +75,10 @@ def plan_resources(cfg: ClusterConfig, cluster: Cluster, points: List[GridPoint]
         )
     if problems:
         raise ConfigError(problems)
+    return _resources(cfg, use_gpu, cpus_per_worker)
+
+
+def _resources(cfg: ClusterConfig, use_gpu: bool, cpus_per_worker: float) -> Resources:
     return Resources(
         use_gpu=use_gpu,
         cpus_per_worker=cpus_per_worker,
@@ -75,11 +86,69 @@ def plan_resources(cfg: ClusterConfig, cluster: Cluster, points: List[GridPoint]
         # Whole CPUs only: a thread on a fractional CPU competes with Ray's own processes and the
         # sampler, which showed as 8 % window-to-window noise with 2 threads on 1.99 CPUs here.
         threads_per_worker=max(1, math.floor(cpus_per_worker + 1e-9)),
-        placement_strategy=strategy,
+        placement_strategy=cfg.placement_strategy,
         max_failures=cfg.max_failures,
         start_timeout_seconds=cfg.start_timeout_seconds,
         collective_timeout_seconds=cfg.collective_timeout_seconds,
     )
+
+
+# The smallest CPU share a worker is given (cluster.cpus_per_worker=null): Ray counts CPUs in hundredths.
+MIN_CPU_SHARE = 0.01
+
+
+def capacity_problems(cfg: ClusterConfig, cluster: Cluster, num_workers: Sequence[int]) -> List[str]:
+    """What the largest worker group asks beyond the whole cluster's CPUs and GPUs, one line each naming
+    the key to lower (sweep.num_workers or cluster.cpus_per_worker) and the capacity. Checked before the
+    grid starts for a local Ray (whose capacity is this machine's), and again once a cluster is joined;
+    placement node by node is plan_resources' part."""
+    max_workers = max(num_workers)
+    asked = f"sweep.num_workers=[{','.join(str(n) for n in num_workers)}]"
+    has = f"the Ray cluster has {cluster.cpus:g} CPUs and {cluster.gpus:g} GPUs{_which(cluster)}"
+    use_gpu = cluster.gpus > 0 if cfg.use_gpu == "auto" else cfg.use_gpu == "true"
+    problems: List[str] = []
+    if use_gpu and max_workers > cluster.gpus + 1e-9:
+        key = asked if cluster.gpus >= 1 else f"cluster.use_gpu={cfg.use_gpu}"  # no GPU at all: that is the fix
+        problems.append(
+            f"{key}: the largest worker group asks {max_workers} workers of one GPU each but {has}; "
+            f"use sweep.num_workers of at most {int(cluster.gpus + 1e-9)}, or cluster.use_gpu=false"
+        )
+    free = cluster.cpus - cfg.cpus_per_trial
+    each = cfg.cpus_per_worker
+    if each is not None and each > free + 1e-9:
+        problems.append(
+            f"cluster.cpus_per_worker={each:g}: one worker asks more CPUs than there are: {has} (less "
+            f"{cfg.cpus_per_trial:g} for the trial driver, cluster.cpus_per_trial); lower it to at most "
+            f"{math.floor(free * 100) / 100:g}, or null for an equal share"
+        )
+    elif each is not None and max_workers * each > free + 1e-9:
+        problems.append(
+            f"cluster.cpus_per_worker={each:g}: the largest worker group needs {cfg.cpus_per_trial:g} (trial "
+            f"driver, cluster.cpus_per_trial) + {max_workers} workers x {each:g} = "
+            f"{cfg.cpus_per_trial + max_workers * each:g} CPUs but {has}; lower cluster.cpus_per_worker (null "
+            f"picks the largest share that fits) or {asked} (at most {int((free + 1e-9) // each)} workers)"
+        )
+    elif each is None and max_workers * MIN_CPU_SHARE > free + 1e-9:
+        problems.append(
+            f"{asked}: the largest worker group asks {max_workers} workers but {has}, at least "
+            f"{MIN_CPU_SHARE:g} CPU per worker; use sweep.num_workers of at most "
+            f"{int((free + 1e-9) // MIN_CPU_SHARE)}"
+        )
+    return problems
+
+
+def waits_for_capacity(cfg: ClusterConfig, cluster: Cluster, max_workers: int, use_gpu: bool) -> str:
+    """What an autoscaling cluster's sweep says when its largest worker group does not fit yet."""
+    per = "one GPU" if use_gpu else f"{cfg.cpus_per_worker or 1.0:g} CPUs"
+    return (
+        f"the largest worker group asks {max_workers} workers of {per} each, more than the Ray cluster has "
+        f"now ({cluster.cpus:g} CPUs, {cluster.gpus:g} GPUs); the cluster autoscales, so the sweep waits for "
+        f"nodes (each try up to cluster.start_timeout_seconds={cfg.start_timeout_seconds:g})"
+    )
+
+
+def _which(cluster: Cluster) -> str:
+    return " (a local Ray: this machine's, or cluster.num_cpus)" if cluster.address == "local" else ""
 
 
 def _cpu_share(cfg: ClusterConfig, cluster: Cluster, max_workers: int, use_gpu: bool) -> float:

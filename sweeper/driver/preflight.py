@@ -11,6 +11,8 @@ from typing import Dict, List, Tuple
 
 from sweeper import data as data_mod
 from sweeper import models, plan, recipe, tracking
+from sweeper.cluster.connect import Cluster
+from sweeper.cluster.resources import capacity_problems
 from sweeper.config import (AUTO_NEEDS_BUDGET, SweeperConfig, budget_bytes, is_auto, normalize_batch_coupled,
                             tracking_uri, validate)
 from sweeper.driver import console
@@ -34,6 +36,7 @@ class Prepared:
     flop_counts: Dict[str, flops.FlopCount]
     # sweep.strategy=smart: the model's layers that mix a micro-batch's samples (smart.batch_coupled).
     batch_coupled: List[str] = field(default_factory=list)
+    num_val: int = 0  # the held-out split's size (0: none)
 
     @property
     def auto(self) -> bool:
@@ -52,13 +55,33 @@ def preflight(cfg: SweeperConfig) -> Tuple[Prepared, Dict[GridPoint, PointSpec]]
 
         if not torch.cuda.is_available():  # a local Ray on a machine without a GPU: CPU workers
             problems.append(NEEDS_BUDGET)
+    if not problems:
+        # Before the grid: a layout the machine can never hold is the first thing to say (not, say,
+        # that its points get too few steps).
+        problems += local_capacity(cfg)
     points = [] if auto or problems else grid(cfg, problems)
     if problems:
         raise ConfigError(problems)
     splits = data_mod.load(cfg.data, cfg.model.input_shape)
     counts = count_flops(cfg, splits.num_classes) if cfg.measure.flops else {}
-    prepared = Prepared(points, len(splits.train), splits.num_classes, counts, coupled_layers(cfg))
+    prepared = Prepared(points, len(splits.train), splits.num_classes, counts, coupled_layers(cfg),
+                        len(splits.val) if splits.val is not None else 0)
     return prepared, (build_specs(cfg, prepared, points) if points else {})
+
+
+def local_capacity(cfg: SweeperConfig) -> List[str]:
+    """A local Ray's capacity is this machine's (cluster.num_cpus or every CPU, every visible GPU) and it
+    cannot grow: a worker group larger than it is refused before Ray starts. A joined cluster is
+    checked once connected (plan_resources), where an autoscaling one waits instead."""
+    if cfg.cluster.address is not None:
+        return []
+    import os
+
+    import torch
+
+    gpus = torch.cuda.device_count() if cfg.cluster.use_gpu != "false" else 0
+    local = Cluster("local", float(cfg.cluster.num_cpus or os.cpu_count() or 1), float(gpus), None, None, "")
+    return capacity_problems(cfg.cluster, local, cfg.sweep.num_workers)
 
 
 def coupled_layers(cfg: SweeperConfig) -> List[str]:

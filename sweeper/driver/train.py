@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import replace
 from typing import Any, Dict, List, Tuple
 
-from sweeper import plan, tracking
+from sweeper import data as data_mod, plan, tracking
 from sweeper.cluster import runs
 from sweeper.cluster.resources import Resources, concurrent_trials
 from sweeper.config import SweeperConfig
@@ -42,6 +42,7 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
         if prepared.auto and cfg.device.memory_budget_gb is None and not s.resources.use_gpu:
             raise ConfigError([NEEDS_BUDGET])  # a cluster without GPUs
         name, parent, done_keys = open_sweep(cfg, s, prepared.auto, resolved_yaml)
+        s.tracker.dataset = dataset_record(cfg, prepared)
         phases("tracking")
         console.print_where(s.uri, s.cluster.dashboard_url, s.cluster.token_path, s.cluster.results_dir)
         points, specs, frontier_failed = prepared.points, specs, False
@@ -199,6 +200,14 @@ def measure_smart(
 
     ledger = smart_driver.measure(cfg, s, name, points, specs, done_keys, bool(coupled), prepared.num_classes, record)
     return rows, ledger
+
+
+def dataset_record(cfg: SweeperConfig, prepared: Prepared) -> tracking.DatasetRecord:
+    """The data every point trains on, for each point's MLflow dataset input."""
+    from dataclasses import asdict
+
+    return tracking.DatasetRecord.of(cfg.data.name, data_mod.source(cfg.data), asdict(cfg.data), prepared.num_train,
+                                     prepared.num_val)
 
 
 def accuracy_note(cfg: SweeperConfig):

@@ -360,7 +360,8 @@ def _accuracy(result: PointResult, run: Training, progress: Progress, since: flo
         _evaluate(run, progress, since)
     _, accuracy, loss = progress.curve[-1]
     result.accuracy.update(dict(val_accuracy=accuracy, val_loss=loss, val_loss_se=progress.loss_se,
-                                val_samples=len(run.splits.val)))
+                                val_samples=len(run.splits.val),
+                                num_classes=run.splits.num_classes))
     if progress.recalibrated:
         result.accuracy.bn_recalibration_samples = progress.recalibrated
 
