@@ -101,7 +101,8 @@ def test_custom_model_factory_gets_kwargs_and_num_classes():
 
 
 def test_mlp_has_the_seed_003_shape():
-    mlp = models.build(ModelConfig(name="mlp", input_shape=[1, 32, 32]), num_classes=10)
+    # Seed 003's MLP is depth 8 (the default is 4: what learns digits in the default budget).
+    mlp = models.build(ModelConfig(name="mlp", depth=8, input_shape=[1, 32, 32]), num_classes=10)
     linears = [m for m in mlp.modules() if isinstance(m, torch.nn.Linear)]
     assert len(linears) == 9 and linears[0].in_features == 1024 and linears[0].out_features == 1024
 
