@@ -127,10 +127,21 @@ class SessionRay:
             self._probe.kill()
             self._probe.wait()
         mine = []
+        # Its processes name its folder, or (the Ray client server, orphaned once `ray start` exits)
+        # its GCS port.
+        gcs = f":{self.address.rsplit(':', 1)[-1]} " if self.address else None
         for proc in psutil.process_iter(["cmdline"]):
             try:
-                if str(self.folder) in " ".join(proc.info["cmdline"] or []):
+                line = " ".join(proc.info["cmdline"] or []) + " "
+                if str(self.folder) in line or (gcs and "ray" in line and gcs in line):
                     mine.append(proc)
+            except psutil.Error:
+                pass
+        # Their children too: the raylet's agents rename themselves (ray::DashboardAgent), so their
+        # command lines no longer name the folder, and outlive the raylet when not ended with it.
+        for proc in list(mine):
+            try:
+                mine += [c for c in proc.children(recursive=True) if c not in mine]
             except psutil.Error:
                 pass
         for proc in mine:
