@@ -38,7 +38,7 @@ def plan_resources(cfg: ClusterConfig, cluster: Cluster, points: List[GridPoint]
     co-located trials cannot distort each other's throughput); one that cannot is spread over the
     cluster with an equal share per worker."""
     max_workers = max(p.num_workers for p in points)
-    use_gpu = cluster.gpus > 0 if cfg.use_gpu == "auto" else cfg.use_gpu == "true"
+    use_gpu = wants_gpu(cfg, cluster)
     nodes = cluster.node_resources
     strategy = cfg.placement_strategy
     problems = capacity_problems(cfg, cluster, [max_workers])
@@ -97,6 +97,11 @@ def _resources(cfg: ClusterConfig, use_gpu: bool, cpus_per_worker: float) -> Res
 MIN_CPU_SHARE = 0.01
 
 
+def wants_gpu(cfg: ClusterConfig, cluster: Cluster) -> bool:
+    """Workers on GPUs: cluster.use_gpu=auto when the cluster has any, else as the key says."""
+    return cluster.gpus > 0 if cfg.use_gpu == "auto" else cfg.use_gpu == "true"
+
+
 def capacity_problems(cfg: ClusterConfig, cluster: Cluster, num_workers: Sequence[int]) -> List[str]:
     """What the largest worker group asks beyond the whole cluster's CPUs and GPUs, one line each naming
     the key to lower (sweep.num_workers or cluster.cpus_per_worker) and the capacity. Checked before the
@@ -105,7 +110,7 @@ def capacity_problems(cfg: ClusterConfig, cluster: Cluster, num_workers: Sequenc
     max_workers = max(num_workers)
     asked = f"sweep.num_workers=[{','.join(str(n) for n in num_workers)}]"
     has = f"the Ray cluster has {cluster.cpus:g} CPUs and {cluster.gpus:g} GPUs{_which(cluster)}"
-    use_gpu = cluster.gpus > 0 if cfg.use_gpu == "auto" else cfg.use_gpu == "true"
+    use_gpu = wants_gpu(cfg, cluster)
     problems: List[str] = []
     if use_gpu and max_workers > cluster.gpus + 1e-9:
         key = asked if cluster.gpus >= 1 else f"cluster.use_gpu={cfg.use_gpu}"  # no GPU at all: that is the fix

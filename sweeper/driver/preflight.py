@@ -6,6 +6,7 @@ All problems are collected into one ConfigError, so a bad sweep stops with one `
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 from typing import Dict, List, Tuple
 
@@ -75,8 +76,6 @@ def local_capacity(cfg: SweeperConfig) -> List[str]:
     checked once connected (plan_resources), where an autoscaling one waits instead."""
     if cfg.cluster.address is not None:
         return []
-    import os
-
     import torch
 
     gpus = torch.cuda.device_count() if cfg.cluster.use_gpu != "false" else 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any, Dict, List, Tuple
 
 from sweeper import data as data_mod, plan, tracking
@@ -204,8 +204,6 @@ def measure_smart(
 
 def dataset_record(cfg: SweeperConfig, prepared: Prepared) -> tracking.DatasetRecord:
     """The data every point trains on, for each point's MLflow dataset input."""
-    from dataclasses import asdict
-
     return tracking.DatasetRecord.of(cfg.data.name, data_mod.source(cfg.data), asdict(cfg.data), prepared.num_train,
                                      prepared.num_val)
 
