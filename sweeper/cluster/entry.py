@@ -90,9 +90,11 @@ def _fit(worker: Callable, loop_config: Dict[str, Any], num_workers: int, resour
     per_worker = {"CPU": resources.cpus_per_worker}
     if resources.use_gpu:
         per_worker["GPU"] = 1
-    # Read by Ray Train where fit() runs (this trial's process): how long a worker group may wait to
-    # be placed before its start counts as a failure.
+    # Read by Ray Train where fit() runs (this trial's process) and passed on to its controller: how
+    # long a worker group may wait to be placed before its start counts as a failure, and how often
+    # the controller polls its workers (every transition of the group waits for a poll).
     os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(resources.start_timeout_seconds)
+    os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = str(resources.health_check_seconds)
     trainer = TorchTrainer(
         worker,
         train_loop_config=loop_config,

@@ -22,10 +22,12 @@ class Resources:
     cpus_per_worker: float
     cpus_per_trial: float
     threads_per_worker: int
-    placement_strategy: str = "PACK"
-    max_failures: int = 0
-    start_timeout_seconds: float = 120.0
-    collective_timeout_seconds: float = 600.0
+    # The rest are ClusterConfig's, copied (their defaults and meaning live there).
+    placement_strategy: str
+    max_failures: int
+    start_timeout_seconds: float
+    collective_timeout_seconds: float
+    health_check_seconds: float
 
 
 def plan_resources(cfg: ClusterConfig, cluster: Cluster, points: List[GridPoint]) -> Resources:
@@ -90,6 +92,7 @@ def _resources(cfg: ClusterConfig, use_gpu: bool, cpus_per_worker: float) -> Res
         max_failures=cfg.max_failures,
         start_timeout_seconds=cfg.start_timeout_seconds,
         collective_timeout_seconds=cfg.collective_timeout_seconds,
+        health_check_seconds=cfg.health_check_seconds,
     )
 
 
