@@ -144,7 +144,7 @@ def test_own_model_factory_on_synthetic_data_reports_no_accuracy(tmp_path):
         "data=synthetic", "data.num_samples=384", *TRAIN,
         "sweep.micro_batch_sizes=[16]", "sweep.accumulation_steps=[2]", "sweep.num_workers=[1]",
         "tracking.experiment_name=custom", "profile=true", "measure.profile_steps=2",
-        cwd=tmp_path, own_ray=True,
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "synthetic data has random labels" in result.stdout
@@ -187,7 +187,7 @@ def test_a_point_that_raises_is_recorded_failed_and_its_group_goes_on(tmp_path):
     result = run_cli(
         "model=custom", "model._target_=fragile.Fragile", "model.input_shape=[1,8,8]", *TRAIN,
         "sweep.micro_batch_sizes=[32,8]", "sweep.accumulation_steps=[1]", "sweep.num_workers=[1]",
-        cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)}, own_ray=True,
+        cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)},
     )
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     assert "Traceback" not in result.stdout
@@ -207,7 +207,7 @@ def test_a_recipe_sweep_crosses_precision_and_checkpointing_with_adamw(tmp_path)
         *TINY_MLP, *BUDGET, "optim=adamw", "optim.lr=0.001", "sweep.micro_batch_sizes=[16]",
         "sweep.accumulation_steps=[1]", "sweep.num_workers=[1]", "sweep.precisions=[fp32,bf16]",
         "sweep.activation_checkpointing=[none,blocks]", "tracking.experiment_name=recipe",
-        cwd=tmp_path, own_ray=True,
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     client, parents, children = _runs(tmp_path, "recipe")
@@ -236,7 +236,7 @@ def test_a_diverging_lr_is_a_diverged_point_and_replicates_share_their_point(tmp
     result = run_cli(
         *TINY_MLP, *TRAIN, "sweep.micro_batch_sizes=[16]", "sweep.accumulation_steps=[1]", "sweep.num_workers=[1]",
         "sweep.lr_multipliers=[1,10000]", "sweep.seeds=[0,1]", "eval.every_samples=400", "eval.target_accuracy=0.5",
-        "tracking.experiment_name=diverge", cwd=tmp_path, own_ray=True,
+        "tracking.experiment_name=diverge", cwd=tmp_path,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]  # diverged is a result
     client, parents, children = _runs(tmp_path, "diverge")

@@ -40,7 +40,7 @@ def test_a_budget_below_the_largest_grid_size_records_oom_rows_and_the_sweep_goe
     result = run_cli(
         *TINY_MLP, *TRAIN, f"device.memory_budget_gb={budget_gb!r}",
         "sweep.micro_batch_sizes=[8,16,64,128]", "sweep.accumulation_steps=[1]", "sweep.num_workers=[1]",
-        cwd=tmp_path, own_ray=True,
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     client, by_role = _runs(tmp_path)
@@ -67,7 +67,7 @@ def test_auto_finds_the_frontier_in_few_probes_and_measures_global_batches_at_it
     result = run_cli(
         *TINY_MLP, *TRAIN, f"device.memory_budget_gb={budget / 2**30!r}",
         "sweep.micro_batch_sizes=auto", "sweep.global_batch_sizes=[64,200]", "sweep.num_workers=[1]",
-        cwd=tmp_path, own_ray=True,
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "frontier, 1 worker(s): micro-batch" in result.stdout

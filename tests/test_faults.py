@@ -19,10 +19,11 @@ from mlflow.tracking import MlflowClient
 
 from tests.conftest import joining_session_ray, run_cli
 
-# Every test here starts Ray of its own: faults that kill Ray's workers or the driver that started its
-# Ray, a two-node cluster, signals mid-sweep. (The interrupts could join the session's Ray; not yet
-# measured on it.)
-pytestmark = [pytest.mark.e2e, pytest.mark.own_ray]
+# The sweeps that are killed, interrupted or spread over two nodes start a Ray of their own (marked
+# own_ray): faults that kill Ray's workers or the driver that started its Ray, a two-node cluster,
+# signals mid-sweep. What follows them (a resume, a refusal) joins the session's Ray, as a user
+# resuming on their cluster does.
+pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[1]
 # Ray's workers import the slow test model from this repository.
@@ -96,6 +97,7 @@ def _wait_for_trials(tmp_path, proc, count, timeout=300):
     raise AssertionError("timed out waiting for a recorded trial")
 
 
+@pytest.mark.own_ray
 def test_a_two_worker_trial_spans_two_nodes_of_a_ray_cluster(tmp_path):
     from ray.cluster_utils import Cluster
 
@@ -129,6 +131,7 @@ def test_a_two_worker_trial_spans_two_nodes_of_a_ray_cluster(tmp_path):
     assert m["samples_per_second"] > 0 and "val_accuracy" in m
 
 
+@pytest.mark.own_ray
 def test_a_worker_killed_mid_trial_is_restarted_and_each_point_recorded_once(tmp_path):
     proc = _start(tmp_path, *SLEEPY, *COMMON, *THREE_POINTS, own_ray=True)
     try:
@@ -155,6 +158,7 @@ def test_a_worker_killed_mid_trial_is_restarted_and_each_point_recorded_once(tmp
     assert by_key["mb32-acc1-w1"].data.metrics["worker_group_restarts"] == 1
 
 
+@pytest.mark.own_ray
 def test_a_killed_sweep_resumes_under_the_same_run_without_rerunning_what_was_recorded(tmp_path):
     overrides = [*SLEEPY, *COMMON, *THREE_POINTS]
     proc = _start(tmp_path, *overrides, own_ray=True)
@@ -169,7 +173,7 @@ def test_a_killed_sweep_resumes_under_the_same_run_without_rerunning_what_was_re
     assert len(parents) == 1 and 1 <= len(before) < 3
     first = {t.data.tags["sweeper.trial_key"]: t.info.run_id for t in before}
 
-    result = run_cli(*overrides, "sweep.resume=true", cwd=tmp_path, env=ENV, own_ray=True)
+    result = run_cli(*overrides, "sweep.resume=true", cwd=tmp_path, env=ENV)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "resuming sweep-" in result.stdout
     parents, trials = _runs(tmp_path)
@@ -183,7 +187,7 @@ def test_a_killed_sweep_resumes_under_the_same_run_without_rerunning_what_was_re
 
 
 def test_resume_with_nothing_to_resume_is_a_clean_error(tmp_path):
-    result = run_cli(*TINY_MLP, *COMMON, "sweep.resume=true", cwd=tmp_path, timeout=300, own_ray=True)
+    result = run_cli(*TINY_MLP, *COMMON, "sweep.resume=true", cwd=tmp_path, timeout=300)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith("error: sweep.resume=true: no unfinished sweep")
 
@@ -222,6 +226,7 @@ def _wait_for_output_dir(tmp_path, proc, timeout=300):
     raise AssertionError("timed out waiting for the sweep to start")
 
 
+@pytest.mark.own_ray
 def test_an_interrupted_sweep_ends_killed_and_its_resume_loses_and_repeats_nothing(tmp_path):
     overrides = [*SLEEPY, *COMMON, *THREE_POINTS]
     output, status = _interrupt(tmp_path, overrides, signal.SIGINT, 1)  # mid-grid
@@ -233,24 +238,24 @@ def test_an_interrupted_sweep_ends_killed_and_its_resume_loses_and_repeats_nothi
     assert _nothing_running(tmp_path)
 
     # Another experiment is refused before anything is touched, naming what differs.
-    other = run_cli(*overrides, "optim.lr=0.2", "sweep.resume=true", cwd=tmp_path, env=ENV, timeout=300,
-                    own_ray=True)
+    other = run_cli(*overrides, "optim.lr=0.2", "sweep.resume=true", cwd=tmp_path, env=ENV, timeout=300)
     assert other.returncode == 2 and "Traceback" not in other.stderr
     assert "optim.lr: 0.05 -> 0.2" in other.stderr  # the differing key named, values both ways
     (still,), _ = _runs(tmp_path)
     assert still.info.status == "KILLED" and still.data.metrics == killed.data.metrics
 
-    result = run_cli(*overrides, "sweep.resume=true", cwd=tmp_path, env=ENV, own_ray=True)
+    result = run_cli(*overrides, "sweep.resume=true", cwd=tmp_path, env=ENV)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     parents, points = _runs(tmp_path)
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     assert Counter(t.data.tags["sweeper.trial_key"] for t in points) == POINT_KEYS
     assert all(t.data.tags["sweeper.status"] == "ok" for t in points)
     assert parents[0].data.metrics["num_trials_ok"] == 3 and _nothing_running(tmp_path)
-    again = run_cli(*overrides, "sweep.resume=true", cwd=tmp_path, env=ENV, timeout=300, own_ray=True)
+    again = run_cli(*overrides, "sweep.resume=true", cwd=tmp_path, env=ENV, timeout=300)
     assert again.returncode == 2 and "finished" in again.stderr  # a FINISHED sweep is never reopened
 
 
+@pytest.mark.own_ray
 def test_sigterm_at_the_first_point_ends_the_sweep_killed(tmp_path):
     output, status = _interrupt(tmp_path, [*SLEEPY, *COMMON, *THREE_POINTS], signal.SIGTERM, 0)
     assert status == 143 and "Traceback" not in output, output[-3000:]
@@ -258,6 +263,7 @@ def test_sigterm_at_the_first_point_ends_the_sweep_killed(tmp_path):
     assert parent.info.status == "KILLED" and _nothing_running(tmp_path)
 
 
+@pytest.mark.own_ray
 def test_interrupting_the_frontier_search_or_an_inference_sweep_ends_it_killed(tmp_path):
     frontier = tmp_path / "frontier"
     frontier.mkdir()
@@ -277,6 +283,7 @@ def test_interrupting_the_frontier_search_or_an_inference_sweep_ends_it_killed(t
     assert parent.info.status == "KILLED" and _nothing_running(inference)
 
 
+@pytest.mark.own_ray
 def test_a_second_ctrl_c_stops_at_once(tmp_path):
     proc = _start(tmp_path, *SLEEPY, *COMMON, *THREE_POINTS)
     try:
@@ -309,7 +316,7 @@ def test_a_rank_that_stalls_forever_fails_its_point_at_the_deadline_and_the_othe
     result = run_cli(
         "model=custom", "model._target_=tests.test_faults.Stalls", "model.input_shape=[1,8,8]", *COMMON,
         *THREE_POINTS, "measure.memory_breakdown=false", "cluster.point_timeout_seconds=10",
-        cwd=tmp_path, env=ENV, timeout=600, own_ray=True,
+        cwd=tmp_path, env=ENV, timeout=600,
     )
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]  # a point failed
     parents, points = _runs(tmp_path)
@@ -348,6 +355,7 @@ def _stop(server):
     server.wait(timeout=60)
 
 
+@pytest.mark.own_ray
 def test_a_tracking_server_that_goes_away_mid_sweep_loses_nothing(tmp_path):
     from tests.conftest import free_port
 
@@ -373,7 +381,7 @@ def test_a_tracking_server_that_goes_away_mid_sweep_loses_nothing(tmp_path):
 
         server = _mlflow_server(tmp_path, port)
         _wait_healthy(uri)
-        result = run_cli(*overrides, "sweep.resume=true", cwd=tmp_path, env=ENV, own_ray=True)
+        result = run_cli(*overrides, "sweep.resume=true", cwd=tmp_path, env=ENV)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         assert "recorded now" in result.stdout  # the journal's writes, replayed
         parents, points = _runs(tmp_path, uri)

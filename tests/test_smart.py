@@ -24,6 +24,7 @@ from sweeper.config import DataConfig, ModelConfig, TrainConfig
 from sweeper.driver import smart as driver
 from sweeper.plan import GridPoint, replicate
 from sweeper.report import sections
+from tests.conftest import run_cli
 from sweeper.schema import PointResult
 from sweeper.worker.spec import PointSpec
 
@@ -366,7 +367,9 @@ def _recorded(db: Path, prefix: str) -> int:
         return 0
 
 
+# The interrupted sweep has a Ray of its own (its driver is signalled); the resume joins the session's.
 @pytest.mark.e2e
+@pytest.mark.own_ray
 def test_a_smart_sweep_interrupted_mid_rung_resumes_to_every_point_recorded_once(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-m", "sweeper", *SMART], cwd=tmp_path, env=env,
@@ -381,8 +384,7 @@ def test_a_smart_sweep_interrupted_mid_rung_resumes_to_every_point_recorded_once
     assert proc.returncode == 130, first[-3000:]
     held = _recorded(tmp_path / "mlflow.db", "r1-")
 
-    again = subprocess.run([sys.executable, "-m", "sweeper", *SMART, "sweep.resume=true"], cwd=tmp_path, env=env,
-                           capture_output=True, text=True, timeout=400)
+    again = run_cli(*SMART, "sweep.resume=true", cwd=tmp_path, env={"PYTHONPATH": str(REPO)}, timeout=400)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("sweeper").experiment_id], max_results=1000)
