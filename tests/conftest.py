@@ -174,6 +174,36 @@ else:
     from tests.conftest import SESSION_RAY  # noqa: E402
 
 
+# Files whose tests one xdist worker runs together: each builds a costly module-scoped fixture
+# (an MLflow server with a sweep recorded through it, a batch of CLI runs in one process, a ResNet
+# measured once) that a second worker would build again. (xdist's own xdist_group mark does not
+# group under pytest 9: it rewrites item._nodeid, which pytest 9 no longer reads.)
+ONE_WORKER_FILES = frozenset({
+    "tests/test_ui.py", "tests/test_bad_input.py", "tests/test_config.py", "tests/test_recipe.py",
+    "tests/test_roofline.py",
+})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Every test its own unit of work, as xdist's `load`, except ONE_WORKER_FILES: a unit each."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FilesTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return path if path in ONE_WORKER_FILES else nodeid
+
+    return FilesTogether(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The end-to-end tests first (a stable sort: each tier keeps its order). They are the long ones:
+    two xdist workers then end on the many short tests together instead of one waiting on the other's
+    last sweep. Every worker sorts the same collection alike, as xdist requires."""
+    items.sort(key=lambda item: item.get_closest_marker("e2e") is None)
+
+
 def pytest_sessionfinish(session, exitstatus):
     SESSION_RAY.stop()
 

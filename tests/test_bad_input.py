@@ -23,9 +23,6 @@ from torch.utils.data import TensorDataset
 
 from tests.conftest import run_cli
 
-# One xdist worker for this file: its module-scoped fixture is built once, not once a worker.
-pytestmark = pytest.mark.xdist_group("test_bad_input")
-
 REPO = Path(__file__).resolve().parents[1]
 HERE = "tests.test_bad_input"
 NO_DASHBOARD = "cluster.include_dashboard=false"

@@ -12,9 +12,6 @@ from sweeper.config import SweeperConfig
 from sweeper.errors import ConfigError
 from tests.conftest import compose_cfg, run_cli
 
-# One xdist worker for this file: its module-scoped fixture is built once, not once a worker.
-pytestmark = pytest.mark.xdist_group("test_config")
-
 
 def test_demo_experiment_composes_to_typed_config(cfg_of):
     cfg = cfg_of("+experiment=resnet_batch")

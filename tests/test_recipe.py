@@ -13,9 +13,6 @@ from sweeper.plan import GridPoint
 from sweeper.worker.spec import PointSpec, WorkerContext
 from sweeper.worker.train import train_point
 
-# One xdist worker for this file: its module-scoped fixture is built once, not once a worker.
-pytestmark = pytest.mark.xdist_group("test_recipe")
-
 RESNET = ModelConfig(name="resnet18", input_shape=[3, 32, 32])
 MLP = ModelConfig(name="mlp", depth=4, width=256, input_shape=[1, 16, 16])
 CPU = torch.device("cpu")

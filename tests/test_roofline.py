@@ -12,9 +12,6 @@ from sweeper.inference import roofline
 from sweeper.inference.roofline import measured_knee, predict_knee
 from sweeper.measure import bandwidth, flops
 
-# One xdist worker for this file: its module-scoped fixture is built once, not once a worker.
-pytestmark = pytest.mark.xdist_group("test_roofline")
-
 SEED_MLP = ModelConfig(name="mlp", input_shape=[1024], depth=8, width=1024)
 DOUBLING = [2**i for i in range(10)]  # 1 .. 512, seed 003's grid
 

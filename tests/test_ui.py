@@ -16,8 +16,7 @@ import pytest
 
 from tests.conftest import free_port, run_cli
 
-# One xdist worker for this file: its module-scoped fixture is built once, not once a worker.
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("test_ui")]
+pytestmark = pytest.mark.e2e
 
 TINY = ["model=mlp", "model.depth=2", "model.width=32", "model.input_shape=[1,8,8]", "train.epochs=1",
         "sweep.micro_batch_sizes=[16,32]", "sweep.accumulation_steps=[1]", "sweep.num_workers=[1]",
