@@ -197,13 +197,6 @@ def pytest_xdist_make_scheduler(config, log):
     return FilesTogether(config, log)
 
 
-def pytest_collection_modifyitems(config, items):
-    """The end-to-end tests first (a stable sort: each tier keeps its order). They are the long ones:
-    two xdist workers then end on the many short tests together instead of one waiting on the other's
-    last sweep. Every worker sorts the same collection alike, as xdist requires."""
-    items.sort(key=lambda item: item.get_closest_marker("e2e") is None)
-
-
 def pytest_sessionfinish(session, exitstatus):
     SESSION_RAY.stop()
 

@@ -13,7 +13,7 @@ from mlflow.tracking import MlflowClient
 
 from sweeper import models
 from sweeper.config import ModelConfig
-from tests.conftest import run_cli
+from tests.conftest import free_port, run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -41,6 +41,8 @@ def test_equal_global_batch_layouts_give_one_loss_curve_through_the_cli(tmp_path
         *TINY_MLP, "data=digits", *TRAIN,
         "sweep.micro_batch_sizes=[8,16]", "sweep.accumulation_steps=[1,2,4]",
         "sweep.num_workers=[1,2]", "sweep.global_batch_sizes=[32]",
+        # A free port: another test's Ray may hold the default 8265 (pytest -n 2).
+        f"cluster.dashboard_port={free_port()}",
         cwd=tmp_path, env={"HOME": str(home)}, own_ray=True,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

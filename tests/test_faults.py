@@ -333,6 +333,8 @@ def _mlflow_server(tmp_path, port):
          "--default-artifact-root", str(tmp_path / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
          "--workers", "1"],
         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        # MLflow 3's job runner (six huey consumers, ~1 GB) serves GenAI jobs a sweep never submits.
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
     )
 
 

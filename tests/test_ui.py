@@ -36,6 +36,11 @@ def _get(url: str, headers=None, data=None, timeout=10):
         return reply.status, reply.read()
 
 
+# MLflow 3's server also starts a job runner (six huey consumers, ~1 GB) for GenAI jobs a sweep never
+# submits: off, as in tests/test_faults.py.
+SERVER_ENV = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """`mlflow server` on loopback with a sweep recorded through it by the CLI."""
@@ -45,7 +50,7 @@ def server(tmp_path_factory):
     proc = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{folder / 'store.db'}",
          "--host", "127.0.0.1", "--port", str(port)],
-        cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=SERVER_ENV,
     )
     try:
         deadline = time.time() + 120
