@@ -104,6 +104,12 @@ def _end_unfinished(s: Optional[Session], phases: Phases, status: str, why: str)
     if s is None or s.tracker.parent_run_id is None or s.ended:
         return
     try:
+        # A signal can land while a point's run is being written: end it as a resume would (KILLED and
+        # marked incomplete, measured again on resume), so nothing is left RUNNING.
+        s.tracker.reconcile()
+    except Exception as exc:  # noqa: BLE001 - the store itself may be what failed; the parent is ended below
+        console.warn(f"the sweep's half-written points could not be ended: {type(exc).__name__}: {first_line(exc)}")
+    try:
         statuses = Counter(child["status"] for child in s.tracker.load_sweep(s.tracker.parent_run_id).children)
         s.end(SweepSummary(sweep_wall_seconds=phases.wall).count(statuses), status)
     except Exception as exc:  # noqa: BLE001 - the store itself may be what failed; say so and go on ending
