@@ -361,7 +361,7 @@ class ClusterConfig:
     point_timeout_seconds: Optional[float] = None
     # How often Ray Train's controller polls its workers (RAY_TRAIN_HEALTH_CHECK_INTERVAL_S; Ray's own
     # default is 2 s). Each state change of a worker group (started, running, finished, shut down)
-    # waits for the next poll: at 2 s a one-point sweep spent ~9 s of its 30 s grid waiting here.
+    # waits for the next poll: at 2 s a one-group sweep of 4 tiny points spent ~9 s of its 30 s grid waiting here.
     health_check_seconds: float = 0.5
 
 
