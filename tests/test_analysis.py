@@ -447,6 +447,10 @@ def test_non_inferiority_three_outcomes_on_paired_seeds():
     # Nothing faster certified: the reason gives the smallest tolerance that certifies the fastest.
     assert "No point faster than mb16-acc1-w1 is certified within report.max_accuracy_drop=0.02" in tight.reason
     assert "mb32-acc1-w1 is within 3.1 points of the best at 95 %" in tight.reason
+    # The fallback is named for what it is: not certified better than the unproven point.
+    assert ("mb16-acc1-w1 is this run's most accurate point, not certified better than the unproven ones: "
+            "another seed set may pick mb32-acc1-w1.") in tight.reason
+    assert "not certified better" not in ok.reason
     # A clear loss in every seed: excluded (shown worse), not unproven.
     far = seeded(64, accuracies=[0.80, 0.82, 0.79], rates=[400.0] * 3)
     lost = recommend([*ahead, *far], "throughput", max_accuracy_drop=0.02)

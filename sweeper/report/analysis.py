@@ -410,6 +410,11 @@ def _accuracy_drop_note(
             text += (f"; {fastest.key} is within {max(0.0, -gap.interval.low) * 100:.1f} points of the best at "
                      f"{pct}")
         sentences.append(text + ".")
+        if unproven:
+            # The fallback is this run's most accurate point, not one certified better than the
+            # unproven ones: another seed set may rank them the other way (issue 27).
+            sentences.append(f"{top.key} is this run's most accurate point, not certified better than the "
+                             f"unproven ones: another seed set may pick {unproven[0].key}.")
     return " ".join(sentences)
 
 
