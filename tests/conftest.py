@@ -184,17 +184,102 @@ ONE_WORKER_FILES = frozenset({
 })
 
 
+# Tests that time a known duration (a sleep, a step of known length) against tight bounds: under
+# `-n 2` they run first, together on one worker, while the other worker waits (`_taking_turns`).
+# Marked `solo` at collection; the scheduler only sees node ids, hence ids here.
+SOLO_TESTS = frozenset({
+    "tests/test_training.py::test_throughput_and_phases_match_a_step_of_known_duration",
+    "tests/test_inference.py::test_a_forward_of_known_duration_reads_as_that_latency",
+    "tests/test_inference.py::test_timing_goes_on_until_the_minimum_duration",
+    "tests/test_telemetry.py::test_sampler_sees_a_busy_thread_and_a_quiet_sleep",
+    "tests/test_telemetry.py::test_cpu_marks_measure_a_sleep",
+})
+SOLO = "solo"
+
+
+def is_solo(nodeid: str) -> bool:
+    return nodeid.split("[", 1)[0] in SOLO_TESTS
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_xdist_make_scheduler(config, log):
-    """Every test its own unit of work, as xdist's `load`, except ONE_WORKER_FILES: a unit each."""
+    """Every test its own unit of work, as xdist's `load`, except ONE_WORKER_FILES (a unit each) and
+    the SOLO_TESTS (one unit, sent first)."""
     from xdist.scheduler import LoadScopeScheduling
 
     class FilesTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
+            if is_solo(nodeid):
+                return SOLO
             path = nodeid.split("::", 1)[0]
             return path if path in ONE_WORKER_FILES else nodeid
 
+        def _assign_work_unit(self, node) -> None:
+            if SOLO in self.workqueue:
+                self.workqueue.move_to_end(SOLO, last=False)
+            super()._assign_work_unit(node)
+
     return FilesTogether(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if is_solo(item.nodeid):
+            item.add_marker(SOLO)
+
+
+class _Turns:
+    """Two locks shared by the run's xdist workers: a solo test holds `main` exclusively (so it waits
+    for the other worker's current test, then runs alone), every other test holds it shared. A solo
+    test also holds `gate`, which every other test takes on its way in, so the other worker cannot
+    slip a test in between two solo tests (flock alone would let a shared request overtake)."""
+
+    def __init__(self, run_id: str):
+        folder = Path(tempfile.gettempdir())
+        self.gate = open(folder / f"sweeper-tests-{run_id}.gate", "a")
+        self.main = open(folder / f"sweeper-tests-{run_id}.main", "a")
+        self.solo = False
+
+    def enter(self, solo: bool) -> None:
+        import fcntl
+
+        if solo and self.solo:
+            return  # still held from the solo test before
+        fcntl.flock(self.gate, fcntl.LOCK_EX)
+        fcntl.flock(self.main, fcntl.LOCK_EX if solo else fcntl.LOCK_SH)
+        if not solo:
+            fcntl.flock(self.gate, fcntl.LOCK_UN)
+        self.solo = solo
+
+    def leave(self, next_is_solo: bool) -> None:
+        import fcntl
+
+        if self.solo and next_is_solo:
+            return  # the solo tests run back to back: the other worker stays out until the last
+        fcntl.flock(self.main, fcntl.LOCK_UN)
+        if self.solo:
+            fcntl.flock(self.gate, fcntl.LOCK_UN)
+        self.solo = False
+
+
+_TURNS = None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Under xdist, the solo tests run while the other worker waits; serially there is nothing to do."""
+    global _TURNS
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not run_id:
+        yield
+        return
+    if _TURNS is None:
+        _TURNS = _Turns(run_id)
+    _TURNS.enter(item.get_closest_marker(SOLO) is not None)
+    try:
+        yield
+    finally:
+        _TURNS.leave(nextitem is not None and nextitem.get_closest_marker(SOLO) is not None)
 
 
 def pytest_sessionfinish(session, exitstatus):
