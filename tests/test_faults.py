@@ -19,10 +19,11 @@ from mlflow.tracking import MlflowClient
 
 from tests.conftest import joining_session_ray, run_cli
 
-# The sweeps that are killed, interrupted or spread over two nodes start a Ray of their own (marked
-# own_ray): faults that kill Ray's workers or the driver that started its Ray, a two-node cluster,
-# signals mid-sweep. What follows them (a resume, a refusal) joins the session's Ray, as a user
-# resuming on their cluster does.
+# Tests of a Ray the sweep started itself start their own (marked own_ray): a worker killed under its
+# driver, a two-node cluster, signals to a driver that must also stop its Ray (SIGTERM, a second
+# Ctrl-C, the frontier and inference sweeps). A killed or interrupted driver on a cluster it joined,
+# and an MLflow server that goes away, join the session's Ray, as does what follows every fault (a
+# resume, a refusal), as a user resuming on their cluster does.
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[1]
@@ -158,10 +159,11 @@ def test_a_worker_killed_mid_trial_is_restarted_and_each_point_recorded_once(tmp
     assert by_key["mb32-acc1-w1"].data.metrics["worker_group_restarts"] == 1
 
 
-@pytest.mark.own_ray
 def test_a_killed_sweep_resumes_under_the_same_run_without_rerunning_what_was_recorded(tmp_path):
+    # On the session's Ray, as on a user's cluster: the killed driver's job and its actors are Ray's to
+    # end, and the resume waits until they are gone (joining_session_ray).
     overrides = [*SLEEPY, *COMMON, *THREE_POINTS]
-    proc = _start(tmp_path, *overrides, own_ray=True)
+    proc = _start(tmp_path, *overrides, own_ray=False)
     try:
         _wait_for_trials(tmp_path, proc, 1)
         proc.send_signal(signal.SIGKILL)  # the driver, as a lost laptop session or an OOM-killer would
@@ -195,10 +197,10 @@ def test_resume_with_nothing_to_resume_is_a_clean_error(tmp_path):
 POINT_KEYS = Counter({"mb8-acc1-w1": 1, "mb16-acc1-w1": 1, "mb32-acc1-w1": 1})
 
 
-def _interrupt(tmp_path, overrides, signum, after_points, env=None):
+def _interrupt(tmp_path, overrides, signum, after_points, own_ray=True):
     """Start a sweep, send `signum` to its driver once `after_points` points are recorded (0: as
     soon as it has started measuring); its output and exit status."""
-    proc = _start(tmp_path, *overrides)
+    proc = _start(tmp_path, *overrides, own_ray=own_ray)
     try:
         if after_points:
             _wait_for_trials(tmp_path, proc, after_points)
@@ -226,10 +228,11 @@ def _wait_for_output_dir(tmp_path, proc, timeout=300):
     raise AssertionError("timed out waiting for the sweep to start")
 
 
-@pytest.mark.own_ray
 def test_an_interrupted_sweep_ends_killed_and_its_resume_loses_and_repeats_nothing(tmp_path):
+    # On the session's Ray (a sweep interrupted on a cluster it joined); the SIGTERM, frontier and
+    # second-Ctrl-C tests below interrupt a sweep that started its own Ray.
     overrides = [*SLEEPY, *COMMON, *THREE_POINTS]
-    output, status = _interrupt(tmp_path, overrides, signal.SIGINT, 1)  # mid-grid
+    output, status = _interrupt(tmp_path, overrides, signal.SIGINT, 1, own_ray=False)  # mid-grid
     assert status == 130, output[-3000:]
     assert "sweep.resume=true" in output and "Traceback" not in output
     (killed,), before = _runs(tmp_path)
@@ -357,7 +360,6 @@ def _stop(server):
     server.wait(timeout=60)
 
 
-@pytest.mark.own_ray
 def test_a_tracking_server_that_goes_away_mid_sweep_loses_nothing(tmp_path):
     from tests.conftest import free_port
 
@@ -368,7 +370,7 @@ def test_a_tracking_server_that_goes_away_mid_sweep_loses_nothing(tmp_path):
     journal = tmp_path / ".sweeper" / "journal"
     try:
         _wait_healthy(uri)
-        proc = _start(tmp_path, *overrides)
+        proc = _start(tmp_path, *overrides, own_ray=False)  # the MLflow server goes away, not Ray
         try:
             _wait_for_output_dir(tmp_path, proc)
             _stop(server)  # gone while the first point runs, and for the rest of the sweep

@@ -3,7 +3,6 @@ halving rule, a point composed from its measurement runs, the compute ledger; an
 an interrupted smart sweep resumed mid-rung to a finished record."""
 
 import math
-import os
 import random
 import signal
 import statistics
@@ -24,7 +23,7 @@ from sweeper.config import DataConfig, ModelConfig, TrainConfig
 from sweeper.driver import smart as driver
 from sweeper.plan import GridPoint, replicate
 from sweeper.report import sections
-from tests.conftest import run_cli
+from tests.conftest import joining_session_ray, run_cli
 from sweeper.schema import PointResult
 from sweeper.worker.spec import PointSpec
 
@@ -367,12 +366,12 @@ def _recorded(db: Path, prefix: str) -> int:
         return 0
 
 
-# The interrupted sweep has a Ray of its own (its driver is signalled); the resume joins the session's.
+# Both the interrupted sweep and its resume join the session's Ray (a sweep interrupted on a cluster);
+# tests/test_faults.py interrupts sweeps that started their own.
 @pytest.mark.e2e
-@pytest.mark.own_ray
 def test_a_smart_sweep_interrupted_mid_rung_resumes_to_every_point_recorded_once(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "sweeper", *SMART], cwd=tmp_path, env=env,
+    args, env = joining_session_ray(SMART, {"PYTHONPATH": str(REPO)})
+    proc = subprocess.Popen([sys.executable, "-m", "sweeper", *args], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 240
     while _recorded(tmp_path / "mlflow.db", "r1-") < 1:  # rung 1 under way: 1 of its 6 runs recorded

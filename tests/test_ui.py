@@ -62,7 +62,7 @@ def server(tmp_path_factory):
                 pass
             assert time.time() < deadline, "mlflow server did not answer /health within 120 s"
             time.sleep(1)
-        sweep = run_cli(*TINY, f"tracking.uri={url}", cwd=folder, timeout=600, own_ray=True)
+        sweep = run_cli(*TINY, f"tracking.uri={url}", cwd=folder, timeout=600)
         assert sweep.returncode == 0, sweep.stdout[-3000:] + sweep.stderr[-3000:]
         yield url
     finally:
