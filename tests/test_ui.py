@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from tests.conftest import free_port, run_cli
+from tests.conftest import SESSION_RAY, free_port, run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -110,7 +110,9 @@ def test_the_sweep_fills_mlflows_own_views_kind_source_command_and_system_metric
     _, raw = _get(f"{server}/api/2.0/mlflow/artifacts/list?run_id={run_id}")
     assert {"config.yaml", "overrides.yaml", "command.txt"} <= {f["path"] for f in json.loads(raw)["files"]}
     _, raw = _get(f"{server}/get-artifact?path=overrides.yaml&run_uuid={run_id}")
-    assert raw.decode().splitlines() == [f"- {o}" for o in TINY] + [f"- tracking.uri={server}"]
+    # Every override as given, the session Ray's address (run_cli joins it) last.
+    assert raw.decode().splitlines() == ([f"- {o}" for o in TINY] + [f"- tracking.uri={server}"]
+                                         + [f"- cluster.address={SESSION_RAY.address}"])
     # MLflow's monitor sampled the driver's machine while the sweep ran: the System metrics tab.
     metrics = {m["key"] for m in parent["data"]["metrics"]}
     assert {"system/cpu_utilization_percentage", "system/system_memory_usage_megabytes"} <= metrics, metrics
@@ -127,7 +129,9 @@ def _render(url: str, profile) -> str:
     return dom.stdout
 
 
-def _click_through(url: str, profile, shown: str, click, then: list, timeout: float = 120.0) -> str:
+# A chart renders in seconds on a quiet machine; under `-n 2` the other worker's sweep shares the cores
+# (one wait took over 120 s there).
+def _click_through(url: str, profile, shown: str, click, then: list, timeout: float = 300.0) -> str:
     """What a user sees: open `url` in headless Chromium, wait for text `shown`, click every element
     matching the CSS selector `click` (None: nothing), wait until every text in `then` is on the page; the page's
     text. Driven over the DevTools protocol (aiohttp's websocket client: Ray's dashboard needs it)."""
