@@ -236,10 +236,9 @@ class _Turns:
     test also holds `gate`, which every other test takes on its way in, so the other worker cannot
     slip a test in between two solo tests (flock alone would let a shared request overtake)."""
 
-    def __init__(self, run_id: str):
-        folder = Path(tempfile.gettempdir())
-        self.gate = open(folder / f"sweeper-tests-{run_id}.gate", "a")
-        self.main = open(folder / f"sweeper-tests-{run_id}.main", "a")
+    def __init__(self, folder: Path):
+        self.gate = open(folder / "sweeper-turns.gate", "a")
+        self.main = open(folder / "sweeper-turns.main", "a")
         self.solo = False
 
     def enter(self, solo: bool) -> None:
@@ -271,12 +270,13 @@ _TURNS = None
 def pytest_runtest_protocol(item, nextitem):
     """Under xdist, the solo tests run while the other worker waits; serially there is nothing to do."""
     global _TURNS
-    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if not run_id:
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
         yield
         return
     if _TURNS is None:
-        _TURNS = _Turns(run_id)
+        # The run's base temporary folder, which every worker's own (popen-gwN) sits in and pytest
+        # removes with old runs: the locks are the run's, and leave nothing behind.
+        _TURNS = _Turns(item.config._tmp_path_factory.getbasetemp().parent)
     _TURNS.enter(item.get_closest_marker(SOLO) is not None)
     try:
         yield
