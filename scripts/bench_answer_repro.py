@@ -86,7 +86,7 @@ def show(folder: Path) -> Tuple[str, bool]:
     """Print one sweep's answer; returns (the recommended point, whether it is a faster point the data
     certify within the tolerance, as opposed to the most accurate point itself)."""
     from sweeper import tracking
-    from sweeper.report import analysis
+    from sweeper.report import analysis, noninferiority
     from sweeper.report.build import recorded_settings, trials_of
 
     tracker, parent = tracking.Tracker.for_sweep(f"sqlite:///{folder / 'mlflow.db'}", "sweeper")
@@ -120,7 +120,8 @@ def show(folder: Path) -> Tuple[str, bool]:
     if top is not None and fastest is not None and fastest is not top and drop is not None:
         gap = analysis.judge_gap(fastest, top, drop, cfg.confidence)
         if gap.interval is not None:
-            print(f"certifiable: the fastest point, {fastest.key}, is within {max(0.0, -gap.interval.low) * 100:.1f} "
+            print(f"certifiable: the fastest point, {fastest.key}, is within "
+                  f"{noninferiority.certifying_drop(gap.interval) * 100:.1f} "
                   f"points of the best at {cfg.confidence:.0%} (tolerance {drop * 100:g} points: {gap.outcome})")
     for key, why in rec.unproven.items():
         print(f"unproven: {key}: {why}")

@@ -17,6 +17,7 @@ from sweeper.report.front import knee, knees, pareto
 from sweeper.report.lr import LrRow, lr_table
 from sweeper.report.noninferiority import (  # noqa: F401
     Gap,
+    certifying_drop,
     _gap_text,
     _hits,
     _settle_text,
@@ -407,14 +408,14 @@ def _accuracy_drop_note(
         text = (f"No point faster than {top.key} is certified within report.max_accuracy_drop={max_drop:g} of "
                 f"it at {pct}")
         if gap is not None and gap.interval is not None:
-            text += (f"; {fastest.key} is within {max(0.0, -gap.interval.low) * 100:.1f} points of the best at "
+            text += (f"; {fastest.key} is within {certifying_drop(gap.interval) * 100:.1f} points of the best at "
                      f"{pct}")
             # The fastest may be shown worse: the fastest point a wider tolerance could still certify
             # is the figure to act on.
             closest = next((p for p in unproven if gaps[p.key].interval is not None), None)
             if closest is not None and closest is not fastest:
                 text += (f", {closest.key}, the fastest not shown worse, within "
-                         f"{max(0.0, -gaps[closest.key].interval.low) * 100:.1f}")
+                         f"{certifying_drop(gaps[closest.key].interval) * 100:.1f}")
         sentences.append(text + ".")
         if unproven:
             # The fallback is this run's most accurate point, not one certified better than the

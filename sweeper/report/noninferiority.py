@@ -77,6 +77,11 @@ def judge_gap(point: PointSummary, top: PointSummary, max_drop: float, level: fl
     return Gap(interval, "unproven")
 
 
+def certifying_drop(interval: Interval) -> float:
+    """The smallest max_accuracy_drop at which a gap with this interval is certified not worse."""
+    return max(0.0, -interval.low)
+
+
 def _gap_text(interval: Interval) -> str:
     return f"{interval.mean:+.3f} [{interval.low:+.3f}, {interval.high:+.3f}] ({interval.how})"
 
