@@ -21,6 +21,8 @@ from sweeper.report.settings import LR_SCALING_RULES, ReportConfig, invalid_choi
 USE_GPU_CHOICES = ("auto", "true", "false")
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 TASKS = ("train", "inference")
+BYTE_VOCAB = 256  # data=text's vocabulary: bytes
+
 # One sample bigger than this is a typo in model.input_shape (a micro-batch holds many samples and
 # their activations), not a workload: refused before anything allocates it.
 MAX_SAMPLE_BYTES = 2**30
@@ -53,8 +55,14 @@ class ModelConfig:
     _target_: Optional[str] = None
     kwargs: Dict[str, Any] = field(default_factory=dict)
     # The shape of one sample the model consumes; the dataset is resized to it. One float32 sample
-    # may take at most 1 GiB (MAX_SAMPLE_BYTES).
+    # may take at most 1 GiB (MAX_SAMPLE_BYTES). model=gpt: [context], set from model.context.
     input_shape: List[int] = field(default_factory=lambda: [3, 32, 32])
+    # model=gpt (sweeper/gpt.py): a decoder-only transformer trained on sequences of `context` tokens;
+    # its vocabulary is the data's (256 bytes for data=text, data.vocab_size for data=tokens).
+    n_layer: int = 4
+    n_head: int = 4
+    d_model: int = 128
+    context: int = 64
     # MLP only. Seed 003's MLP is depth 8, width 1024; 4 is what learns digits in the default 2 epochs
     # (conf/model/mlp.yaml).
     depth: int = 4
@@ -81,6 +89,10 @@ class DataConfig:
     val_fraction: float = 0.2
     # synthetic: how many random samples.
     num_samples: int = 2048
+    # data=tokens: the folder holding nanoGPT's train.bin and val.bin (uint16 token ids), and the
+    # vocabulary those ids are below.
+    path: Optional[str] = None
+    vocab_size: Optional[int] = None
     # torch DataLoader worker processes per training worker (at most 4 per CPU, see check_data).
     loader_workers: int = 0
 
@@ -229,6 +241,9 @@ class LossConfig:
 class TrainConfig:
     # The sample budget: every point trains epochs x train-set size samples, to within one global batch.
     epochs: int = 2
+    # Or a budget in samples (sequences for a language model), whatever the train set's size: what a
+    # corpus larger than the sweep's budget needs. null: train.epochs.
+    samples: Optional[int] = None
     # The LR itself is optim.lr (at base_batch_size); lr_scaling (none | linear | sqrt) moves it with
     # global batch / base.
     lr_scaling: str = "none"
@@ -420,6 +435,10 @@ def to_typed(cfg: DictConfig) -> SweeperConfig:
     except OmegaConfBaseException as exc:
         raise ConfigError([conversion_problem(exc)]) from exc
     typed.cluster.use_gpu = normalize_use_gpu(typed.cluster.use_gpu)
+    if typed.model.name == "gpt" and not typed.model._target_:  # one home for the sequence length
+        typed.model.input_shape = [typed.model.context]
+    if not typed.data._target_ and typed.data.name in ("text", "tokens"):  # and for the vocabulary
+        typed.data.num_classes = BYTE_VOCAB if typed.data.name == "text" else (typed.data.vocab_size or 0)
     for section, key in LIST_KEYS:
         value = getattr(getattr(typed, section), key)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -651,6 +670,8 @@ def check_train(train: TrainConfig) -> List[str]:
         "must be >= 0 (0 keeps BatchNorm's running statistics as trained)",
     )
     _check(problems, "train.warmup_steps", train.warmup_steps, _not_negative, "must be >= 0 (0: no LR warmup)")
+    if train.samples is not None:
+        _check(problems, "train.samples", train.samples, _positive, "must be positive, or null for train.epochs")
     problem = invalid_choice("train.lr_scaling", train.lr_scaling, LR_SCALING_RULES)
     return problems + ([problem] if problem else [])
 
@@ -803,7 +824,8 @@ def check_data(data: DataConfig, local_cpus: Optional[int]) -> List[str]:
     problems: List[str] = []
     _check(problems, "data.val_fraction", data.val_fraction, lambda f: 0 < f < 1, "must be between 0 and 1")
     _check(problems, "data.num_samples", data.num_samples, _positive, "must be positive")
-    _check(problems, "data.num_classes", data.num_classes, lambda n: n >= 2, "must be at least 2")
+    if data.name not in ("text", "tokens") or data._target_:  # token data: its vocabulary (sweeper.text)
+        _check(problems, "data.num_classes", data.num_classes, lambda n: n >= 2, "must be at least 2")
     # Each DataLoader worker is a process with its own copy of the dataset object, per training
     # worker; torch warns past one per CPU. Four per CPU leaves room for loaders that wait on disk or
     # network; thousands only exhaust memory and the process limit. A cluster's nodes are not known
@@ -831,7 +853,26 @@ def check_model(model: ModelConfig) -> List[str]:
     if model.name == "mlp" and not model._target_:
         for key in ("depth", "width"):
             _check(problems, f"model.{key}", getattr(model, key), _positive, "must be positive")
+    if model.name == "gpt" and not model._target_:
+        problems += _check_gpt(model)
     return problems
+
+
+def _check_gpt(model: ModelConfig) -> List[str]:
+    problems: List[str] = []
+    for key in ("n_layer", "n_head", "d_model"):
+        _check(problems, f"model.{key}", getattr(model, key), _positive, "must be positive")
+    _check(problems, "model.context", model.context, lambda n: n >= 2,
+           "must be at least 2 (a sequence of one token has no next token to predict within it), e.g. 64")
+    if not problems and model.d_model % model.n_head:
+        problems.append(f"model.n_head={model.n_head} does not divide model.d_model={model.d_model}: each head "
+                        f"takes d_model / n_head dimensions; e.g. model.n_head={_divisor(model.d_model, model.n_head)}")
+    return problems
+
+
+def _divisor(n: int, near: int) -> int:
+    """The divisor of `n` closest to `near`."""
+    return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: (abs(d - near), d))
 
 
 def check_inference(inference: InferenceConfig) -> List[str]:
@@ -871,7 +912,16 @@ def check_combinations(cfg: SweeperConfig) -> List[str]:
 
 def _check_model_data(model: ModelConfig, data: DataConfig) -> List[str]:
     """The built-in datasets make samples of model.input_shape: digits and cifar10 resize images to
-    it; digits and synthetic hold all of theirs in memory (cifar10 transforms each as it is read)."""
+    it; digits and synthetic hold all of theirs in memory (cifar10 transforms each as it is read).
+    Token data trains a language model, and a language model trains on token data."""
+    tokens, language_model = data.name in ("text", "tokens") and not data._target_, model.name == "gpt"
+    if tokens and not language_model and not model._target_:
+        return [f"data={data.name} makes token sequences, which model={model.name} does not take: use model=gpt"]
+    if language_model and not tokens and not model._target_ and not data._target_:
+        return [f"model=gpt trains on token sequences, which data={data.name} does not make: use data=text (bytes "
+                "of the Python standard library) or data=tokens data.path=DIR (your nanoGPT train.bin/val.bin)"]
+    if tokens or language_model:
+        return []
     shape = list(model.input_shape)
     if data._target_ or not shape or any(d <= 0 for d in shape) or sample_bytes(shape) > MAX_SAMPLE_BYTES:
         return []  # check_model's problems

@@ -1,5 +1,5 @@
-"""Datasets by name (digits, cifar10, synthetic, or the user's factory) and the sampler that cuts the
-training stream into full global batches."""
+"""Datasets by name (digits, cifar10, synthetic, text, tokens, or the user's factory) and the sampler
+that cuts the training stream into full global batches."""
 
 from __future__ import annotations
 
@@ -13,11 +13,13 @@ import torch
 from hydra.utils import get_method
 from torch.utils.data import Dataset, Sampler, TensorDataset
 
-from sweeper.config import DataConfig, check_factory
+from sweeper import text
+from sweeper.config import BYTE_VOCAB, DataConfig, check_factory
 from sweeper.errors import first_line
 from sweeper.plan import GridPoint, stream_indices
 
-BUILTIN = ("digits", "cifar10", "synthetic")
+BUILTIN = ("digits", "cifar10", "synthetic", "text", "tokens")
+TOKEN_DATA = ("text", "tokens")  # token sequences, for a language model (sweeper.text)
 FACTORY_RETURNS = "a 2-tuple (train_dataset, val_dataset or None) of datasets with len()"
 CIFAR_FOLDER = "cifar-10-batches-py"
 CIFAR_FILES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"]
@@ -33,11 +35,18 @@ class Splits:
     num_classes: int
     # Synthetic labels are random: accuracy on them would be a meaningless number.
     has_real_labels: bool = True
+    # Token data: the vocabulary is byte-level (bits per byte is the loss in bits), and the training
+    # stream's unigram entropy in bits per token (what a model that learned only token frequencies
+    # scores).
+    byte_level: bool = False
+    unigram_entropy_bits: Optional[float] = None
+    identity: Optional[str] = None  # e.g. the text corpus's digest
 
 
-def check(cfg: DataConfig) -> List[str]:
+def check(cfg: DataConfig, context: int = 0) -> List[str]:
     """Problems that would stop `load(cfg, ...)`: found without loading anything, except that a
-    factory of your own is called once to see what it returns."""
+    factory of your own is called once to see what it returns. `context`: a language model's
+    sequence length, which token data must hold at least one sequence of."""
     if cfg._target_:
         return check_factory("data._target_", cfg._target_, FACTORY_RETURNS) or _check_factory_result(cfg)
     if cfg.name == "custom":
@@ -47,9 +56,13 @@ def check(cfg: DataConfig) -> List[str]:
         ]
     if cfg.name not in BUILTIN:
         return [
-            f"data.name={cfg.name!r} is unknown: use data=digits, data=cifar10 or data=synthetic, "
-            "or set data._target_ to your own factory"
+            f"data.name={cfg.name!r} is unknown: use data=digits, data=cifar10, data=synthetic, data=text or "
+            "data=tokens, or set data._target_ to your own factory"
         ]
+    if cfg.name == "tokens":
+        return text.check_tokens(cfg.path, cfg.vocab_size, context)
+    if cfg.name == "text":
+        return text.check_text(cfg.val_fraction, context)
     if cfg.name == "cifar10" and not cfg.download:
         folder = os.path.join(os.path.abspath(cfg.root), CIFAR_FOLDER)
         missing = [f for f in CIFAR_FILES if not os.path.isfile(os.path.join(folder, f))]
@@ -111,6 +124,8 @@ def source(cfg: DataConfig) -> str:
         "digits": "sklearn.datasets.load_digits",
         "cifar10": f"torchvision.datasets.CIFAR10 ({os.path.abspath(cfg.root) if cfg.root else 'data'})",
         "synthetic": "sweeper.data (random tensors)",
+        "text": "the Python standard library's source files (sweeper.text)",
+        "tokens": f"nanoGPT token files ({os.path.abspath(cfg.path) if cfg.path else 'data.path'})",
     }.get(cfg.name, cfg._target_ or cfg.name)
 
 
@@ -126,6 +141,10 @@ def load(cfg: DataConfig, input_shape: Sequence[int]) -> Splits:
         return _cifar10(cfg, input_shape)
     if cfg.name == "synthetic":
         return _synthetic(cfg, input_shape)
+    if cfg.name == "text":
+        return _text(cfg, int(input_shape[0]))
+    if cfg.name == "tokens":
+        return _tokens(cfg, int(input_shape[0]))
     raise ValueError(f"data.name={cfg.name!r} is unknown")
 
 
@@ -152,6 +171,22 @@ def _synthetic(cfg: DataConfig, input_shape: Sequence[int]) -> Splits:
     images = torch.randn((cfg.num_samples, *input_shape), generator=g)
     labels = torch.randint(0, cfg.num_classes, (cfg.num_samples,), generator=g)
     return Splits(TensorDataset(images, labels), None, cfg.num_classes, has_real_labels=False)
+
+
+def _text(cfg: DataConfig, context: int) -> Splits:
+    corpus = text.stdlib_corpus(cfg.val_fraction)
+    train = corpus.read(corpus.train_files)
+    return Splits(text.PackedSequences(train, context), text.PackedSequences(corpus.read(corpus.val_files), context),
+                  num_classes=BYTE_VOCAB, byte_level=True,
+                  unigram_entropy_bits=text.unigram_entropy_bits(train, BYTE_VOCAB),
+                  identity=f"sha256:{corpus.digest}")
+
+
+def _tokens(cfg: DataConfig, context: int) -> Splits:
+    train, val = (text.token_file(os.path.abspath(cfg.path), name) for name in text.TOKEN_FILES)
+    return Splits(text.PackedSequences(train, context), text.PackedSequences(val, context),
+                  num_classes=int(cfg.vocab_size),
+                  unigram_entropy_bits=text.unigram_entropy_bits(train, cfg.vocab_size))
 
 
 def _cifar10(cfg: DataConfig, input_shape: Sequence[int]) -> Splits:

@@ -1,9 +1,10 @@
-"""Models by name: any torchvision classification model, the seed-003 MLP, or the user's own factory."""
+"""Models by name: any torchvision classification model, the seed-003 MLP, sweeper's GPT, or the
+user's own factory."""
 
 from __future__ import annotations
 
 import inspect
-from typing import Any, List
+from typing import Any, List, Optional
 
 import torch
 from hydra.utils import get_method
@@ -11,6 +12,10 @@ from torch import nn
 
 from sweeper.config import ModelConfig, check_factory
 from sweeper.errors import first_line
+from sweeper.samples import Samples
+
+# Models that take token ids and predict the next token at every position.
+LANGUAGE_MODELS = ("gpt",)
 
 
 class MLPBlock(nn.Sequential):
@@ -54,10 +59,10 @@ def check(cfg: ModelConfig, num_classes: int = 10) -> List[str]:
             "model._target_ is not set: model=custom needs the import path of your factory, "
             "e.g. model._target_=my_pkg.models.build"
         ]
-    if cfg.name == "mlp" or cfg.name in torchvision_names():
+    if cfg.name in ("mlp", *LANGUAGE_MODELS) or cfg.name in torchvision_names():
         return []
     return [
-        f"model.name={cfg.name!r} is unknown: use model=mlp, model=resnet18 (or model.name=<any "
+        f"model.name={cfg.name!r} is unknown: use model=mlp, model=gpt, model=resnet18 (or model.name=<any "
         "torchvision classification model>), or set model._target_ to your own factory"
     ]
 
@@ -99,6 +104,10 @@ def build(cfg: ModelConfig, num_classes: int) -> nn.Module:
         if not isinstance(model, nn.Module):
             raise TypeError(_not_a_module(cfg, model))
         return model
+    if cfg.name == "gpt":
+        from sweeper.gpt import GPT
+
+        return GPT(num_classes, cfg.context, cfg.n_layer, cfg.n_head, cfg.d_model)
     if cfg.name == "mlp":
         in_features = 1
         for d in cfg.input_shape:
@@ -107,6 +116,21 @@ def build(cfg: ModelConfig, num_classes: int) -> nn.Module:
     import torchvision
 
     return torchvision.models.get_model(cfg.name, weights=None, num_classes=num_classes, **cfg.kwargs)
+
+
+def is_language_model(cfg: ModelConfig) -> bool:
+    return cfg.name in LANGUAGE_MODELS and not cfg._target_
+
+
+def positions(cfg: ModelConfig) -> Optional[int]:
+    """Tokens per sample for a language model (its context), else None."""
+    return cfg.context if is_language_model(cfg) else None
+
+
+def samples(cfg: ModelConfig, num_classes: int) -> Samples:
+    """What one sample of this model is: `model.context` token ids (a language model's vocabulary is
+    the data's `num_classes`), or a float tensor of model.input_shape with a class label."""
+    return Samples(tuple(cfg.input_shape), num_classes, tokens=is_language_model(cfg))
 
 
 def batch_coupled_layers(model: nn.Module) -> List[str]:

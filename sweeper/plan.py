@@ -111,6 +111,11 @@ def scaled_lr(lr: float, global_batch_size: int, base_batch_size: int, rule: str
     raise ValueError(f"lr_scaling {rule!r} is invalid. Should be one of ('none', 'linear', 'sqrt').")
 
 
+def sample_budget(num_train_samples: int, epochs: int, samples: Optional[int] = None) -> int:
+    """The samples every point trains on: train.samples when set, else epochs x the train set."""
+    return samples if samples is not None else num_train_samples * epochs
+
+
 def optimizer_steps(num_train_samples: int, epochs: int, global_batch_size: int) -> int:
     """Optimizer steps for a budget of `epochs` passes over the training set.
 

@@ -11,20 +11,20 @@ import contextlib
 from typing import Any, Callable, Iterable, List, Optional, Sequence
 
 import torch
-import torch.nn.functional as F
 from hydra.utils import get_method
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from sweeper.config import LossConfig, OptimConfig
+from sweeper.samples import Samples, cross_entropy
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 CHECKPOINTING = ("none", "blocks")
 # What `blocks` wraps when the model has these: torchvision's residual blocks, the transformer
-# encoder layers, and the MLP's Linear+ReLU layers (sweeper.models.MLPBlock), by class name so that
+# encoder layers, the MLP's Linear+ReLU layers (sweeper.models.MLPBlock) and the GPT's blocks, by class name so that
 # the types need not be imported. model.checkpoint_modules adds a custom model's own.
 BLOCK_TYPES = ("BasicBlock", "Bottleneck", "InvertedResidual", "EncoderBlock", "TransformerEncoderLayer",
-               "MLPBlock")
+               "MLPBlock", "GPTBlock")
 
 
 def build_optimizer(cfg: OptimConfig, params: Iterable[nn.Parameter], lr: float) -> torch.optim.Optimizer:
@@ -44,7 +44,8 @@ def build_optimizer(cfg: OptimConfig, params: Iterable[nn.Parameter], lr: float)
 
 
 def build_loss(cfg: LossConfig) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """Cross-entropy (with loss.label_smoothing), or a `_target_` factory returning loss(logits, targets)."""
+    """Cross-entropy (with loss.label_smoothing; over every token of a language model's batch), or a
+    `_target_` factory returning loss(logits, targets)."""
     if cfg._target_:
         factory = get_method(cfg._target_)
         made = factory(**dict(cfg.kwargs))
@@ -53,7 +54,7 @@ def build_loss(cfg: LossConfig) -> Callable[[torch.Tensor, torch.Tensor], torch.
                             "loss(logits, targets)")
         return made
     smoothing = cfg.label_smoothing
-    return lambda logits, targets: F.cross_entropy(logits, targets, label_smoothing=smoothing)
+    return lambda logits, targets: cross_entropy(logits, targets, label_smoothing=smoothing)
 
 
 def autocast(device: torch.device, precision: str):
@@ -111,8 +112,7 @@ def wrappable(model: nn.Module, extra_types: Sequence[str] = ()) -> List[str]:
     return sorted({type(m).__name__ for m in model.modules() if type(m).__name__ in names})
 
 
-def try_step(build_model: Callable[[], nn.Module], input_shape: Sequence[int], num_classes: int,
-             precision: str) -> Optional[str]:
+def try_step(build_model: Callable[[], nn.Module], samples: Samples, precision: str) -> Optional[str]:
     """One training step of a batch of 2 on the CPU in `precision` (autocast, loss scaling): None if
     it runs, else the error's first line. Whether the CPU has the ops for it (fp16 on CPU often
     lacks some) is found out here, before any worker starts."""
@@ -122,7 +122,8 @@ def try_step(build_model: Callable[[], nn.Module], input_shape: Sequence[int], n
             cpu = torch.device("cpu")
             scaler = grad_scaler(cpu, precision)
             with autocast(cpu, precision):
-                loss = F.cross_entropy(model(torch.randn(2, *input_shape)), torch.randint(0, num_classes, (2,)))
+                inputs, targets = samples.batch(2)
+                loss = cross_entropy(model(inputs), targets)
             (scaler.scale(loss) if scaler else loss).backward()
         except Exception as exc:  # noqa: BLE001 - whatever the device lacks, in one line
             return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"

@@ -178,6 +178,7 @@ class Throughput(Record):
 
     samples_per_second: Optional[float] = metric()
     samples_per_second_cv: Optional[float] = metric()
+    tokens_per_second: Optional[float] = metric()  # a language model's: samples/s x its context
     step_time_seconds: Optional[float] = metric()
     window_samples_per_second: Optional[List[float]] = series()
     timing_windows: Optional[int] = metric()
@@ -241,6 +242,7 @@ class Flops(Record):
     flops_per_sample_train: Optional[float] = metric()  # the model's: what MFU counts
     # What the hardware computes: with activation checkpointing, the recomputed forward too (HFU).
     flops_per_sample_hardware: Optional[float] = metric()
+    flops_per_token_train: Optional[float] = metric()  # a language model's, per token of its context
     achieved_flops_per_second: Optional[float] = metric()
     peak_flops_per_second: Optional[float] = metric()  # in the point's precision
     mfu: Optional[float] = metric()
@@ -251,9 +253,15 @@ class Flops(Record):
 @dataclass
 class Accuracy(Record):
     val_accuracy: Optional[float] = metric()
-    val_loss: Optional[float] = metric()  # mean cross-entropy over the held-out split
+    val_loss: Optional[float] = metric()  # mean cross-entropy over the held-out split (nats per token for a LM)
     val_loss_se: Optional[float] = metric()  # its standard error over the held-out samples
     val_samples: Optional[int] = metric()  # the held-out split's size (its binomial interval)
+    # a language model: val_accuracy is next-token accuracy over these tokens; the loss as perplexity,
+    # and for byte-level data in bits per byte, beside the training stream's unigram entropy (bits)
+    val_tokens: Optional[int] = metric()
+    val_perplexity: Optional[float] = metric()
+    val_bits_per_byte: Optional[float] = metric()
+    train_unigram_entropy_bits: Optional[float] = metric()
     num_classes: Optional[int] = metric()  # the labels' count: a guess scores 1/num_classes (the chance check)
     # BatchNorm statistics re-estimated over these samples before validation (absent without BatchNorm)
     bn_recalibration_samples: Optional[int] = metric()
@@ -350,6 +358,7 @@ class Cost(Record):
     startup_seconds: Optional[float] = metric()  # point start to its first optimizer step done
     optimizer_steps: Optional[int] = metric()
     samples_seen: Optional[int] = metric()
+    tokens_seen: Optional[int] = metric()  # a language model's: samples x its context
     # paid once per worker group, logged on its first point (worker.points.startup_split)
     worker_group_startup_seconds: Optional[float] = metric()
     worker_group_launch_seconds: Optional[float] = metric()

@@ -22,7 +22,7 @@ TRAIN = ["optim=sgd", "data=digits", "train.epochs=2", "measure.warmup_steps=3",
 def estimated_peak(micro: int) -> int:
     # On CPU the fake-tensor estimate is the tracked peak the budget is enforced against (checked in
     # test_oom), so it places the budget between two grid sizes without running anything.
-    return memory.estimate_step(lambda: models.build(MLP, 10), MLP.input_shape, 10, micro).peak_bytes
+    return memory.estimate_step(lambda: models.build(MLP, 10), models.samples(MLP, 10), micro).peak_bytes
 
 
 def _runs(tmp_path):

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 
+from sweeper.samples import Samples
 from sweeper.measure.flops import (
     PeakFlops,
     count_flops,
@@ -24,7 +25,7 @@ fake_only = pytest.mark.filterwarnings("error:count_flops")
 @fake_only
 def test_linear_counts_forward_and_weight_gradient_only():
     # The input needs no gradient, so backward is one matmul (weight grad): 2*B*in*out.
-    c = count_flops(lambda: nn.Linear(12, 5, bias=False), (12,), 5, batch_size=4)
+    c = count_flops(lambda: nn.Linear(12, 5, bias=False), Samples((12,), 5), batch_size=4)
     assert c.forward_per_sample == 2 * 12 * 5
     assert c.train_per_sample == 4 * 12 * 5
 
@@ -38,7 +39,7 @@ def test_mlp_counts_input_gradient_of_the_second_layer_only():
     forward = 2 * 64 * 32 + 2 * 32 * 10
     backward = 2 * 64 * 32 + 2 * (2 * 32 * 10)  # weight grads; input grad of layer 2 only
     for batch_size in (2, 8):  # per sample, whatever the batch
-        c = count_flops(build, (1, 8, 8), 10, batch_size=batch_size)
+        c = count_flops(build, Samples((1, 8, 8), 10), batch_size=batch_size)
         assert c.forward_per_sample == forward
         assert c.train_per_sample == forward + backward
 
@@ -54,7 +55,7 @@ def test_the_model_is_built_on_fake_tensors_and_the_random_stream_is_untouched()
 
     torch.manual_seed(0)
     state = torch.random.get_rng_state()
-    count_flops(build, (12,), 5)
+    count_flops(build, Samples((12,), 5))
     assert isinstance(weights[0], FakeTensor)
     assert torch.equal(torch.random.get_rng_state(), state)
 
@@ -74,7 +75,7 @@ def test_a_model_that_cannot_run_on_fake_tensors_is_counted_on_a_real_one():
     torch.manual_seed(0)
     state = torch.random.get_rng_state()
     with pytest.warns(RuntimeWarning, match="real model"):
-        c = count_flops(DataDependent, (12,), 5, batch_size=4)
+        c = count_flops(DataDependent, Samples((12,), 5), batch_size=4)
     assert (c.forward_per_sample, c.train_per_sample) == (2 * 12 * 5, 4 * 12 * 5)
     assert torch.equal(torch.random.get_rng_state(), state)  # real init drew from a fork
 
@@ -82,21 +83,21 @@ def test_a_model_that_cannot_run_on_fake_tensors_is_counted_on_a_real_one():
 def test_an_existing_model_is_refused_and_left_untouched():
     model = nn.Linear(12, 5)
     with pytest.raises(ValueError, match="constructs a new model"):
-        count_flops(lambda: model, (12,), 5)
+        count_flops(lambda: model, Samples((12,), 5))
     assert model.weight.grad is None
 
 
 def test_bad_inputs_are_value_errors():
     with pytest.raises(ValueError, match="batch_size=1"):
-        count_flops(lambda: nn.Linear(12, 5), (12,), 5, batch_size=1)
+        count_flops(lambda: nn.Linear(12, 5), Samples((12,), 5), batch_size=1)
     with pytest.raises(ValueError, match="no trainable parameters"):
-        count_flops(nn.Flatten, (5,), 5)
+        count_flops(nn.Flatten, Samples((5,), 5))
 
 
 @fake_only
 def test_resnet18_matches_the_measured_reference():
     torchvision = pytest.importorskip("torchvision")
-    c = count_flops(lambda: torchvision.models.resnet18(weights=None, num_classes=10), (3, 32, 32), 10)
+    c = count_flops(lambda: torchvision.models.resnet18(weights=None, num_classes=10), Samples((3, 32, 32), 10))
     # STACK.md: FlopCounterMode counted 13.91 GFLOP for a forward+backward of batch 64.
     assert c.train_per_sample == pytest.approx(13.91e9 / 64, rel=0.01)
     # Backward is ~2x forward (input grad + weight grad), less the first conv's input

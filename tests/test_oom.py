@@ -113,6 +113,6 @@ def test_frontier_search_on_a_real_model_is_within_ten_percent_of_exhaustive_sea
 
 @pytest.mark.parametrize("model,micro", [(MLP, 32), (ModelConfig(name="resnet18", input_shape=[3, 32, 32]), 16)])
 def test_fake_tensor_estimate_is_within_15_percent_of_the_measured_tracked_peak(model, micro):
-    estimate = memory.estimate_step(lambda: models.build(model, 10), model.input_shape, 10, micro).peak_bytes
+    estimate = memory.estimate_step(lambda: models.build(model, 10), models.samples(model, 10), micro).peak_bytes
     measured = tracked_peak(micro, model=replace(model))
     assert abs(estimate / measured - 1) < 0.15, (estimate, measured)

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from sweeper.samples import Samples
 from sweeper import models, recipe
 from sweeper.config import DataConfig, LossConfig, MeasureConfig, ModelConfig, OptimConfig, TrainConfig
 from sweeper.measure import flops, memory
@@ -71,8 +72,8 @@ def test_checkpointing_costs_a_third_more_hardware_flops_on_resnet18():
             return model
         return made
 
-    plain = flops.count_flops(build("none"), RESNET.input_shape, 10)
-    wrapped = flops.count_flops(build("blocks"), RESNET.input_shape, 10)
+    plain = flops.count_flops(build("none"), Samples(tuple(RESNET.input_shape), 10))
+    wrapped = flops.count_flops(build("blocks"), Samples(tuple(RESNET.input_shape), 10))
     assert wrapped.forward_per_sample == pytest.approx(plain.forward_per_sample)
     # One more forward of every checkpointed block in backward: ~4/3 when backward is ~2x forward.
     assert wrapped.train_per_sample / plain.train_per_sample == pytest.approx(1.33, abs=0.05)
@@ -99,7 +100,7 @@ def test_optimizer_state_is_exact_for_a_model_of_known_size(optim, state_per_par
 
 def test_the_fake_tensor_estimate_follows_the_recipe():
     def estimate(batch=16, **axes):
-        return memory.estimate_step(lambda: models.build(RESNET, 10), RESNET.input_shape, 10, batch, **axes)
+        return memory.estimate_step(lambda: models.build(RESNET, 10), models.samples(RESNET, 10), batch, **axes)
 
     def per_sample(**axes):
         return (estimate(32, **axes).forward_activations_bytes - estimate(16, **axes).forward_activations_bytes) / 16

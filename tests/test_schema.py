@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from sweeper.samples import Samples
 from sweeper.config import DataConfig, MeasureConfig, ModelConfig, TrainConfig
 from sweeper.measure import flops
 from sweeper.plan import GridPoint
@@ -18,7 +19,11 @@ from sweeper.worker.spec import GroupFacts, PointSpec, WorkerContext
 DOCS = Path(__file__).parent.parent / "docs" / "mlflow.md"
 # Figures a one-process CPU point cannot have: a GPU's, a worker group's (its first point or a later
 # one, restarts, nodes), a budget's and an estimate's (not asked for here).
-NOT_ON_ONE_CPU_POINT = {
+LANGUAGE_MODEL_ONLY = {
+    "tokens_per_second", "tokens_seen", "flops_per_token_train", "val_tokens", "val_perplexity", "val_bits_per_byte",
+    "train_unigram_entropy_bits",
+}
+NOT_ON_ONE_CPU_POINT = LANGUAGE_MODEL_ONLY | {
     "cuda_max_memory_allocated_bytes", "cuda_max_memory_reserved_bytes", "gpu_device_memory_used_bytes_max",
     "gpu_utilization_percent_mean", "gpu_utilization_percent_max", "worker_group_startup_seconds",
     "worker_group_launch_seconds", "worker_group_init_seconds", "worker_group_setup_seconds",
@@ -72,7 +77,8 @@ def test_every_metric_a_cpu_point_can_have_is_produced_and_recorded(tmp_path):
     spec = PointSpec(
         model=model, data=DataConfig(name="digits"), train=TrainConfig(epochs=1), point=GridPoint(16, 2, 1),
         lr=0.1, steps=8, measure=MeasureConfig(warmup_steps=2, windows=3, stable_windows=2, stability_tolerance=0.5),
-        flop_count=flops.count_flops(lambda: __import__("sweeper.models").models.build(model, 10), [1, 8, 8], 10),
+        flop_count=flops.count_flops(lambda: __import__("sweeper.models").models.build(model, 10),
+                                     Samples((1, 8, 8), 10)),
     )
     peak = flops.PeakFlops(1e10, "a test's figure")
     result = run_point(spec, WorkerContext(), facts=GroupFacts(peaks={"fp32": peak}))

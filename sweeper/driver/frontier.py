@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Dict, List, Optional, Tuple
 
+from sweeper import plan
 from sweeper.cluster import runs
 from sweeper.config import SweeperConfig, budget_bytes
 from sweeper.driver import console
@@ -79,7 +80,8 @@ def frontier_specs(cfg: SweeperConfig, prepared: Prepared, searches: List[GridPo
         )
         # A frontier the points could not time is no use: cap it where a point still gets its
         # warm-up and stability windows from the data (one micro-batch per worker per step).
-        upper = prepared.num_train * cfg.train.epochs // (w * (measure.warmup_steps + measure.stable_windows))
+        budget = plan.sample_budget(prepared.num_train, cfg.train.epochs, cfg.train.samples)
+        upper = budget // (w * (measure.warmup_steps + measure.stable_windows))
         fspecs.append(FrontierSpec(
             # No budget on GPU: the device's whole memory, read by the worker.
             template, budget_bytes(cfg.device), search_knobs(cfg), max(1, upper),

@@ -195,7 +195,7 @@ def record_knees(
 
 def _count_flops(model: ModelConfig, num_classes: int) -> Optional[flops.FlopCount]:
     try:
-        return flops.count_flops(lambda: models.build(model, num_classes), model.input_shape, num_classes)
+        return flops.count_flops(lambda: models.build(model, num_classes), models.samples(model, num_classes))
     except Exception as exc:  # noqa: BLE001 - timed without FLOPs and MFU
         console.warn(f"FLOPs not counted for model {model.name!r}: {first_line(exc)}")
         return None

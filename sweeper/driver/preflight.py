@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from sweeper import data as data_mod
 from sweeper import models, plan, recipe, tracking
@@ -38,6 +38,7 @@ class Prepared:
     # sweep.strategy=smart: the model's layers that mix a micro-batch's samples (smart.batch_coupled).
     batch_coupled: List[str] = field(default_factory=list)
     num_val: int = 0  # the held-out split's size (0: none)
+    data_identity: Optional[str] = None  # what the data's config does not pin down (e.g. data=text's corpus digest)
 
     @property
     def auto(self) -> bool:
@@ -46,7 +47,8 @@ class Prepared:
 
 def preflight(cfg: SweeperConfig) -> Tuple[Prepared, Dict[GridPoint, PointSpec]]:
     """Every check that needs no cluster, all problems collected into one ConfigError."""
-    problems = validate(cfg) + models.check(cfg.model, cfg.data.num_classes) + data_mod.check(cfg.data)
+    problems = validate(cfg) + models.check(cfg.model, cfg.data.num_classes)
+    problems += data_mod.check(cfg.data, cfg.model.context)
     problems += tracking.check(tracking_uri(cfg.tracking))
     if not problems:
         problems += check_recipe(cfg)
@@ -66,7 +68,7 @@ def preflight(cfg: SweeperConfig) -> Tuple[Prepared, Dict[GridPoint, PointSpec]]
     splits = data_mod.load(cfg.data, cfg.model.input_shape)
     counts = count_flops(cfg, splits.num_classes) if cfg.measure.flops else {}
     prepared = Prepared(points, len(splits.train), splits.num_classes, counts, coupled_layers(cfg),
-                        len(splits.val) if splits.val is not None else 0)
+                        len(splits.val) if splits.val is not None else 0, splits.identity)
     return prepared, (build_specs(cfg, prepared, points) if points else {})
 
 
@@ -117,7 +119,8 @@ def build_specs(cfg: SweeperConfig, prepared: Prepared, points: List[GridPoint])
     estimates = estimate_memory(cfg, points, prepared.num_classes)
     specs: Dict[GridPoint, PointSpec] = {}
     for point in points:
-        steps = plan.optimizer_steps(prepared.num_train, cfg.train.epochs, point.global_batch_size)
+        budget = plan.sample_budget(prepared.num_train, cfg.train.epochs, cfg.train.samples)
+        steps = plan.optimizer_steps(budget, 1, point.global_batch_size)
         spec = PointSpec(
             model=cfg.model,
             data=cfg.data,
@@ -143,10 +146,12 @@ def build_specs(cfg: SweeperConfig, prepared: Prepared, points: List[GridPoint])
         need = spec.first_timed_step + cfg.measure.stable_windows
         if steps < need:
             untimed = "measure.warmup_steps" + (" + measure.profile_steps + 1" if cfg.profile else "")
+            said = (f"train.samples={cfg.train.samples}" if cfg.train.samples is not None else
+                    f"train.epochs={cfg.train.epochs}")
             problems.append(
-                f"train.epochs={cfg.train.epochs}: {point.key} (global batch {point.global_batch_size}) "
-                f"gets {steps} optimizer steps from {prepared.num_train} training samples, fewer than "
-                f"{untimed} + measure.stable_windows = {need}; raise train.epochs or lower those"
+                f"{said}: {point.key} (global batch {point.global_batch_size}) "
+                f"gets {steps} optimizer steps from {budget} training samples, fewer than "
+                f"{untimed} + measure.stable_windows = {need}; raise {said.split('=')[0]} or lower those"
             )
         specs[point] = spec
     if problems:
@@ -181,9 +186,10 @@ def count_flops(cfg: SweeperConfig, num_classes: int) -> Dict[str, flops.FlopCou
 
     counts: Dict[str, flops.FlopCount] = {}
     try:
-        plain = flops.count_flops(build("none"), cfg.model.input_shape, num_classes)
+        samples = models.samples(cfg.model, num_classes)
+        plain = flops.count_flops(build("none"), samples)
         for mode in cfg.sweep.activation_checkpointing:
-            hardware = plain if mode == "none" else flops.count_flops(build(mode), cfg.model.input_shape, num_classes)
+            hardware = plain if mode == "none" else flops.count_flops(build(mode), samples)
             counts[mode] = replace(plain, hardware_per_sample=hardware.train_per_sample)
     except Exception as exc:  # the points themselves will say whether the model works
         console.warn(f"FLOPs not counted for model {cfg.model.name!r}: {first_line(exc)}")
@@ -202,8 +208,8 @@ def check_recipe(cfg: SweeperConfig) -> List[str]:
             "model.checkpoint_modules=[MyBlock], or use none"
         )
     if "fp16" in cfg.sweep.precisions and cfg.cluster.use_gpu != "true" and not _gpu_here(cfg):
-        failure = recipe.try_step(lambda: models.build(cfg.model, cfg.data.num_classes), cfg.model.input_shape,
-                                  cfg.data.num_classes, "fp16")
+        failure = recipe.try_step(lambda: models.build(cfg.model, cfg.data.num_classes),
+                                  models.samples(cfg.model, cfg.data.num_classes), "fp16")
         if failure:
             problems.append(
                 f"sweep.precisions has fp16, which this model cannot train in on CPU ({failure}): use bf16 on "

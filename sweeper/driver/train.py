@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import asdict, replace
 from typing import Any, Dict, List, Tuple
 
-from sweeper import data as data_mod, plan, tracking
+from sweeper import data as data_mod, models, plan, tracking
 from sweeper.cluster import runs
 from sweeper.cluster.resources import Resources, concurrent_trials
 from sweeper.config import SweeperConfig
@@ -204,8 +204,9 @@ def measure_smart(
 
 def dataset_record(cfg: SweeperConfig, prepared: Prepared) -> tracking.DatasetRecord:
     """The data every point trains on, for each point's MLflow dataset input."""
-    return tracking.DatasetRecord.of(cfg.data.name, data_mod.source(cfg.data), asdict(cfg.data), prepared.num_train,
-                                     prepared.num_val)
+    source = data_mod.source(cfg.data) + (f", {prepared.data_identity}" if prepared.data_identity else "")
+    config = {**asdict(cfg.data), "identity": prepared.data_identity}
+    return tracking.DatasetRecord.of(cfg.data.name, source, config, prepared.num_train, prepared.num_val)
 
 
 def accuracy_note(cfg: SweeperConfig):
@@ -225,7 +226,11 @@ def point_params(cfg: SweeperConfig, spec: PointSpec) -> Dict[str, Any]:
         "global_batch_size": point.global_batch_size,
         "lr": spec.lr,
         "lr_scaling": cfg.train.lr_scaling,
-        "epochs": cfg.train.epochs,
+        "epochs": cfg.train.epochs if cfg.train.samples is None else None,
+        "train_samples": cfg.train.samples,
+        # a language model's sequences: tokens per sample and per optimizer step
+        **({"context": cfg.model.context, "tokens_per_step": point.global_batch_size * cfg.model.context}
+           if models.is_language_model(cfg.model) else {}),
         "seed": spec.seed,
         "lr_multiplier": point.lr_multiplier,
         "warmup_steps": cfg.train.warmup_steps,

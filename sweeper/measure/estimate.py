@@ -20,8 +20,7 @@ def step_peak(cfg: SweeperConfig, num_classes: int, micro_batch_size: int, accum
     recipe."""
     return memory.estimate_step(
         lambda: models.build(cfg.model, num_classes),
-        cfg.model.input_shape,
-        num_classes,
+        models.samples(cfg.model, num_classes),
         micro_batch_size,
         accumulation_steps,
         num_workers,

@@ -10,15 +10,17 @@ import re
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
 from sweeper.errors import first_line
+from sweeper.samples import Samples, cross_entropy
 
 DTYPE_KEYS = ("fp32", "tf32", "fp16", "bf16")
 # TF32 is a matmul mode, not a tensor dtype: no torch.dtype maps to it.
@@ -45,6 +47,35 @@ class FlopCount:
         return self.train_per_sample if self.hardware_per_sample is None else self.hardware_per_sample
 
 
+def _attention(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    return flop_counter.sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def _attention_backward(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None,
+                        **kwargs) -> int:
+    # The model's backward: twice the forward's two matmuls (the gradients of scores and values).
+    # Fused kernels also recompute the scores (torch's own formula counts a fifth matmul): that is a
+    # kernel's rematerialization, which MFU leaves out as it leaves out activation checkpointing's.
+    return 2 * flop_counter.sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+_aten = torch.ops.aten
+# Attention as every backend computes it: the CPU's fused kernel is missing from torch's own table
+# (an attention on CPU counted nothing), and its backward formulas count the recompute.
+ATTENTION_FORMULAS = {
+    op: formula
+    for ops, formula in (
+        (("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention",
+          "_scaled_dot_product_flash_attention", "_scaled_dot_product_cudnn_attention"), _attention),
+        (("_scaled_dot_product_flash_attention_for_cpu_backward", "_scaled_dot_product_efficient_attention_backward",
+          "_scaled_dot_product_flash_attention_backward", "_scaled_dot_product_cudnn_attention_backward"),
+         _attention_backward),
+    )
+    for name in ops if hasattr(_aten, name)
+    for op in [getattr(_aten, name)]
+}
+
+
 @dataclass(frozen=True)
 class PeakFlops:
     flops_per_second: float
@@ -57,11 +88,10 @@ class _ModelError(ValueError):
 
 def count_flops(
     build_model: Callable[[], nn.Module],
-    input_shape: Sequence[int],
-    num_classes: int,
+    samples: Samples,
     batch_size: int = 2,
 ) -> FlopCount:
-    """FLOPs of one training step (forward, cross-entropy, backward) per sample.
+    """FLOPs of one training step (forward, cross-entropy, backward) per sample of `samples`' kind.
 
     `build_model` must construct a new model on each call: it is called under FakeTensorMode,
     so no weights are allocated or initialized and a model of any size is counted in well
@@ -80,7 +110,7 @@ def count_flops(
             with FakeTensorMode():
                 model = build_model()
                 _require_fake(model)
-                return _count(model, input_shape, num_classes, batch_size)
+                return _count(model, samples, batch_size)
         except _ModelError:
             raise
         except Exception as error:  # fake tensors cannot run every model; see the fallback
@@ -91,7 +121,7 @@ def count_flops(
                 RuntimeWarning,
                 stacklevel=2,
             )
-        return _count(build_model(), input_shape, num_classes, batch_size)
+        return _count(build_model(), samples, batch_size)
 
 
 def _require_fake(model: nn.Module) -> None:
@@ -107,18 +137,17 @@ def _require_fake(model: nn.Module) -> None:
         )
 
 
-def _count(model: nn.Module, input_shape: Sequence[int], num_classes: int, batch_size: int) -> FlopCount:
+def _count(model: nn.Module, samples: Samples, batch_size: int) -> FlopCount:
     if not any(p.requires_grad for p in model.parameters()):
         raise _ModelError(
             f"the model ({type(model).__name__}) has no trainable parameters: there is no "
             "backward pass to count; give the model at least one parameter"
         )
     model.train()
-    inputs = torch.randn(batch_size, *input_shape)
-    targets = torch.randint(0, num_classes, (batch_size,))
-    with FlopCounterMode(display=False) as counter:
+    inputs, targets = samples.batch(batch_size)
+    with FlopCounterMode(display=False, custom_mapping=ATTENTION_FORMULAS) as counter:
         # The same loss as the training step; it adds no counted FLOPs of its own.
-        loss = F.cross_entropy(model(inputs), targets)
+        loss = cross_entropy(model(inputs), targets)
         forward = counter.get_total_flops()
         loss.backward()
         total = counter.get_total_flops()

@@ -11,7 +11,6 @@ from dataclasses import dataclass, fields, replace
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.mem_tracker import (
@@ -28,6 +27,7 @@ from torch.nn.modules.module import (
 
 from sweeper import recipe
 from sweeper.config import OptimConfig
+from sweeper.samples import Samples, cross_entropy
 
 _CATEGORIES = {
     "parameters_bytes": _MemRefType.PARAM,
@@ -290,8 +290,7 @@ def track_step(
 
 def estimate_step(
     build_model: Callable[[], nn.Module],
-    input_shape: Sequence[int],
-    num_classes: int,
+    samples: Samples,
     micro_batch_size: int,
     accumulation_steps: int = 1,
     num_workers: int = 1,
@@ -322,10 +321,9 @@ def estimate_step(
 
         def step() -> None:
             for _ in range(accumulation_steps):
-                inputs = torch.randn(micro_batch_size, *input_shape)
-                targets = torch.randint(0, num_classes, (micro_batch_size,))
+                inputs, targets = samples.batch(micro_batch_size)
                 with recipe.autocast(cpu, precision):
-                    loss = F.cross_entropy(model(inputs), targets)
+                    loss = cross_entropy(model(inputs), targets)
                 (loss / accumulation_steps).backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)

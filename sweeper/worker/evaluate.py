@@ -10,10 +10,10 @@ from typing import List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Subset
 
+from sweeper.samples import cross_entropy
 from sweeper.worker.collectives import all_reduce
 from sweeper.worker.spec import PointSpec, WorkerContext
 
@@ -47,27 +47,33 @@ def recalibrate_batchnorm(
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, dataset, device: torch.device, ctx: WorkerContext) -> Tuple[float, float, float]:
-    """(accuracy, mean cross-entropy, the mean's standard error) over the whole held-out split: each
-    rank scores a disjoint share, nothing padded. The standard error is the per-sample losses' spread
-    over sqrt(n): the noise of the validation set, which successive halving compares against."""
+def evaluate(model: nn.Module, dataset, device: torch.device, ctx: WorkerContext) -> Tuple[float, float, float, int]:
+    """(accuracy, mean cross-entropy, the mean's standard error, predictions) over the whole held-out
+    split: each rank scores a disjoint share, nothing padded. A classifier predicts once per sample; a
+    language model once per token, so its accuracy is next-token accuracy and its loss nats per token.
+    The standard error is the spread of the per-sample losses (a sequence's mean over its tokens, which
+    are not independent of each other) over sqrt(samples): the noise of the validation set, which
+    successive halving compares against."""
     model.eval()
     share = Subset(dataset, range(ctx.rank, len(dataset), ctx.world_size))
-    sums = torch.zeros(4, dtype=torch.float64, device=device)  # correct, loss, squared loss, samples
+    # correct, loss, squared per-sample loss, samples, predictions
+    sums = torch.zeros(5, dtype=torch.float64, device=device)
     for inputs, targets in DataLoader(share, batch_size=EVAL_BATCH_SIZE):
         logits = model(inputs.to(device)).float()
         targets = targets.to(device)
-        losses = F.cross_entropy(logits, targets, reduction="none").double()
-        sums[0] += (logits.argmax(dim=1) == targets).sum()
+        losses = cross_entropy(logits, targets, reduction="none").double()
+        per_sample = losses.reshape(len(targets), -1).mean(dim=1)
+        sums[0] += (logits.argmax(dim=-1) == targets).sum()
         sums[1] += losses.sum()
-        sums[2] += (losses * losses).sum()
+        sums[2] += (per_sample * per_sample).sum()
         sums[3] += len(targets)
+        sums[4] += targets.numel()
     all_reduce(sums, ctx, dist.ReduceOp.SUM)
     model.train()
-    correct, loss, squares, samples = sums.cpu().tolist()
-    mean = loss / samples
+    correct, loss, squares, samples, predictions = sums.cpu().tolist()
+    mean = loss / predictions  # every sample has as many predictions: also the per-sample losses' mean
     variance = max(squares / samples - mean * mean, 0.0) * samples / max(samples - 1, 1)
-    return correct / samples, mean, math.sqrt(variance / samples)
+    return correct / predictions, mean, math.sqrt(variance / samples), int(predictions)
 
 
 @dataclass
@@ -93,6 +99,7 @@ class Progress:
     instrumented_steps: int = 0
     loss_se: Optional[float] = None  # the latest evaluation's loss standard error
     recalibrated: int = 0  # samples BatchNorm's statistics were last re-estimated over
+    predictions: int = 0  # the latest evaluation's: samples, or tokens for a language model
 
     @classmethod
     def of(cls, spec: PointSpec) -> "Progress":
@@ -117,7 +124,7 @@ class Progress:
         it took, for the throughput windows to leave out. `since`: the time training started."""
         began = time.perf_counter()
         self.recalibrated = recalibrate_batchnorm(model, train_set, micro_batch_size, bn_samples, seed, device)
-        accuracy, loss, self.loss_se = evaluate(model, val_set, device, ctx)
+        accuracy, loss, self.loss_se, self.predictions = evaluate(model, val_set, device, ctx)
         self.curve.append((steps_done * self.samples_per_step, accuracy, loss))
         hit = (self.target_accuracy is not None and accuracy >= self.target_accuracy) or (
             self.target_loss is not None and loss <= self.target_loss)

@@ -11,7 +11,7 @@ import gc
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from sweeper import data as data_mod
+from sweeper import data as data_mod, models
 from sweeper import errors
 from sweeper.measure import flops as flops_mod
 from sweeper.measure import telemetry
@@ -224,6 +224,9 @@ def _flops_metrics(spec: PointSpec, result: PointResult, facts: GroupFacts) -> D
         "flops_per_sample_hardware": count.hardware,
         "achieved_flops_per_second": achieved,
     }
+    positions = models.positions(spec.model)
+    if positions is not None:
+        out["flops_per_token_train"] = count.train_per_sample / positions
     peak = facts.peaks.get(spec.point.precision)
     if peak is not None:
         # Every worker has the same device: the point's peak is one device's times the workers,

@@ -15,7 +15,7 @@ from typing import Any, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from sweeper import data as data_mod
+from sweeper import data as data_mod, models
 from sweeper.measure import telemetry, timing
 from sweeper.schema import PointResult
 from sweeper.worker import collectives as comm
@@ -201,6 +201,9 @@ def _result(run: Training, clock: "Clock", breakdown, train_seconds: float, loop
         optimizer_steps=run.steps_done,
         samples_seen=run.steps_done * spec.point.global_batch_size,
     ))
+    positions = models.positions(spec.model)
+    if positions is not None:
+        result.cost.tokens_seen = result.cost.samples_seen * positions
     if clock.first_step_time is not None:
         result.cost.startup_seconds = clock.first_step_time - run.started
     _memory(result, run, breakdown)
@@ -321,6 +324,9 @@ def _throughput(result: PointResult, run: Training, clock: Clock) -> None:
         timing_windows=len(clock.closed),
         stable_windows_used=tp.stable_window_count,
     ))
+    positions = models.positions(spec.model)
+    if positions is not None and tp.samples_per_second is not None:
+        result.throughput.tokens_per_second = tp.samples_per_second * positions
     phases = timing.phase_split([_phases(device, marks) for marks in clock.step_marks])
     result.throughput.update(comm.reduce_numbers(phases, run.ctx, device.torch_device, dist.ReduceOp.SUM, mean=True))
 
@@ -364,6 +370,12 @@ def _accuracy(result: PointResult, run: Training, progress: Progress, since: flo
                                 num_classes=run.splits.num_classes))
     if progress.recalibrated:
         result.accuracy.bn_recalibration_samples = progress.recalibrated
+    if models.is_language_model(run.spec.model):
+        splits = run.splits
+        result.accuracy.update(dict(
+            val_tokens=progress.predictions, val_perplexity=math.exp(min(loss, 700.0)),
+            val_bits_per_byte=loss / math.log(2) if splits.byte_level else None,
+            train_unigram_entropy_bits=splits.unigram_entropy_bits))
 
 
 def _progress(result: PointResult, progress: Progress) -> None:

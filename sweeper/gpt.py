@@ -1,0 +1,96 @@
+"""sweeper's own decoder-only transformer (nanoGPT's shape): token and position embeddings, pre-norm
+blocks of causal self-attention (torch's scaled_dot_product_attention) and a 4x MLP, a final
+LayerNorm and an output head tied to the token embedding. Knows torch only.
+
+LayerNorm works on each position alone, so nothing couples the sequences of a micro-batch: layouts
+of one global batch train the same model (sweep.strategy=smart treats it as batch-free).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, d_model: int, n_head: int):
+        super().__init__()
+        self.n_head = n_head
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.n_head, d // self.n_head).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, t, d))
+
+
+class GPTBlock(nn.Module):
+    """One pre-norm transformer block: the unit activation checkpointing (`blocks`) wraps."""
+
+    def __init__(self, d_model: int, n_head: int):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(d_model)
+        self.attn = CausalSelfAttention(d_model, n_head)
+        self.ln_2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """Token ids (batch x positions, positions <= context) to next-token logits (batch x positions x
+    vocabulary)."""
+
+    def __init__(self, vocab_size: int, context: int, n_layer: int, n_head: int, d_model: int):
+        super().__init__()
+        self.context = context
+        self.wte = nn.Embedding(vocab_size, d_model)
+        self.wpe = nn.Embedding(context, d_model)
+        self.blocks = nn.ModuleList(GPTBlock(d_model, n_head) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab_size, bias=False)
+        self.head.weight = self.wte.weight  # tied (GPT-2)
+        self.apply(_init)
+        for name, p in self.named_parameters():  # GPT-2's scaled init of the residual projections
+            if name.endswith("proj.weight") or name.endswith("mlp.2.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        t = idx.shape[1]
+        if t > self.context:
+            raise ValueError(f"a sequence of {t} tokens is longer than the model's context of {self.context}")
+        x = self.wte(idx) + self.wpe(torch.arange(t, device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+def _init(module: nn.Module) -> None:
+    if isinstance(module, nn.Linear):
+        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+
+def matmul_parameters(vocab_size: int, n_layer: int, d_model: int) -> int:
+    """N of the closed form: the weights every token multiplies (12 d^2 per block: attention's 4 d^2,
+    the MLP's 8 d^2; the tied head's vocabulary x d). Embedding lookups, biases and norms are not
+    matmuls."""
+    return 12 * n_layer * d_model * d_model + vocab_size * d_model
+
+
+def train_flops_per_token(vocab_size: int, context: int, n_layer: int, d_model: int) -> float:
+    """Training FLOPs per token in PaLM's closed form (Chowdhery et al. 2022, appendix B): 6N for the
+    weights' forward and backward, plus attention's 12 L d T (scores and weighted values, forward and
+    backward, counted over the whole T x T square as torch's FLOP counter counts a causal SDPA)."""
+    return 6 * matmul_parameters(vocab_size, n_layer, d_model) + 12 * n_layer * d_model * context
