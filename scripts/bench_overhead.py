@@ -1,11 +1,12 @@
 """Plain hand-written PyTorch loop vs. sweeper's training step, same model/data/batch, one process,
 alternating rounds. Prints `name: value` lines; the last line is the headline ratio.
 
-    python scripts/bench_overhead.py [--model resnet18] [--micro 32] [--accum 1] [--steps 80] [--rounds 10]
-        [--precision fp32|bf16|fp16] [--optim sgd|adamw]
+    python scripts/bench_overhead.py [--model resnet18|mlp|gpt] [--micro 32] [--accum 1] [--steps 80]
+        [--rounds 10] [--precision fp32|bf16|fp16] [--optim sgd|adamw]
 
 Both sides train the same recipe: the plain loop writes autocast, the GradScaler and the optimizer by
-hand, as a user would.
+hand, as a user would. `--model gpt` trains sweeper's GPT (conf/model/gpt.yaml's size) on data=text
+against a nanoGPT-style loop (random windows of the byte stream, `get_batch`), in tokens/s.
 """
 
 from __future__ import annotations
@@ -49,13 +50,16 @@ def plain_step(model_cfg, splits, micro, accum, lr, precision="fp32", optim="sgd
             batches = iter(loader)
             return next(batches)
 
+    if models.is_language_model(model_cfg):
+        next_batch = nano_gpt_batches(splits.train.tokens, model_cfg.context, micro)
     model.train()
 
     def step() -> None:
         for _ in range(accum):
             x, y = next_batch()
             with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
-                loss = F.cross_entropy(model(x), y)
+                logits = model(x)
+                loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
             (scaler.scale(loss / accum) if scaler else loss / accum).backward()
         if scaler:
             scaler.step(opt)
@@ -65,6 +69,19 @@ def plain_step(model_cfg, splits, micro, accum, lr, precision="fp32", optim="sgd
         opt.zero_grad(set_to_none=True)
 
     return step
+
+
+def nano_gpt_batches(stream, context: int, micro: int) -> Callable[[], tuple]:
+    """nanoGPT's get_batch: `micro` windows of the token stream at random offsets, and their next tokens."""
+    data = torch.from_numpy(stream.astype("int64"))
+
+    def get_batch():
+        ix = torch.randint(len(data) - context, (micro,))
+        x = torch.stack([data[i: i + context] for i in ix])
+        y = torch.stack([data[i + 1: i + 1 + context] for i in ix])
+        return x, y
+
+    return get_batch
 
 
 def plain_loop(model_cfg, data_cfg, micro, accum, steps, warmup, lr, precision="fp32", optim="sgd") -> float:
@@ -93,8 +110,11 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    model_cfg = ModelConfig(name=args.model, input_shape=[3, 32, 32] if args.model != "mlp" else [1, 32, 32])
-    data_cfg = DataConfig(name="digits")
+    if args.model == "gpt":
+        model_cfg, data_cfg = ModelConfig(name="gpt", input_shape=[64]), DataConfig(name="text", val_fraction=0.1)
+    else:
+        model_cfg = ModelConfig(name=args.model, input_shape=[3, 32, 32] if args.model != "mlp" else [1, 32, 32])
+        data_cfg = DataConfig(name="digits")
     # The sweeper's step times one window over the same measured steps as the plain loop, with
     # everything it does in a trial switched on: phase marks, the utilization sampler thread, the
     # memory breakdown (on a warm-up step, as in a sweep).
@@ -134,6 +154,11 @@ def main() -> None:
         print(f"sweeper_no_gns_samples_per_second: {statistics.median(off):.1f} (rounds: {', '.join(f'{v:.1f}' for v in off)})")
         print(f"no_gns_ratio_sweeper_over_plain: {statistics.median(o / p for o, p in zip(off, plain)):.3f}")
         print(f"gns_on_over_off: {statistics.median(o / f for o, f in zip(ours, off)):.3f}")
+    positions = models.positions(model_cfg)
+    if positions is not None:
+        print(f"context: {positions} tokens per sequence")
+        print(f"plain_tokens_per_second: {statistics.median(plain) * positions:.0f}")
+        print(f"sweeper_tokens_per_second: {statistics.median(ours) * positions:.0f}")
     print(f"throughput_ratio_sweeper_over_plain: {statistics.median(ratios):.3f}")
 
 if __name__ == "__main__":

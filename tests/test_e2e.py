@@ -257,3 +257,41 @@ def test_a_diverging_lr_is_a_diverged_point_and_replicates_share_their_point(tmp
     tags = client.get_run(parents[0].info.run_id).data.tags
     assert "lrx10000" not in tags.get("sweeper.recommended_overrides", "")
     assert client.get_run(parents[0].info.run_id).data.metrics["num_trials_diverged"] == 2
+
+
+def test_a_language_model_on_your_own_token_files_through_the_cli(tmp_path):
+    """model=gpt on a nanoGPT train.bin/val.bin folder: tokens/s, FLOPs per token and the loss in the
+    record, the table in tokens/s, the data's files named in its MLflow dataset input."""
+    import numpy as np
+
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    # A learnable stream: a repeating phrase of 12 ids among 40, with some noise.
+    rng = np.random.default_rng(0)
+    phrase = rng.integers(0, 40, 12)
+    for name, length in (("train.bin", 24_000), ("val.bin", 2_400)):
+        ids = np.resize(phrase, length)
+        noise = rng.random(length) < 0.05
+        ids[noise] = rng.integers(0, 40, int(noise.sum()))
+        ids.astype(np.uint16).tofile(folder / name)
+    result = run_cli(
+        "model=gpt", "model.n_layer=1", "model.n_head=2", "model.d_model=32", "model.context=16",
+        "data=tokens", f"data.path={folder}", "data.vocab_size=40", "train.samples=768", "optim.lr=0.01",
+        "measure.warmup_steps=3", "measure.windows=3",
+        "sweep.micro_batch_sizes=[8]", "sweep.accumulation_steps=[1,2]", "sweep.num_workers=[1]",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "tokens/s" in result.stdout and "val loss" in result.stdout
+    client, parents, children = _runs(tmp_path)
+    assert len(children) == 2
+    for run in children:
+        metrics, params = run.data.metrics, run.data.params
+        assert run.data.tags["sweeper.status"] == "ok", run.data.tags
+        assert metrics["tokens_per_second"] == pytest.approx(16 * metrics["samples_per_second"])
+        assert metrics["tokens_seen"] == 16 * metrics["samples_seen"]
+        assert params["context"] == "16" and int(params["tokens_per_step"]) == 16 * int(params["global_batch_size"])
+        assert metrics["val_loss"] < metrics["train_unigram_entropy_bits"] * math.log(2)  # it learned the phrase
+        assert metrics["flops_per_token_train"] > 0 and "val_bits_per_byte" not in metrics
+        inputs = client.get_run(run.info.run_id).inputs.dataset_inputs
+        assert str(folder) in inputs[0].dataset.source

@@ -95,6 +95,19 @@ def test_layouts_of_one_global_batch_train_the_gpt_alike():
     assert models.batch_coupled_layers(models.build(TINY, 256)) == []  # so smart treats it as batch-free
 
 
+def test_a_language_model_that_learned_only_token_frequencies_did_not_learn():
+    from sweeper.config import DivergenceConfig
+    from sweeper.worker.divergence import did_not_learn_tokens
+
+    cfg = DivergenceConfig(confidence=0.95)
+    entropy_bits = 4.5  # 3.119 nats
+    assert did_not_learn_tokens(2.5, 0.01, entropy_bits, 100, cfg) is None
+    why = did_not_learn_tokens(3.11, 0.01, entropy_bits, 100, cfg)  # below by less than its noise
+    assert why and "not below the training stream's unigram entropy 3.119 nats" in why
+    assert did_not_learn_tokens(5.5, 0.01, entropy_bits, 100, cfg) is not None  # a uniform guess: ln 256
+    assert did_not_learn_tokens(5.5, 0.01, entropy_bits, 5, cfg) is None  # too few steps to judge
+
+
 def _problems(*overrides):
     register()
     with initialize_config_module(config_module="conf", version_base=None):

@@ -194,6 +194,12 @@ def print_summary(
             "(measure.stable_windows / measure.stability_tolerance); the figure is the median of all windows",
             soft_wrap=True,
         )
+    entropy = next((r["train_unigram_entropy_bits"] for _, r in rows if "train_unigram_entropy_bits" in r), None)
+    if entropy is not None:
+        unit = "bits/byte: the validation loss in bits per byte" if any(
+            "val_bits_per_byte" in r for _, r in rows) else "val loss: the validation loss in nats per token"
+        console.print(f"  {unit}; the training stream's unigram entropy is {entropy:.3f} bits per token (what a "
+                      "model that learned only which tokens are common scores)", soft_wrap=True)
     sources = {r["peak_flops_source"] for _, r in rows if r.get("peak_flops_source")}
     for source in sorted(sources):
         console.print(f"  MFU peak: {source}", soft_wrap=True)
@@ -240,11 +246,18 @@ def _points_table(rows: List[Tuple[GridPoint, PointResult]]) -> Table:
                 for point, _ in rows)
     # With a key, micro/accum/workers are in it; no vertical rules, so the table fits 120 characters.
     layout = () if keyed else ("micro", "accum", "workers")
+    # A language model's points: throughput in tokens and the loss in bits per byte (or nats per token).
+    tokens = any("tokens_per_second" in result for _, result in rows)
+    bits = any("val_bits_per_byte" in result for _, result in rows)
+    rate, rate_key = ("tokens/s", "tokens_per_second") if tokens else ("samples/s", "samples_per_second")
+    quality, quality_key, pattern = (("bits/byte", "val_bits_per_byte", "{:.3f}") if bits else
+                                     ("val loss", "val_loss", "{:.3f}") if tokens else
+                                     ("val acc", "val_accuracy", "{:.3f}"))
     table = Table(title="points, fastest first", box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
     for column in (("point",) if keyed else ()) + layout + (
-            "global", "status", "samples/s", "cv", "MFU", "peak MiB", "val acc", "B_simple", "startup s"):
+            "global", "status", rate, "cv", "MFU", "peak MiB", quality, "B_simple", "startup s"):
         table.add_column(column, justify="left" if column == "point" else "right", min_width=20 if column == "point"
-                         else None, no_wrap=column in ("status", "samples/s"),
+                         else None, no_wrap=column in ("status", rate),
                          overflow="fold" if column == "point" else "ellipsis")
 
     def speed(row):
@@ -256,12 +269,12 @@ def _points_table(rows: List[Tuple[GridPoint, PointResult]]) -> Table:
               (str(point.micro_batch_size), str(point.accumulation_steps), str(point.num_workers))),
             str(point.global_batch_size),
             _status(result, step=False),
-            _fmt(result.get("samples_per_second"), "{:.1f}")
+            _fmt(result.get(rate_key), "{:,.0f}" if tokens else "{:.1f}")
             + ("" if result.get("throughput_stable", True) else " [yellow]unstable[/]"),
             _fmt(result.get("samples_per_second_cv"), "{:.1%}"),
             _fmt(result.get("mfu"), "{:.1%}"),
             _fmt(_mib(result.get("peak_memory_bytes")), "{:.0f}"),
-            _fmt(result.get("val_accuracy"), "{:.3f}"),
+            _fmt(result.get(quality_key), pattern),
             _fmt(result.get("gns_b_simple"), "{:.1f}"),
             _fmt(result.get("startup_seconds"), "{:.1f}"),
         )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import List, Optional, Sequence
 
 import torch
@@ -165,3 +166,22 @@ def did_not_learn(accuracy: float, samples: int, num_classes: int, steps: int,
         return None
     return (f"validation accuracy {accuracy:.3f} ({hits}/{samples}) is not separated from a guess "
             f"(1/{num_classes}) at {level * 100:g} %")
+
+
+def did_not_learn_tokens(loss: float, loss_se: Optional[float], unigram_bits: Optional[float], steps: int,
+                         cfg: DivergenceConfig) -> Optional[str]:
+    """A language model's rule: why it learned nothing beyond which tokens are common, or None. Its
+    validation loss (nats per token) must lie below the training stream's unigram entropy by more than
+    its noise: loss + z x standard error < entropy, z the one-sided normal quantile at `confidence(cfg)`.
+    Against the unigram entropy, not a uniform guess's ln(vocabulary): a byte model reaches the latter
+    by counting bytes, which is not what its batch layout is being chosen to learn. Not judged as
+    did_not_learn is not (too few steps, no figures, divergence.check off)."""
+    if not cfg.check or steps < CHANCE_MIN_STEPS or unigram_bits is None or not math.isfinite(loss):
+        return None
+    level, entropy = confidence(cfg), unigram_bits * math.log(2)
+    bound = loss + NormalDist().inv_cdf(level) * (loss_se or 0.0)
+    if bound < entropy:
+        return None
+    return (f"validation loss {loss:.3f} nats per token ({loss / math.log(2):.3f} bits) is not below the training "
+            f"stream's unigram entropy {entropy:.3f} nats ({unigram_bits:.3f} bits) at {level * 100:g} %: it "
+            "learned no more than which tokens are common")

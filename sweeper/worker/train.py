@@ -419,7 +419,11 @@ def _divergence(result: PointResult, run: Training, diverged: Optional[Diverged]
     accuracy, samples = result.accuracy.val_accuracy, result.accuracy.val_samples
     if accuracy is None or samples is None or spec.partial:
         return  # a rung before the last (smart): a model still learning, not one that learned nothing
-    why = divergence.did_not_learn(accuracy, samples, run.splits.num_classes, run.steps_done, spec.divergence)
+    if models.is_language_model(spec.model):
+        why = divergence.did_not_learn_tokens(result.accuracy.val_loss, result.accuracy.val_loss_se,
+                                              run.splits.unigram_entropy_bits, run.steps_done, spec.divergence)
+    else:
+        why = divergence.did_not_learn(accuracy, samples, run.splits.num_classes, run.steps_done, spec.divergence)
     if why is not None:
         result.status = divergence.DID_NOT_LEARN
         result.divergence.status_detail = why
