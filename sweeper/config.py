@@ -22,6 +22,10 @@ USE_GPU_CHOICES = ("auto", "true", "false")
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 TASKS = ("train", "inference")
 BYTE_VOCAB = 256  # data=text's vocabulary: bytes
+# Models that take token ids and predict the next token at every position, and the data that makes
+# token sequences for them (sweeper/gpt.py, sweeper/text.py).
+LANGUAGE_MODELS = ("gpt",)
+TOKEN_DATA = ("text", "tokens")
 
 # One sample bigger than this is a typo in model.input_shape (a micro-batch holds many samples and
 # their activations), not a workload: refused before anything allocates it.
@@ -435,9 +439,9 @@ def to_typed(cfg: DictConfig) -> SweeperConfig:
     except OmegaConfBaseException as exc:
         raise ConfigError([conversion_problem(exc)]) from exc
     typed.cluster.use_gpu = normalize_use_gpu(typed.cluster.use_gpu)
-    if typed.model.name == "gpt" and not typed.model._target_:  # one home for the sequence length
+    if is_language_model(typed.model):  # one home for the sequence length
         typed.model.input_shape = [typed.model.context]
-    if not typed.data._target_ and typed.data.name in ("text", "tokens"):  # and for the vocabulary
+    if is_token_data(typed.data):  # and for the vocabulary
         typed.data.num_classes = BYTE_VOCAB if typed.data.name == "text" else (typed.data.vocab_size or 0)
     for section, key in LIST_KEYS:
         value = getattr(getattr(typed, section), key)
@@ -824,7 +828,7 @@ def check_data(data: DataConfig, local_cpus: Optional[int]) -> List[str]:
     problems: List[str] = []
     _check(problems, "data.val_fraction", data.val_fraction, lambda f: 0 < f < 1, "must be between 0 and 1")
     _check(problems, "data.num_samples", data.num_samples, _positive, "must be positive")
-    if data.name not in ("text", "tokens") or data._target_:  # token data: its vocabulary (sweeper.text)
+    if not is_token_data(data):  # token data: its vocabulary (sweeper.text)
         _check(problems, "data.num_classes", data.num_classes, lambda n: n >= 2, "must be at least 2")
     # Each DataLoader worker is a process with its own copy of the dataset object, per training
     # worker; torch warns past one per CPU. Four per CPU leaves room for loaders that wait on disk or
@@ -853,7 +857,7 @@ def check_model(model: ModelConfig) -> List[str]:
     if model.name == "mlp" and not model._target_:
         for key in ("depth", "width"):
             _check(problems, f"model.{key}", getattr(model, key), _positive, "must be positive")
-    if model.name == "gpt" and not model._target_:
+    if is_language_model(model):
         problems += _check_gpt(model)
     return problems
 
@@ -914,10 +918,10 @@ def _check_model_data(model: ModelConfig, data: DataConfig) -> List[str]:
     """The built-in datasets make samples of model.input_shape: digits and cifar10 resize images to
     it; digits and synthetic hold all of theirs in memory (cifar10 transforms each as it is read).
     Token data trains a language model, and a language model trains on token data."""
-    tokens, language_model = data.name in ("text", "tokens") and not data._target_, model.name == "gpt"
+    tokens, language_model = is_token_data(data), is_language_model(model)
     if tokens and not language_model and not model._target_:
         return [f"data={data.name} makes token sequences, which model={model.name} does not take: use model=gpt"]
-    if language_model and not tokens and not model._target_ and not data._target_:
+    if language_model and not tokens and not data._target_:
         return [f"model=gpt trains on token sequences, which data={data.name} does not make: use data=text (bytes "
                 "of the Python standard library) or data=tokens data.path=DIR (your nanoGPT train.bin/val.bin)"]
     if tokens or language_model:
@@ -938,6 +942,14 @@ def _check_model_data(model: ModelConfig, data: DataConfig) -> List[str]:
         f"{held / 2**30:,.1f} GiB, more than this machine's {memory / 2**30:,.1f} GiB: use a smaller "
         "model.input_shape" + (" or data.num_samples" if data.name == "synthetic" else "")
     ]
+
+
+def is_language_model(model: ModelConfig) -> bool:
+    return model.name in LANGUAGE_MODELS and not model._target_
+
+
+def is_token_data(data: DataConfig) -> bool:
+    return data.name in TOKEN_DATA and not data._target_
 
 
 def sample_bytes(shape: List[int]) -> int:

@@ -14,12 +14,11 @@ from hydra.utils import get_method
 from torch.utils.data import Dataset, Sampler, TensorDataset
 
 from sweeper import text
-from sweeper.config import BYTE_VOCAB, DataConfig, check_factory
+from sweeper.config import BYTE_VOCAB, TOKEN_DATA, DataConfig, check_factory
 from sweeper.errors import first_line
 from sweeper.plan import GridPoint, stream_indices
 
-BUILTIN = ("digits", "cifar10", "synthetic", "text", "tokens")
-TOKEN_DATA = ("text", "tokens")  # token sequences, for a language model (sweeper.text)
+BUILTIN = ("digits", "cifar10", "synthetic", *TOKEN_DATA)
 FACTORY_RETURNS = "a 2-tuple (train_dataset, val_dataset or None) of datasets with len()"
 CIFAR_FOLDER = "cifar-10-batches-py"
 CIFAR_FILES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"]

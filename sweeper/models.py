@@ -10,12 +10,9 @@ import torch
 from hydra.utils import get_method
 from torch import nn
 
-from sweeper.config import ModelConfig, check_factory
+from sweeper.config import LANGUAGE_MODELS, ModelConfig, check_factory, is_language_model
 from sweeper.errors import first_line
 from sweeper.samples import Samples
-
-# Models that take token ids and predict the next token at every position.
-LANGUAGE_MODELS = ("gpt",)
 
 
 class MLPBlock(nn.Sequential):
@@ -116,10 +113,6 @@ def build(cfg: ModelConfig, num_classes: int) -> nn.Module:
     import torchvision
 
     return torchvision.models.get_model(cfg.name, weights=None, num_classes=num_classes, **cfg.kwargs)
-
-
-def is_language_model(cfg: ModelConfig) -> bool:
-    return cfg.name in LANGUAGE_MODELS and not cfg._target_
 
 
 def positions(cfg: ModelConfig) -> Optional[int]:

@@ -20,11 +20,6 @@ class Samples:
     num_classes: int  # classes, or the vocabulary a token id is below
     tokens: bool = False
 
-    @property
-    def positions(self) -> Optional[int]:
-        """Tokens per sample (the sequence length), or None for a classifier's sample."""
-        return int(self.shape[0]) if self.tokens else None
-
     def batch(self, n: int, generator: Optional[torch.Generator] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         """A random batch of `n` samples and their targets."""
         if self.tokens:
