@@ -698,7 +698,7 @@ def test_lr_table_judges_each_multiplier_against_the_best_by_non_inferiority():
     # x1 is the best (0.935 mean); x0.5 tracks it seed by seed, x2 is noisy, x4 clearly worse.
     runs = {0.5: [0.93, 0.93, 0.94], 1.0: [0.93, 0.935, 0.94], 2.0: [0.95, 0.40, 0.99], 4.0: [0.70, 0.71, 0.69]}
     trials = [at(m, a, s) for m, accuracies in runs.items() for s, a in enumerate(accuracies)]
-    row = lr_table(trials, max_accuracy_drop=0.02)[32]
+    row = lr_table(trials, max_drop=0.02)[32]
     assert row.best_multiplier == 1.0
     assert row.outcome("eligible") == (0.5, 1.0)
     assert row.outcome("unproven") == (2.0,)

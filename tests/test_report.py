@@ -10,6 +10,7 @@ from sweeper.config import ReportConfig
 from sweeper.plan import GridPoint
 from sweeper.report import build as report
 from sweeper.report import sections
+from sweeper.report.quality import ACCURACY, BITS_PER_BYTE
 from sweeper.schema import PointResult
 from sweeper.tracking import Tracker
 
@@ -289,9 +290,12 @@ def test_the_report_knows_the_class_count_so_its_pooled_chance_check_runs():
 def test_the_lr_table_and_recipe_sections_judge_by_the_sweeps_recorded_drop():
     from sweeper.report.analysis import Trial
 
-    assert sections.judging({"report_max_accuracy_drop": "0.05", "report_confidence": "0.9"}) == (0.05, 0.9)
-    assert sections.judging({"report_max_accuracy_drop": "None"}) == (None, 0.95)
-    assert sections.judging({}) == (0.02, 0.95)
+    assert sections.judging({"report_max_accuracy_drop": "0.05", "report_confidence": "0.9"})[:2] == (0.05, 0.9)
+    assert sections.judging({"report_max_accuracy_drop": "None"})[:2] == (None, 0.95)
+    assert sections.judging({}) == (0.02, 0.95, ACCURACY)
+    # A language model's sweep is judged by its loss, with the loss's own tolerance.
+    byte_lm = [Trial("a", 1, 1, 1, 1, "ok", val_bits_per_byte=3.5)]
+    assert sections.judging({"report_max_loss_rise": "0.05"}, byte_lm) == (0.05, 0.95, BITS_PER_BYTE)
 
     def run(m, accuracy, seed, precision="fp32"):
         return Trial(key=f"mb32-lrx{m:g}-{precision}-s{seed}", point_key=f"mb32-lrx{m:g}-{precision}", seed=seed,

@@ -16,10 +16,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from sweeper import tracking
 from sweeper.config import ReportConfig
 from sweeper.errors import first_line
-from sweeper.report import analysis, plots, snippets, points, sections
+from sweeper.report import analysis, plots, reasons, snippets, points, sections
 from sweeper.report import html as html_report
 from sweeper.report.analysis import Recommendation, Trial
 from sweeper.report.critical_batch import CriticalBatch
+from sweeper.report.quality import QUALITIES
 from sweeper.plan import GridPoint, frontier_label
 from sweeper.schema import FrontierResult, PointResult
 from sweeper.units import MiB, format_bytes
@@ -49,7 +50,7 @@ def recorded_settings(params: Dict[str, str]) -> ReportConfig:
     for f in fields(ReportConfig):
         text = params.get(f"report_{f.name}")
         if text is not None:
-            values[f.name] = text if f.name == "objective" else _number(text)
+            values[f.name] = text if f.name in ("objective", "quality") else _number(text)
     return replace(ReportConfig(), **values)
 
 
@@ -86,17 +87,18 @@ def build(
     found = points.critical_batch(trials)
 
     rec = analysis.recommend(trials, cfg.objective, cfg.min_accuracy, budget, cfg.max_accuracy_drop,
-                             level=cfg.confidence, critical_batch=found)
+                             level=cfg.confidence, critical_batch=found, quality=cfg.quality,
+                             max_loss_rise=cfg.max_loss_rise)
     line = analysis.override_line(rec.best) if rec.best else None
     yaml_path = _write_text(os.path.join(folder, "recommendation.yaml"), analysis.recommendation_yaml(
-        rec, cfg.objective, cfg.min_accuracy, budget, cfg.max_accuracy_drop))
+        rec, cfg.objective, cfg.min_accuracy, budget, cfg.max_accuracy_drop, cfg.max_loss_rise))
     images = _draw_plots(folder, trials, cfg, sweep.params, budget, rec, found)
-    text = recommendation_text(rec, line, found)
+    text = recommendation_text(rec, line, found, points.single_context(trials))
     # The parent's own figures: the frontier searches' (sweep.micro_batch_sizes=auto) and the smart
     # strategy's compute ledger.
     sweep_figures = tracker.sweep_metrics(parent_run_id)
     html = html_report.render(sweep.run_name, [_row(t) for t in sorted(trials, key=_speed, reverse=True)], images,
-                              text, _settings_shown(parent_run_id, cfg, budget_gb),
+                              text, _settings_shown(parent_run_id, cfg, budget_gb, rec.quality),
                               sections.sections(trials, found, sweep.params, sweep_figures))
     html_path = _write_text(os.path.join(folder, "report.html"), html)
     # The answer as settings for the trainer a team uses (Lightning, Hugging Face, DeepSpeed, Ray
@@ -149,7 +151,8 @@ def _draw_plots(
             layouts, knees_per_recipe(layouts, cfg.knee_min_gain), p, cfg.knee_min_gain)),
         ("memory_vs_micro_batch", lambda p: plots.memory_vs_micro_batch(layouts, p, budget_bytes=budget)),
         ("memory_by_recipe", lambda p: plots.memory_by_recipe(layouts, p, budget_bytes=budget)),
-        ("accuracy_vs_global_batch", lambda p: plots.accuracy_vs_global_batch(trials, p, lr_label)),
+        ("accuracy_vs_global_batch", lambda p: plots.accuracy_vs_global_batch(
+            trials, p, lr_label, cfg.confidence, QUALITIES[rec.quality])),
         ("time_to_target_vs_global_batch", lambda p: plots.time_to_target_vs_global_batch(trials, p)),
         ("steps_to_target_vs_global_batch", lambda p: plots.steps_to_target_vs_global_batch(
             trials, p, found, lr_label)),
@@ -163,23 +166,29 @@ def _draw_plots(
 
 
 def knees_per_recipe(layouts: List[Trial], min_gain: float) -> Dict[Tuple[int, int, str], Optional[int]]:
-    """analysis.knees within each recipe (a series holds one recipe's sizes), keyed as the plots'
-    series: (accumulation, workers, the recipe's label beyond fp32, else "")."""
+    """analysis.knees within each recipe and context (a series holds one recipe's sizes at one context),
+    keyed as the plots' series: (accumulation, workers, the series' label beyond fp32, else "")."""
     out: Dict[Tuple[int, int, str], Optional[int]] = {}
-    for recipe in sorted({points.recipe(t) for t in layouts}):
-        label = "" if recipe == points.DEFAULT_RECIPE else points.recipe_label(recipe)
-        own = [t for t in layouts if points.recipe(t) == recipe]
+    for label in sorted({plots.series_of(t)[2] for t in layouts}):
+        own = [t for t in layouts if plots.series_of(t)[2] == label]
         out.update({(a, w, label): knee for (a, w), knee in analysis.knees(own, min_gain).items()})
     return out
 
 
-def _settings_shown(parent_run_id: str, cfg: ReportConfig, budget_gb: Optional[float]) -> Dict[str, str]:
+def _limit(value: Optional[float]) -> str:
+    return "none" if value is None else f"{value:g}"
+
+
+def _settings_shown(parent_run_id: str, cfg: ReportConfig, budget_gb: Optional[float], quality: str
+                    ) -> Dict[str, str]:
     """What the page says it answered: the sweep's run and the settings the recommendation applied."""
     return {
         "MLflow run": parent_run_id,
         "objective": cfg.objective,
         "min accuracy": "none" if cfg.min_accuracy is None else f"{cfg.min_accuracy:g}",
-        "max accuracy drop": "none" if cfg.max_accuracy_drop is None else f"{cfg.max_accuracy_drop:g}",
+        "quality": cfg.quality if cfg.quality != "auto" else f"auto ({quality})",
+        "max accuracy drop" if quality == "val_accuracy" else "max loss rise": _limit(
+            cfg.max_accuracy_drop if quality == "val_accuracy" else cfg.max_loss_rise),
         "memory budget": f"{budget_gb:g} GiB" if budget_gb else "none",
         "knee": f"first micro-batch after which doubling gains < {cfg.knee_min_gain:.0%}",
     }
@@ -319,11 +328,17 @@ def _trial(row: Dict[str, Any]) -> Trial:
         reached_target=None if reached is None else reached > 0,
         gns_b_simple=number("gns_b_simple"),
         gns_b_simple_train_avg=number("gns_b_simple_train_avg"),
+        tokens_per_second=number("tokens_per_second"),
+        val_loss_se=number("val_loss_se"),
+        val_bits_per_byte=number("val_bits_per_byte"),
+        train_unigram_entropy_bits=number("train_unigram_entropy_bits"),
+        context=whole("context"),
+        memory_activations_bytes=number("memory_activations_bytes"),
     )
 
 
 def _speed(t: Trial) -> float:
-    return t.samples_per_second or -1.0
+    return t.tokens_per_second or t.samples_per_second or -1.0
 
 
 def _row(t: Trial) -> Dict[str, str]:
@@ -338,34 +353,43 @@ def _row(t: Trial) -> Dict[str, str]:
         "global": str(t.global_batch_size),
         "status": t.status + (f" ({t.diverged_reason})" if t.status == "diverged" and t.diverged_reason else ""),
         "samples/s": fmt(t.samples_per_second, "{:.1f}") + ("" if t.throughput_stable is not False else " (unstable)"),
+        **({} if t.tokens_per_second is None else {"tokens/s": fmt(t.tokens_per_second, "{:.0f}")}),
         "cv": fmt(t.samples_per_second_cv, "{:.1%}"),
         "peak MiB": fmt(None if t.peak_memory_bytes is None else t.peak_memory_bytes / MiB, "{:.0f}"),
         "val acc": fmt(t.val_accuracy, "{:.3f}"),
+        **({} if t.val_loss is None or t.tokens_per_second is None else {"val loss": fmt(t.val_loss, "{:.3f}")}),
+        **({} if t.val_bits_per_byte is None else {"bits/byte": fmt(t.val_bits_per_byte, "{:.3f}")}),
+        **({} if t.activation_bytes_per_token is None else {
+            "act. KiB/token": fmt(t.activation_bytes_per_token / 1024, "{:.1f}")}),
         "lr": fmt(t.lr, "{:.4g}"),
         "B_simple": fmt(t.gns_b_simple, "{:.1f}"),
     }
 
 
-def recommendation_text(rec: Recommendation, line: Optional[str], found: Optional[CriticalBatch] = None) -> str:
+def recommendation_text(rec: Recommendation, line: Optional[str], found: Optional[CriticalBatch] = None,
+                        context: Optional[int] = None) -> str:
     if rec.best is None:
         text = f"No recommendation: {rec.reason}"
     else:
-        text = f"Train with {rec.best.key} (global batch {rec.best.global_batch_size}). {rec.reason}"
+        best = rec.best
+        tokens = "" if best.context is None else f" sequences, {best.global_batch_size * best.context} tokens"
+        text = f"Train with {rec.best.key} (global batch {rec.best.global_batch_size}{tokens}). {rec.reason}"
         if line:
             text += f"\nOverrides: {line}"
         if rec.runners_up:
-            text += "\nRunners-up: " + "; ".join(_figures_text(t) for t in rec.runners_up)
+            text += "\nRunners-up: " + "; ".join(_figures_text(t, rec.quality) for t in rec.runners_up)
     if found is not None:
-        text += f"\nCritical batch: {found.in_words()}."
+        text += f"\nCritical batch: {found.in_words(context)}."
     return text
 
 
-def _figures_text(t: Trial) -> str:
-    figures = [f"{t.samples_per_second:.1f} samples/s" if t.samples_per_second is not None else "no throughput"]
+def _figures_text(t: Trial, quality: str = "val_accuracy") -> str:
+    figures = [reasons.rate_text(t) if t.samples_per_second is not None else "no throughput"]
     if t.peak_memory_bytes is not None:
         figures.append(format_bytes(t.peak_memory_bytes, 0, unit="MiB"))
-    if t.val_accuracy is not None:
-        figures.append(f"val_accuracy {t.val_accuracy:.3f}")
+    value = getattr(t, quality)
+    if value is not None:
+        figures.append(f"{quality} {value:.3f}")
     return f"{t.key} ({', '.join(figures)})"
 
 
@@ -391,6 +415,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--memory-budget-gb", type=_optional_float, default=keep,
                         help="GiB per worker; none: the device budget the sweep ran under, if any")
     parser.add_argument("--max-accuracy-drop", type=_optional_float, default=keep, help="a fraction, or none")
+    parser.add_argument("--quality", default=keep, choices=report_settings.QUALITY_CHOICES,
+                        help="what 'better' means; auto: bits per byte or the loss for a language model")
+    parser.add_argument("--max-loss-rise", type=_optional_float, default=keep,
+                        help="the tolerance when the quality is a loss, in its units, or none")
     parser.add_argument("--knee-min-gain", type=float, default=keep)
     parser.add_argument("--out", default=None, help="default: <MLflow store folder>/reports/<sweep run name>")
     parser.add_argument("--no-log", action="store_true", help="write files only; do not attach them to the run")

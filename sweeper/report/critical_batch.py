@@ -31,11 +31,15 @@ class CriticalBatch:
         """The share of the steps that doubling `global_batch` saves: 1 - S(2B)/S(B)."""
         return 1 - self.steps(2 * global_batch) / self.steps(global_batch)
 
-    def in_words(self) -> str:
+    def in_words(self, context: Optional[int] = None) -> str:
         """Where the returns fall off: at B_crit doubling the batch saves a quarter of the steps; above
-        it, less (half a linear speed-up and falling), below it, up to a half (perfect scaling)."""
+        it, less (half a linear speed-up and falling), below it, up to a half (perfect scaling). With a
+        language model's `context`, the batch in tokens too (sequences x context)."""
         b = self.critical_batch_size
         interval = f" (95 % interval {self.low:.0f}-{self.high:.0f})" if self.low is not None else ""
+        if context:
+            interval = f" sequences of {context} tokens, ~{b * context:.0f} tokens per step" + (
+                f"; 95 % interval {self.low:.0f}-{self.high:.0f} sequences" if self.low is not None else "")
         return (f"the critical batch size is ~{b:.0f}{interval}: below it, doubling the global batch nearly halves "
                 f"the steps to the target; at it, doubling saves a quarter of them; at {2 * b:.0f}, "
                 f"{self.saving_of_doubling(2 * b):.0%} (S_min {self.s_min:.0f} steps, E_min {self.e_min:.0f} samples)")

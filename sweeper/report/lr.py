@@ -1,5 +1,5 @@
 """The LR multiplier table: per global batch, the best multiplier, the largest that did not diverge
-and (by val accuracy) which others are certified within the tolerance of the best. Pure (stdlib)."""
+and (by the report's quality) which others are certified within the tolerance of the best. Pure (stdlib)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterable, Optional, Tuple
 
 from sweeper.report.noninferiority import Gap, judge_matched
+from sweeper.report.quality import ACCURACY, QUALITIES, Quality
 from sweeper.report.trials import Trial, _finite, _mean
 
 
@@ -17,12 +18,13 @@ class LrRow:
 
     global_batch_size: int
     multipliers: Tuple[float, ...]  # tried, ascending
-    metric: str  # what "best" means: val_accuracy (higher), else val_loss or train_loss (lower)
+    # What "best" means: the quality (val_accuracy higher; val_loss, val_bits_per_byte lower), or train_loss.
+    metric: str
     best_multiplier: Optional[float]  # the best mean `metric` over the ok replicates at this global batch
     best_value: Optional[float]
     largest_stable: Optional[float]  # the largest multiplier with an ok replicate and none diverged
     diverged: Tuple[float, ...]  # multipliers with a diverged replicate
-    # With max_accuracy_drop (metric val_accuracy): each other multiplier's accuracy gap to the best one,
+    # With a tolerance (the metric a quality): each other multiplier's quality gap to the best one,
     # matched by layout, recipe and seed, judged by the recommendation's rule (judge_matched):
     # (multiplier, Gap) ascending; outcome "eligible" | "unproven" | "excluded".
     judged: Tuple[Tuple[float, "Gap"], ...] = ()
@@ -33,21 +35,24 @@ class LrRow:
         return tuple(sorted(best + tuple(m for m, gap in self.judged if gap.outcome == name)))
 
 
-def lr_table(trials: Iterable[Trial], metric: Optional[str] = None, max_accuracy_drop: Optional[float] = None,
-             level: float = 0.95) -> Dict[int, LrRow]:
+def lr_table(trials: Iterable[Trial], metric: Optional[str] = None, max_drop: Optional[float] = None,
+             level: float = 0.95, quality: Optional[Quality] = None) -> Dict[int, LrRow]:
     """Per global batch (ascending), the best LR multiplier and the largest that did not diverge,
     over every layout and recipe at that global batch and every seed (a run without a multiplier
-    trained at 1). `metric` None: val_accuracy when any ok run measured it, else val_loss, else
-    train_loss (final); any Trial figure may be named (val_accuracy is the only one where higher is
-    better, e.g. time_to_target_seconds or steps_to_target rank lower first). With `max_accuracy_drop`
-    and metric val_accuracy, every other multiplier is judged against the best by non-inferiority at
-    `level` (`LrRow.judged`): one within the drop is certified, not merely inseparable."""
+    trained at 1). `metric` None: `quality`'s when given, else val_accuracy when any ok run measured
+    it, else val_loss, else train_loss (final); any Trial figure may be named (val_accuracy is the only
+    one where higher is better, e.g. time_to_target_seconds or steps_to_target rank lower first). With
+    `max_drop` (in the quality's units) and a quality metric, every other multiplier is judged against
+    the best by non-inferiority at `level` (`LrRow.judged`): one within it is certified, not merely
+    inseparable."""
     trials = list(trials)
     ok = [t for t in trials if t.status == "ok"]
     if metric is None:
-        metric = next((m for m in ("val_accuracy", "val_loss", "train_loss")
-                       if any(_finite(getattr(t, m)) for t in ok)), "val_accuracy")
-    higher = metric == "val_accuracy"
+        metric = quality.metric if quality is not None else next(
+            (m for m in ("val_accuracy", "val_loss", "train_loss") if any(_finite(getattr(t, m)) for t in ok)),
+            "val_accuracy")
+    judged_by = QUALITIES.get(metric)
+    higher = (judged_by or ACCURACY).higher_is_better if metric in QUALITIES else False
     table: Dict[int, LrRow] = {}
     for batch in sorted({t.global_batch_size for t in trials}):
         at_batch = [t for t in trials if t.global_batch_size == batch]
@@ -61,12 +66,12 @@ def lr_table(trials: Iterable[Trial], metric: Optional[str] = None, max_accuracy
         stable = [m for m in tried if m not in diverged and any(t.status == "ok" and _multiplier(t) == m
                                                                  for t in at_batch)]
         judged: Tuple[Tuple[float, Gap], ...] = ()
-        if higher and best is not None and max_accuracy_drop is not None:
+        if judged_by is not None and best is not None and max_drop is not None:
             def runs(m: float) -> Dict[Any, Trial]:
                 return {(t.micro_batch_size, t.accumulation_steps, t.num_workers, t.precision,
                          t.activation_checkpointing, t.seed): t for t in at_batch if _multiplier(t) == m}
             judged = tuple((m, gap) for m in tried if m != best
-                           for gap in [judge_matched(runs(m), runs(best), max_accuracy_drop, level)] if gap)
+                           for gap in [judge_matched(runs(m), runs(best), max_drop, level, judged_by)] if gap)
         table[batch] = LrRow(batch, tuple(tried), metric, best, None if best is None else scored[best],
                              max(stable) if stable else None, diverged, judged)
     return table

@@ -9,6 +9,7 @@ from typing import Dict, List, Optional
 import yaml
 
 from sweeper.report.lr import lr_table
+from sweeper.report.quality import QUALITIES
 from sweeper.report.settings import LR_SCALING_RULES, invalid_choice
 from sweeper.report.stats import Interval
 from sweeper.report.trials import PointSummary, Recommendation, Trial, seconds_to_train
@@ -74,17 +75,26 @@ def _figures(trial: Trial) -> Dict[str, object]:
         "peak_memory_bytes": _byte_count(trial.peak_memory_bytes),
         "val_accuracy": _num(trial.val_accuracy),
         "seconds_to_train": _num(seconds_to_train(trial)),
+        # A language model's: tokens/s and the losses (nats per token; bits per byte for byte-level text).
+        **({} if trial.tokens_per_second is None else {
+            "tokens_per_second": _num(trial.tokens_per_second), "val_loss": _num(trial.val_loss),
+            "val_bits_per_byte": _num(trial.val_bits_per_byte), "context": trial.context,
+            "tokens_per_step": None if trial.context is None else int(trial.global_batch_size * trial.context),
+            "activation_bytes_per_token": _num(trial.activation_bytes_per_token)}),
     }
 
 
-def _point_figures(point: PointSummary) -> Dict[str, object]:
-    """A point's seeds, statuses and intervals, and its target figures when it has them."""
+def _point_figures(point: PointSummary, quality: str = "val_accuracy", level: float = 0.95) -> Dict[str, object]:
+    """A point's seeds, statuses and intervals (the quality's too when it is not accuracy), and its
+    target figures when it has them."""
     out: Dict[str, object] = {
         "seeds": [None if s is None else int(s) for s in point.seeds],
         "statuses": [t.status for t in point.replicates],
         "accuracy_interval": _interval(point.accuracy),
         "train_loss_interval": _interval(point.loss),
     }
+    if quality != "val_accuracy":
+        out["quality_interval"] = _interval(QUALITIES[quality].interval(point, level))
     t = point.trial
     if t.reached_target is not None:
         out.update(reached_target_seeds=point.reached, time_to_target_seconds=_num(t.time_to_target_seconds),
@@ -127,7 +137,7 @@ def _chosen(rec: Recommendation) -> Dict[str, object]:
     }
     chosen.update(_figures(best))
     if best.key in rec.points:
-        chosen.update(_point_figures(rec.points[best.key]))
+        chosen.update(_point_figures(rec.points[best.key], rec.quality, rec.level))
     chosen["overrides"] = override_line(best)
     return chosen
 
@@ -147,6 +157,7 @@ def recommendation_yaml(
     min_accuracy: Optional[float] = None,
     memory_budget_bytes: Optional[float] = None,
     max_accuracy_drop: Optional[float] = None,
+    max_loss_rise: Optional[float] = None,
 ) -> str:
     """A small YAML report of `rec`: the objective and constraints, the confidence level, the chosen
     configuration with its measured figures (means over seeds), seeds and intervals and a Hydra
@@ -162,8 +173,11 @@ def recommendation_yaml(
         "constraints": {
             "min_accuracy": _num(min_accuracy),
             "memory_budget_bytes": _byte_count(memory_budget_bytes),
-            "max_accuracy_drop": _num(max_accuracy_drop),
+            # The quality's own margin: report.max_accuracy_drop for accuracy, report.max_loss_rise for a loss.
+            **({"max_accuracy_drop": _num(max_accuracy_drop)} if rec.quality == "val_accuracy"
+               else {"max_loss_rise": _num(max_loss_rise)}),
         },
+        "quality": rec.quality,
         "confidence_level": float(rec.level),
         "recommendation": None if rec.best is None else _chosen(rec),
         "reason": rec.reason,
@@ -172,7 +186,7 @@ def recommendation_yaml(
         "ties": dict(rec.ties),
         "unproven": dict(rec.unproven),
         "diverged": dict(rec.diverged),
-        "points": {key: _point_figures(p) for key, p in rec.points.items()},
+        "points": {key: _point_figures(p, rec.quality, rec.level) for key, p in rec.points.items()},
         "lr_table": _lr_rows(rec),
     }
     return yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, width=1000)

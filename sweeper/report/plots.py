@@ -22,7 +22,8 @@ from matplotlib.ticker import FuncFormatter, NullLocator, PercentFormatter
 from matplotlib.transforms import Bbox
 
 from sweeper.report import points as folding
-from sweeper.report.analysis import Trial, accuracy_interval, replicates
+from sweeper.report.analysis import Trial, replicates, summarize
+from sweeper.report.quality import ACCURACY, Quality
 from sweeper.report.critical_batch import CriticalBatch
 from sweeper.units import KiB, MiB, format_bytes
 
@@ -117,17 +118,18 @@ def memory_vs_micro_batch(
 
 
 def accuracy_vs_global_batch(trials: Sequence[Trial], path: str | os.PathLike, lr_label: str,
-                             level: float = 0.95) -> Optional[str]:
-    """Validation accuracy against the global batch: one marker per point (the mean over its seeds)
-    with its confidence interval as an error bar (t over seeds, or the one seed's Wilson interval:
-    the legend names which), nudged sideways per series so points with the same global batch stay
-    visible side by side; a grey line through the mean per global batch; diverged points as red x
-    at the bottom with their reason. `lr_label` (e.g. "LR scaling: sqrt (base 32)") titles the legend.
+                             level: float = 0.95, quality: Quality = ACCURACY) -> Optional[str]:
+    """The validation quality (report.quality: accuracy, or a language model's loss) against the global
+    batch: one marker per point (the mean over its seeds) with its confidence interval as an error bar
+    (t over seeds, or the one seed's interval: the legend names which), nudged sideways per series so
+    points with the same global batch stay visible side by side; a grey line through the mean per global
+    batch; diverged points as red x at the bottom with their reason. `lr_label` (e.g. "LR scaling: sqrt
+    (base 32)") titles the legend.
 
-    Returns None and writes nothing when no ok trial has a validation accuracy (e.g. synthetic data)."""
+    Returns None and writes nothing when no ok trial measured the quality (e.g. synthetic data)."""
     groups = replicates(trials)
     folded = folding.fold(trials)
-    ok = [t for t in folded if t.status == "ok" and t.val_accuracy is not None]
+    ok = [t for t in folded if t.status == "ok" and quality.value(t) is not None]
     if not ok:
         return None
     fig, ax = _figure()
@@ -137,21 +139,24 @@ def accuracy_vs_global_batch(trials: Sequence[Trial], path: str | os.PathLike, l
     kinds: Dict[str, None] = {}
     for i, (series, members) in enumerate(by_series.items()):
         shift = 2 ** ((i - (n - 1) / 2) * step)
-        intervals = [accuracy_interval(groups.get(t.key, [t]), level) for t in members]
-        low = [0.0 if iv is None else max(0.0, t.val_accuracy - iv.low) for t, iv in zip(members, intervals)]
-        high = [0.0 if iv is None else max(0.0, iv.high - t.val_accuracy) for t, iv in zip(members, intervals)]
+        values = [quality.value(t) for t in members]
+        intervals = [quality.interval(summarize(groups.get(t.key, [t]), level), level) for t in members]
+        low = [0.0 if iv is None else max(0.0, v - iv.low) for v, iv in zip(values, intervals)]
+        high = [0.0 if iv is None else max(0.0, iv.high - v) for v, iv in zip(values, intervals)]
         kinds.update(dict.fromkeys(_interval_kind(iv.how) for iv in intervals if iv is not None))
-        ax.errorbar([t.global_batch_size * shift for t in members], [t.val_accuracy for t in members],
+        ax.errorbar([t.global_batch_size * shift for t in members], values,
                     yerr=[low, high], linestyle="none", marker=_marker(i), markersize=7, color=_color(i),
                     alpha=0.9, capsize=3, elinewidth=1.1, label=_series_label(series), zorder=3)
-    _mean_line(ax, ok, "val_accuracy")
+    _mean_line(ax, ok, quality.metric)
     extra = [Line2D([], [], color="0.3", marker="|", linestyle="none", markersize=10,
                     label=f"error bar: {kind}") for kind in kinds]
-    ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0, decimals=1))
+    if quality.is_accuracy:
+        ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0, decimals=1))
     _size_axis(ax, [t.global_batch_size for t in folded])
     extra += _mark_diverged(ax, trials)
-    _titles(ax, "Validation accuracy vs global batch size", "global batch size (micro x accumulation x workers, log2)",
-            "validation accuracy (mean over seeds)")
+    what = "accuracy" if quality.is_accuracy else f"loss ({quality.units}, lower is better)"
+    _titles(ax, f"Validation {what.split(' (')[0]} vs global batch size",
+            "global batch size (micro x accumulation x workers, log2)", f"validation {what} (mean over seeds)")
     _legend(ax, extra, title=lr_label)
     return _save(fig, path)
 
@@ -165,6 +170,8 @@ def _interval_kind(how: str) -> str:
         return f"{prefix}t interval over seeds"
     if how.startswith("Wilson"):
         return f"{prefix}Wilson interval of the\n  validation set (one seed)"
+    if how.startswith("mean +/- z"):
+        return f"{prefix}normal interval of the\n  validation loss's SE (one seed)"
     return how
 
 
@@ -599,7 +606,7 @@ def _mark_not_ok_on_floor(ax: Axes, trials: Sequence[Trial], by_series: Dict[Ser
                 markeredgewidth=2, zorder=5, clip_on=False)
         text = _not_ok_text(failed)
         everyone = {s for s, members in by_series.items() if any(t.micro_batch_size == micro for t in members)}
-        who = sorted({_series(t) for t in failed})
+        who = sorted({series_of(t) for t in failed})
         if set(who) != everyone:  # only some series failed here: say which, or how many
             names = [_series_label(s) for s in who] if len(who) <= 2 else [f"{len(who)} of {len(everyone)} series"]
             text += "\n" + "\n".join(names)
@@ -646,11 +653,11 @@ def _placeholder(path: str | os.PathLike, title: str, trials: Sequence[Trial], m
 def _by_series(trials: Iterable[Trial]) -> Dict[Series, List[Trial]]:
     groups: Dict[Series, List[Trial]] = defaultdict(list)
     for t in trials:
-        groups[_series(t)].append(t)
+        groups[series_of(t)].append(t)
     return dict(sorted(groups.items()))
 
 
-def _series(t: Trial) -> Series:
+def series_of(t: Trial) -> Series:
     """A trial's series: its accumulation and workers, and its recipe and LR multiplier when they are
     not the defaults (a layout-folded trial carries no multiplier)."""
     extra = []
@@ -658,6 +665,8 @@ def _series(t: Trial) -> Series:
         extra.append(folding.recipe_label(folding.recipe(t)))
     if t.lr_multiplier is not None and t.lr_multiplier != 1.0:
         extra.append(f"LR x{t.lr_multiplier:g}")
+    if t.context is not None and "-ctx" in t.point:  # a point of sweep.context_lengths
+        extra.append(f"context {t.context}")
     return t.accumulation_steps, t.num_workers, ", ".join(extra)
 
 

@@ -46,7 +46,14 @@ def multiplier(t: Trial) -> float:
 def layout_key(t: Trial) -> str:
     """The point's key without its LR multiplier: the same layout and recipe (throughput and memory
     do not depend on the LR)."""
-    return re.sub(r"-lrx[^-]*$", "", t.point)
+    return re.sub(r"-lrx[^-]*", "", t.point)
+
+
+def single_context(trials: Sequence[Trial]) -> Optional[int]:
+    """A language model's sequence length when every run trained at one (None: not a language model, or
+    several contexts from sweep.context_lengths): what turns a batch in sequences into tokens."""
+    contexts = {t.context for t in trials}
+    return next(iter(contexts)) if len(contexts) == 1 else None
 
 
 def mean(values: Sequence[Optional[float]]) -> Optional[float]:
@@ -136,7 +143,10 @@ def critical_batch_observations(trials: Sequence[Trial]) -> List[Tuple[float, fl
 
 def critical_batch(trials: Sequence[Trial]) -> Optional[CriticalBatch]:
     """The critical batch size fitted to `critical_batch_observations`, with its bootstrap interval;
-    None with fewer than two global batches or no diminishing return."""
+    None with fewer than two global batches or no diminishing return, or over several contexts (steps
+    to a target at one context say nothing of another's: a fit per context is not built)."""
+    if len({t.context for t in trials}) > 1:
+        return None
     return fit_with_interval(critical_batch_observations(trials))
 
 
@@ -144,6 +154,9 @@ def no_fit_reason(trials: Sequence[Trial]) -> str:
     """Why `critical_batch` found no fit, in words."""
     if not any(t.steps_to_target is not None for t in trials):
         return "no point recorded steps_to_target (set eval.target_accuracy or eval.target_loss)"
+    if len({t.context for t in trials}) > 1:
+        return ("the points trained at several contexts (sweep.context_lengths): the fit needs one; sweep one "
+                "context to fit its critical batch size")
     batches = {batch for batch, _ in critical_batch_observations(trials)}
     if len(batches) < 2:
         return (f"{len(batches)} global batch size(s) reached the target in every seed: the fit of "

@@ -1,8 +1,9 @@
 """The recipes a sweep compared (precision x activation checkpointing): per recipe, the largest micro-batch
 that ran per worker count and its throughput, accuracy and memory against fp32 without checkpointing at the
-same layout; in words, whether each recipe is certified not worse than fp32 in accuracy (the report's
-non-inferiority rule, analysis.judge_matched), what checkpointing saved and whether a larger micro-batch
-with it beats accumulation at equal global batch. Pure (standard library), on points folded over seeds."""
+same layout; in words, whether each recipe is certified not worse than fp32 in quality (the report's
+non-inferiority rule on report.quality, analysis.judge_matched), what checkpointing saved and whether a
+larger micro-batch with it beats accumulation at equal global batch. Pure (standard library), on points
+folded over seeds."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from sweeper.report.noninferiority import Gap, gap_words, judge_matched
+from sweeper.report.quality import ACCURACY, Quality
 from sweeper.report.trials import Trial, summarize_all
 
 BASELINE = ("fp32", "none")
@@ -34,8 +36,9 @@ class RecipeRow:
     accuracy_delta: Optional[float]  # mean change of val_accuracy (a fraction: 0.01 is one point)
     memory_delta: Optional[float]  # mean relative change of peak memory: -0.4 is 40 % less
     layouts_compared: int  # layouts where both this recipe and the baseline ended ok
-    # Its val_accuracy gap to the baseline, matched by layout and seed, judged against
-    # report.max_accuracy_drop (analysis.judge_matched): outcome "eligible" | "unproven" | "excluded";
+    # Its quality gap (report.quality: val_accuracy, or a loss) to the baseline, matched by layout and
+    # seed, judged against the quality's tolerance (analysis.judge_matched): outcome "eligible" |
+    # "unproven" | "excluded";
     # None for the baseline, without a drop, or without a shared layout and seed.
     accuracy_gap: Optional[Gap] = None
 
@@ -59,9 +62,10 @@ def _layout(trial: Trial) -> Layout:
 
 
 def compare_recipes(trials: Iterable[Trial], max_accuracy_drop: Optional[float] = 0.02,
-                    level: float = 0.95) -> RecipeComparison:
+                    level: float = 0.95, quality: Quality = ACCURACY) -> RecipeComparison:
     """Every recipe of the sweep against the baseline, over points folded over seeds (mean figures);
-    empty when the sweep ran one recipe only. With `max_accuracy_drop`, each recipe's accuracy is judged
+    empty when the sweep ran one recipe only. With `max_accuracy_drop` (the tolerance in `quality`'s
+    units: report.max_loss_rise for a loss), each recipe's quality is judged
     against the baseline's by the recommendation's rule (non-inferiority at `level`, paired over the
     layouts and seeds both ran): a recipe is recommended over fp32 only when certified not worse."""
     trials = list(trials)
@@ -75,8 +79,8 @@ def compare_recipes(trials: Iterable[Trial], max_accuracy_drop: Optional[float] 
     base = by_recipe.get(BASELINE, {})
     rows = [_row(recipe, by_recipe[recipe], base) for recipe in order]
     if max_accuracy_drop is not None:
-        rows = [_judged(row, trials, max_accuracy_drop, level) for row in rows]
-    verdicts = [_verdict(row, max_accuracy_drop, level) for row in rows if row.accuracy_gap is not None]
+        rows = [_judged(row, trials, max_accuracy_drop, level, quality) for row in rows]
+    verdicts = [_verdict(row, max_accuracy_drop, level, quality) for row in rows if row.accuracy_gap is not None]
     sentences = [s for precision in sorted({r[0] for r in by_recipe})
                   for s in [_memory_sentence(precision, by_recipe)] if s]
     sentences += _checkpointing_vs_accumulation(points)
@@ -105,18 +109,18 @@ def _runs(trials: List[Trial], recipe: Recipe) -> Dict[Any, Trial]:
     return {(_layout(t), t.seed): t for t in trials if recipe_of(t) == recipe}
 
 
-def _judged(row: RecipeRow, trials: List[Trial], max_drop: float, level: float) -> RecipeRow:
+def _judged(row: RecipeRow, trials: List[Trial], max_drop: float, level: float, quality: Quality) -> RecipeRow:
     recipe = (row.precision, row.checkpointing)
     if recipe == BASELINE:
         return row
-    gap = judge_matched(_runs(trials, recipe), _runs(trials, BASELINE), max_drop, level)
+    gap = judge_matched(_runs(trials, recipe), _runs(trials, BASELINE), max_drop, level, quality)
     return dataclasses.replace(row, accuracy_gap=gap)
 
 
-def _verdict(row: RecipeRow, max_drop: Optional[float], level: float) -> str:
+def _verdict(row: RecipeRow, max_drop: Optional[float], level: float, quality: Quality) -> str:
     what = f"{row.precision} with {'no' if row.checkpointing == 'none' else row.checkpointing} checkpointing"
     faster = row.throughput_delta is not None and row.throughput_delta > 0
-    return gap_words(what, "fp32", row.accuracy_gap, max_drop, level, faster)
+    return gap_words(what, "fp32", row.accuracy_gap, max_drop, level, faster, quality)
 
 
 def _relative(value: Optional[float], base: Optional[float]) -> Optional[float]:

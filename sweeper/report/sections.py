@@ -4,12 +4,13 @@ words, the points over their seeds, the LR multipliers per global batch, the rec
 from __future__ import annotations
 
 import re
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from sweeper.report import analysis, points, recipes
 from sweeper.report.analysis import Trial
 from sweeper.report.critical_batch import CriticalBatch
 from sweeper.report.html import Section
+from sweeper.report.quality import ACCURACY, AUTO, QUALITIES, Quality, resolve
 from sweeper.report.settings import ReportConfig
 
 
@@ -31,8 +32,8 @@ def sections(trials: List[Trial], found: Optional[CriticalBatch], params: Dict[s
         ("Compute spent (sweep.strategy=smart)", compute_words(sweep_figures)),
         ("Critical batch size", _critical_batch_words(trials, found, params)),
         ("Points (mean over seeds)", _point_rows(trials)),
-        ("LR multipliers per global batch", lr_rows(trials, *judging(params))),
-        *_recipe_sections(trials, sweep_figures, *judging(params)),
+        ("LR multipliers per global batch", lr_rows(trials, *judging(params, trials))),
+        *_recipe_sections(trials, sweep_figures, *judging(params, trials)),
     ]
 
 
@@ -66,7 +67,8 @@ def _critical_batch_words(trials: List[Trial], found: Optional[CriticalBatch], p
         if b_simple is None and not any(t.steps_to_target is not None for t in trials):
             return ""
         return f"No fit: {points.no_fit_reason(trials)}.{noise}"
-    return (f"{found.in_words()[:1].upper()}{found.in_words()[1:]}; fitted to {found.points} global batch sizes "
+    words = found.in_words(points.single_context(trials))
+    return (f"{words[:1].upper()}{words[1:]}; fitted to {found.points} global batch sizes "
             f"(R\u00b2 {found.r_squared:.2f}) under {lr_rule(params)}.{noise}")
 
 
@@ -99,9 +101,11 @@ def _point_rows(trials: List[Trial]) -> List[Dict[str, str]]:
     return rows if telling else []
 
 
-def judging(params: Dict[str, str]) -> Tuple[Optional[float], float]:
-    """(report.max_accuracy_drop, report.confidence) as the sweep recorded them (its parent params),
-    the defaults where it did not: the LR table and the recipes are judged by the recommendation's rule."""
+def judging(params: Dict[str, str], trials: Sequence[Trial] = ()) -> Tuple[Optional[float], float, Quality]:
+    """(the quality's tolerance, report.confidence, the quality) as the sweep recorded them (its parent
+    params: report.quality resolved over `trials`, its tolerance report.max_accuracy_drop or
+    report.max_loss_rise), the defaults where it did not: the LR table and the recipes are judged by the
+    recommendation's rule."""
     defaults = ReportConfig()
 
     def number(name: str, default: Optional[float]) -> Optional[float]:
@@ -112,16 +116,20 @@ def judging(params: Dict[str, str]) -> Tuple[Optional[float], float]:
             return None if text in ("None", "null", "") else float(text)
         except ValueError:
             return default
-    return number("max_accuracy_drop", defaults.max_accuracy_drop), number("confidence", defaults.confidence)
+    named = params.get("report_quality", defaults.quality)
+    found = resolve(named if named in QUALITIES or named == AUTO else AUTO, list(trials))
+    tolerance = number("max_accuracy_drop", defaults.max_accuracy_drop) if found.is_accuracy \
+        else number("max_loss_rise", defaults.max_loss_rise)
+    return tolerance, number("confidence", defaults.confidence), found
 
 
-def lr_rows(trials: List[Trial], max_accuracy_drop: Optional[float] = None,
-            level: float = 0.95) -> List[Dict[str, str]]:
+def lr_rows(trials: List[Trial], max_drop: Optional[float] = None, level: float = 0.95,
+            quality: Quality = ACCURACY) -> List[Dict[str, str]]:
     """analysis.lr_table as rows: per global batch, the multipliers tried, the best and the largest
-    that did not diverge, and (by val_accuracy, with `max_accuracy_drop`) which are certified within the
-    drop of the best, which are unproven and which shown worse; none when the sweep tried one
+    that did not diverge, and (by `quality`, with `max_drop` in its units) which are certified within
+    the tolerance of the best, which are unproven and which shown worse; none when the sweep tried one
     multiplier and nothing diverged."""
-    table = analysis.lr_table(trials, max_accuracy_drop=max_accuracy_drop, level=level)
+    table = analysis.lr_table(trials, max_drop=max_drop, level=level, quality=quality)
     if not any(len(row.multipliers) > 1 or row.diverged for row in table.values()):
         return []
 
@@ -136,7 +144,7 @@ def lr_rows(trials: List[Trial], max_accuracy_drop: Optional[float] = None,
         "largest not diverged": "-" if row.largest_stable is None else f"{row.largest_stable:g}",
         "diverged at": listed(row.diverged),
         **({} if not row.judged else {
-            f"certified within {max_accuracy_drop:g} of the best": listed(row.outcome("eligible")),
+            f"certified within {max_drop:g} of the best": listed(row.outcome("eligible")),
             "unproven": listed(row.outcome("unproven")),
             "shown worse": listed(row.outcome("excluded")),
         }),
@@ -195,12 +203,12 @@ def _by_recipe_and_workers(trials: List[Trial]) -> Dict[Tuple[str, str, int], Li
     return groups
 
 
-def _recipe_sections(trials: List[Trial], frontier: Dict[str, float], max_accuracy_drop: Optional[float] = 0.02,
-                     level: float = 0.95) -> List[Section]:
+def _recipe_sections(trials: List[Trial], frontier: Dict[str, float], max_drop: Optional[float] = 0.02,
+                     level: float = 0.95, quality: Quality = ACCURACY) -> List[Section]:
     """When the sweep measured more than one recipe: the largest micro-batch per recipe, each recipe
     against fp32 without checkpointing (recipes.compare_recipes), and in words what checkpointing
     saved and whether a larger micro-batch with it beats accumulation at equal global batch."""
-    compared = recipes.compare_recipes(trials, max_accuracy_drop, level)
+    compared = recipes.compare_recipes(trials, max_drop, level, quality)
     if not compared.rows:
         return []
 
@@ -219,6 +227,7 @@ def _recipe_sections(trials: List[Trial], frontier: Dict[str, float], max_accura
     return [
         ("Largest micro-batch per recipe", largest_micro_batches(trials, frontier)),
         ("Recipes against fp32 without checkpointing (same layouts, mean over seeds)", rows),
-        ("Recipes against fp32: accuracy by the recommendation's rule", "\n".join(s + "." for s in compared.verdicts)),
+        (f"Recipes against fp32: {quality.word} by the recommendation's rule",
+         "\n".join(s + "." for s in compared.verdicts)),
         ("Checkpointing: what it saved, and against accumulation", "\n".join(s + "." for s in compared.sentences)),
     ]

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence
 
 OBJECTIVES = ("throughput", "accuracy", "time_to_accuracy", "time_to_target")
+# report.quality: the metric every quality rule judges (sweeper.report.quality.QUALITIES, or auto).
+QUALITY_CHOICES = ("auto", "val_accuracy", "val_loss", "val_bits_per_byte")
 # How train.lr moves with the global batch (sweeper.plan.scaled_lr); the report pins the LR it used.
 LR_SCALING_RULES = ("none", "linear", "sqrt")
 
@@ -35,6 +37,13 @@ class ReportConfig:
     # The confidence level of every interval and test behind the answer: a point's separation from
     # chance (a point not separated has status did_not_learn), its gap to the best point.
     confidence: float = 0.95
+    # What "better" means for every quality rule above: auto (val_bits_per_byte for byte-level text,
+    # val_loss for a language model on other tokens, else val_accuracy), or one of those names.
+    quality: str = "auto"
+    # The non-inferiority margin when the quality is a loss, in its units (bits per byte or nats per token;
+    # 0.02 bits is 0.0139 nats): a faster point's loss must be certified no more than this above the best's.
+    # report.max_accuracy_drop is the margin for val_accuracy; null: the objective alone decides.
+    max_loss_rise: Optional[float] = 0.02
 
 
 def invalid_choice(key: str, value: Any, choices: Sequence[str]) -> Optional[str]:
@@ -65,6 +74,12 @@ def check(report: ReportConfig, key: Callable[[str], str] = lambda name: f"repor
             f"{key('max_accuracy_drop')}={report.max_accuracy_drop}: must be between 0 and 1 (0.02 is 2 points "
             "of accuracy), or null to recommend on the objective alone"
         )
+    if report.quality not in QUALITY_CHOICES:
+        problems.append(invalid_choice(key("quality"), report.quality, QUALITY_CHOICES))
+    rise = report.max_loss_rise
+    if rise is not None and not (math.isfinite(rise) and rise >= 0):
+        problems.append(f"{key('max_loss_rise')}={rise}: must be a loss difference >= 0 in the quality's units "
+                        "(e.g. 0.02 bits per byte), or null to recommend on the objective alone")
     budget = report.memory_budget_gb
     if budget is not None and not (math.isfinite(budget) and budget > 0):
         problems.append(f"{key('memory_budget_gb')}={budget}: must be a positive number of GiB, or null")

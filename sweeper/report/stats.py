@@ -40,6 +40,12 @@ def _check_level(level: float) -> None:
         raise ValueError(f"level={level} must be a confidence level between 0 and 1, e.g. 0.95")
 
 
+def z_score(level: float) -> float:
+    """The two-sided normal quantile at `level`: 0.95 -> 1.96."""
+    _check_level(level)
+    return float(_scipy.norm.ppf(0.5 + level / 2))
+
+
 def over_seeds(values: Sequence[float], level: float = 0.95) -> Interval:
     """Student t interval of the mean of `values` (one per seed replicate): mean +/- t * sd / sqrt(n)
     with n - 1 degrees of freedom. Needs at least two finite values."""
@@ -172,5 +178,5 @@ def seeds_to_settle(gap: Interval, threshold: float, level: float = 0.95, most: 
     return None
 
 
-__all__ = ["Interval", "above_chance", "binomial", "newcombe_difference", "over_seeds", "paired_difference",
+__all__ = ["Interval", "above_chance", "z_score", "binomial", "newcombe_difference", "over_seeds", "paired_difference",
            "percent", "seeds_to_settle", "separable", "welch_difference", "welch_p"]

@@ -52,6 +52,23 @@ class Trial:
     gns_b_simple: Optional[float] = None
     gns_b_simple_train_avg: Optional[float] = None
     num_classes: Optional[int] = None  # the labels' count: chance is 1 / num_classes (None: unknown)
+    # A language model's: tokens/s, the validation loss's standard error over its sequences, the loss in
+    # bits per byte (byte-level data), the training stream's unigram entropy (bits per token: what
+    # learning only the token frequencies reaches) and its context length.
+    tokens_per_second: Optional[float] = None
+    val_loss_se: Optional[float] = None
+    val_bits_per_byte: Optional[float] = None
+    train_unigram_entropy_bits: Optional[float] = None
+    context: Optional[int] = None
+    memory_activations_bytes: Optional[float] = None  # the micro-batch's activations at the peak
+
+    @property
+    def activation_bytes_per_token(self) -> Optional[float]:
+        """A language model's activation memory per token of its micro-batch (what a longer context or
+        a larger micro-batch costs); None without both figures."""
+        if self.context is None or self.memory_activations_bytes is None:
+            return None
+        return self.memory_activations_bytes / (self.micro_batch_size * self.context)
 
     @property
     def point(self) -> str:
@@ -76,6 +93,7 @@ class Recommendation:
     # Point key -> why it is faster but unproven: its gap to the best is neither certified inside
     # report.max_accuracy_drop nor shown beyond it.
     unproven: Dict[str, str] = field(default_factory=dict)
+    quality: str = "val_accuracy"  # the metric "better" was judged by (report.quality, resolved)
 
 
 
@@ -87,7 +105,7 @@ _STATUS_ORDER = ("ok", "stopped", "did_not_learn", "diverged", "oom", "failed")
 # Figures a point carries as the mean over its ok replicates; the target figures are the mean over
 # the replicates that reached the target.
 _MEAN_FIELDS = ("samples_per_second", "val_accuracy", "train_seconds", "samples_seen", "val_loss", "train_loss",
-                "gns_b_simple", "gns_b_simple_train_avg")
+                "gns_b_simple", "gns_b_simple_train_avg", "tokens_per_second", "val_bits_per_byte")
 _TARGET_FIELDS = ("steps_to_target", "samples_to_target", "time_to_target_seconds")
 
 

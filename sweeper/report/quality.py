@@ -1,0 +1,201 @@
+"""What "better" means for the recommendation: the quality metric a point is judged by (val_accuracy for a
+classifier, val_loss or val_bits_per_byte for a language model), its direction, its units, its
+confidence intervals and the tolerance key that bounds how much worse a faster point may be.
+
+Every rule that compares two points' quality (non-inferiority, ties, the LR table, recipes against fp32)
+works on the *score*: the value signed so that higher is better (a loss negated). A gap is the score of
+one point minus another's, so "positive is better" and a tolerance is always `gap >= -tolerance`; the
+words shown turn it back into the metric's own direction. Pure (stdlib; scipy.stats via report.stats)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, replace
+from typing import Iterable, List, Optional, Sequence, Tuple
+
+from sweeper.report import stats
+from sweeper.report.settings import QUALITY_CHOICES
+from sweeper.report.stats import Interval
+from sweeper.report.trials import PointSummary, Trial, _finite
+
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class Quality:
+    metric: str  # the Trial field judged
+    higher_is_better: bool
+    units: str  # in words, for the reason: "accuracy", "nats per token", "bits per byte"
+    tolerance_key: str  # the report setting that is the non-inferiority margin, in `units`
+    # Objective accuracy: gaps this small (absolute, in `units`) are one result even when a test separates
+    # them. Accuracy only (half a point); a loss has no natural floor, so only the data decide.
+    tie_floor: float = 0.0
+    # The standard error over held-out samples behind a one-seed interval (a loss's), scaled into `units`.
+    se_metric: Optional[str] = None
+    se_scale: float = 1.0
+
+    @property
+    def is_accuracy(self) -> bool:
+        return self.metric == "val_accuracy"
+
+    @property
+    def word(self) -> str:
+        """'accuracy' or 'loss': what the sentences call it."""
+        return "accuracy" if self.is_accuracy else "loss"
+
+    def value(self, trial: Trial) -> Optional[float]:
+        value = getattr(trial, self.metric)
+        return float(value) if _finite(value) else None
+
+    def score(self, trial: Trial) -> Optional[float]:
+        """The value signed so that higher is better."""
+        value = self.value(trial)
+        return None if value is None else (value if self.higher_is_better else -value)
+
+    def values(self, point: PointSummary) -> List[float]:
+        """The value of each ok replicate that measured it."""
+        return [v for t in point.replicates if t.status == "ok" for v in [self.value(t)] if v is not None]
+
+    def best(self, points: Iterable[PointSummary]) -> PointSummary:
+        """The best point by its value (the mean over its seeds); the key breaks exact ties."""
+        return max(points, key=lambda p: (self.score(p.trial), p.key))
+
+    # -- intervals -----------------------------------------------------------------------------------
+
+    def interval(self, point: PointSummary, level: float = 0.95) -> Optional[Interval]:
+        """The point's value with its confidence interval: Student t over its ok seeds (at least two), else
+        one seed's: Wilson's of its validation samples for an accuracy, mean +/- z x SE for a loss."""
+        if self.is_accuracy:
+            return point.accuracy
+        values = self.values(point)
+        if len(values) >= 2:
+            return stats.over_seeds(values, level)
+        one = self._pooled(point)
+        if one is None:
+            return None
+        mean, se = one
+        half = stats.z_score(level) * se
+        return Interval(mean, mean - half, mean + half, 1,
+                        f"mean +/- z x its standard error over the validation set, {stats.percent(level)} (one seed)")
+
+    def gap(self, point: PointSummary, top: PointSummary, level: float = 0.95) -> Optional[Interval]:
+        """The interval of `point`'s score minus `top`'s (positive: `point` is better): a paired t interval
+        over the seeds both measured (at least 2: a seed sees the same samples in the same order), else one
+        from the validation sets: Newcombe's of the pooled hits for an accuracy, the normal interval of a
+        difference of two means from their standard errors for a loss (both points are scored on the same
+        validation set, so their errors correlate positively and this unpaired interval is conservative).
+        None when neither exists (one seed and no validation-set size or SE recorded)."""
+        mine, theirs = self._by_seed(point), self._by_seed(top)
+        common = sorted(set(mine) & set(theirs))
+        if len(common) >= 2:
+            return stats.paired_difference([mine[s] for s in common], [theirs[s] for s in common], level)
+        if self.is_accuracy:
+            pooled = [hits(point), hits(top)]
+            if pooled[0] is None or pooled[1] is None:
+                return None
+            (ha, na), (hb, nb) = pooled
+            return stats.newcombe_difference(ha, na, hb, nb, level)
+        a, b = self._pooled(point), self._pooled(top)
+        if a is None or b is None:
+            return None
+        d, se = (b[0] - a[0]), math.hypot(a[1], b[1])  # the score's difference: a loss's sign flips
+        half = stats.z_score(level) * se
+        return Interval(d, d - half, d + half, 1, f"normal interval from the two validation losses' "
+                                                  f"standard errors, {stats.percent(level)}")
+
+    def _by_seed(self, point: PointSummary) -> dict:
+        return {t.seed: s for t in point.replicates if t.status == "ok" and t.seed is not None
+                for s in [self.score(t)] if s is not None}
+
+    def _pooled(self, point: PointSummary) -> Optional[Tuple[float, float]]:
+        """(mean value, its standard error) over the ok seeds from their validation-set SEs; a loss only."""
+        if self.se_metric is None:
+            return None
+        runs = [t for t in point.replicates if t.status == "ok" and self.value(t) is not None]
+        ses = [getattr(t, self.se_metric) for t in runs]
+        if not runs or not all(_finite(se) for se in ses):
+            return None
+        mean = statistics.fmean(self.value(t) for t in runs)
+        return mean, math.sqrt(sum((se * self.se_scale) ** 2 for se in ses)) / len(runs)
+
+    # -- words ---------------------------------------------------------------------------------------
+
+    def shown(self, gap: Interval) -> Interval:
+        """A score gap as the metric's own difference (point minus best): a loss's sign flips back."""
+        if self.higher_is_better:
+            return gap
+        return replace(gap, mean=-gap.mean, low=-gap.high, high=-gap.low)
+
+    def gap_text(self, gap: Interval) -> str:
+        """'-0.012 [-0.031, +0.007] (paired t interval over 3 seeds, 95 %)' in the metric's direction."""
+        g = self.shown(gap)
+        return f"{g.mean:+.3f} [{g.low:+.3f}, {g.high:+.3f}] ({g.how})"
+
+    def limit(self, tolerance: float) -> str:
+        """The bound a certified gap lies beyond: '-0.02' for an accuracy, '+0.02' for a loss."""
+        return f"-{tolerance:g}" if self.higher_is_better else f"+{tolerance:g}"
+
+    def inside(self) -> str:
+        """Where a certified gap lies against `limit`: 'above' (accuracy), 'below' (loss)."""
+        return "above" if self.higher_is_better else "below"
+
+    def outside(self) -> str:
+        return "below" if self.higher_is_better else "above"
+
+    def worse(self) -> str:
+        """'below' (less accuracy) or 'above' (more loss)."""
+        return self.outside()
+
+    def amount(self, value: float, units: bool = True) -> str:
+        """A tolerance-sized amount in words: '1.2 points' of accuracy, '0.031 bits per byte' ('1.2',
+        '0.031' without `units`)."""
+        number = f"{value * 100:.1f}" if self.is_accuracy else f"{value:.3f}"
+        return f"{number} {'points' if self.is_accuracy else self.units}" if units else number
+
+    def text(self, point: PointSummary, level: float = 0.95) -> str:
+        """'0.780 [0.737, 0.819]' with an interval, else '0.780'; '-' when unmeasured."""
+        interval = self.interval(point, level)
+        if interval is not None:
+            return interval.text()
+        value = self.value(point.trial)
+        return "-" if value is None else f"{value:.3f}"
+
+    def tolerance_text(self, tolerance: float) -> str:
+        return f"{self.tolerance_key}={tolerance:g}"
+
+
+ACCURACY = Quality("val_accuracy", True, "accuracy", "report.max_accuracy_drop", tie_floor=0.005)
+LOSS = Quality("val_loss", False, "nats per token", "report.max_loss_rise", se_metric="val_loss_se")
+BITS_PER_BYTE = Quality("val_bits_per_byte", False, "bits per byte", "report.max_loss_rise",
+                        se_metric="val_loss_se", se_scale=1.0 / math.log(2))
+QUALITIES = {q.metric: q for q in (ACCURACY, LOSS, BITS_PER_BYTE)}
+CHOICES = QUALITY_CHOICES  # its one home is report/settings.py (stdlib, read by the config)
+
+
+def resolve(name: str, trials: Sequence[Trial]) -> Quality:
+    """`report.quality` for these trials: a metric's name, or auto: bits per byte when the runs recorded it
+    (byte-level text), the validation loss when they trained a language model on other tokens (a
+    recorded unigram entropy), else val_accuracy."""
+    if name != AUTO:
+        return QUALITIES[name]
+    if any(_finite(t.val_bits_per_byte) for t in trials):
+        return BITS_PER_BYTE
+    if any(t.train_unigram_entropy_bits is not None for t in trials):
+        return LOSS
+    return ACCURACY
+
+
+def tolerance(quality: Quality, max_accuracy_drop: Optional[float], max_loss_rise: Optional[float]
+              ) -> Optional[float]:
+    """The non-inferiority margin in the quality's units: its own report setting."""
+    return max_accuracy_drop if quality.is_accuracy else max_loss_rise
+
+
+def hits(point: PointSummary) -> Optional[Tuple[float, int]]:
+    """(validation hits, validation samples) pooled over the point's ok seeds; None when unrecorded."""
+    measured = [t for t in point.replicates if t.status == "ok" and _finite(t.val_accuracy)]
+    if not measured or any(not t.val_samples for t in measured):
+        return None
+    return sum(t.val_accuracy * t.val_samples for t in measured), sum(int(t.val_samples) for t in measured)
+
