@@ -24,7 +24,7 @@ TASKS = ("train", "inference")
 BYTE_VOCAB = 256  # data=text's vocabulary: bytes
 # Models that take token ids and predict the next token at every position, and the data that makes
 # token sequences for them (sweeper/gpt.py, sweeper/text.py).
-LANGUAGE_MODELS = ("gpt",)
+LANGUAGE_MODELS = ("gpt", "hf")
 TOKEN_DATA = ("text", "tokens")
 
 # One sample bigger than this is a typo in model.input_shape (a micro-batch holds many samples and
@@ -67,6 +67,10 @@ class ModelConfig:
     n_head: int = 4
     d_model: int = 128
     context: int = 64
+    # model=hf (sweeper/hf.py, the optional extra `.[hf]`): a Hugging Face transformers causal LM of this
+    # model type (gpt2, llama, ...) built from its config with random weights, `kwargs` its config's
+    # overrides; its vocabulary is the data's, its position table `context`.
+    hf_type: str = "gpt2"
     # MLP only. Seed 003's MLP is depth 8, width 1024; 4 is what learns digits in the default 2 epochs
     # (conf/model/mlp.yaml).
     depth: int = 4
@@ -147,6 +151,11 @@ class SweepConfig:
     # in a short run, then one representative per accuracy-equivalence class and seed trained for
     # accuracy, in rungs of successive halving (see `smart` and docs/strategy.md).
     strategy: str = "grid"
+    # model=gpt: the training sequence lengths as an axis (each point trains and is timed at one), each
+    # at most model.context (the model's position table). Every context trains on the same tokens
+    # (train.samples counts sequences of model.context); memory and throughput are per context, and
+    # smart's accuracy classes never mix contexts. null: model.context alone. One value or a list.
+    context_lengths: Any = None
 
 
 @dataclass
@@ -421,6 +430,7 @@ LIST_KEYS = (
     ("inference", "mlp_widths"),
     ("sweep", "seeds"),
     ("sweep", "lr_multipliers"),
+    ("sweep", "context_lengths"),
 )
 
 
@@ -547,7 +557,7 @@ def _repeated(sweep: SweepConfig) -> List[str]:
         "sweep.accumulation_steps": sweep.accumulation_steps, "sweep.num_workers": sweep.num_workers,
         "sweep.global_batch_sizes": sweep.global_batch_sizes, "sweep.seeds": sweep.seeds,
         "sweep.precisions": sweep.precisions, "sweep.activation_checkpointing": sweep.activation_checkpointing,
-        "sweep.lr_multipliers": sweep.lr_multipliers,
+        "sweep.lr_multipliers": sweep.lr_multipliers, "sweep.context_lengths": sweep.context_lengths,
     }
     problems = []
     for key, values in axes.items():
@@ -612,6 +622,13 @@ def check_sweep(sweep: SweepConfig) -> List[str]:
     if sweep.seeds is not None:
         problems += _sizes("sweep.seeds", sweep.seeds, "[0,1,2]", ", or null for train.seed alone", least=0)
     problems += _multipliers(sweep.lr_multipliers)
+    if sweep.context_lengths is not None:
+        problems += _sizes("sweep.context_lengths", sweep.context_lengths, "[64,128]",
+                           ", or null for model.context alone", least=2)
+        if is_auto(sweep.micro_batch_sizes):
+            problems.append("sweep.context_lengths with sweep.micro_batch_sizes=auto: the frontier search runs at "
+                            "model.context only; give the micro-batch sizes as a list, or sweep one context "
+                            "(model.context) per sweep")
     problems += _choices("sweep.precisions", sweep.precisions, PRECISIONS, "[fp32,bf16]")
     problems += _choices(
         "sweep.activation_checkpointing", sweep.activation_checkpointing, CHECKPOINTING, "[none,blocks]"
@@ -858,16 +875,18 @@ def check_model(model: ModelConfig) -> List[str]:
         for key in ("depth", "width"):
             _check(problems, f"model.{key}", getattr(model, key), _positive, "must be positive")
     if is_language_model(model):
-        problems += _check_gpt(model)
+        problems += _check_language_model(model)
     return problems
 
 
-def _check_gpt(model: ModelConfig) -> List[str]:
+def _check_language_model(model: ModelConfig) -> List[str]:
     problems: List[str] = []
-    for key in ("n_layer", "n_head", "d_model"):
-        _check(problems, f"model.{key}", getattr(model, key), _positive, "must be positive")
     _check(problems, "model.context", model.context, lambda n: n >= 2,
            "must be at least 2 (a sequence of one token has no next token to predict within it), e.g. 64")
+    if model.name != "gpt":
+        return problems  # model=hf: its config's own rules (sweeper.hf.check)
+    for key in ("n_layer", "n_head", "d_model"):
+        _check(problems, f"model.{key}", getattr(model, key), _positive, "must be positive")
     if not problems and model.d_model % model.n_head:
         problems.append(f"model.n_head={model.n_head} does not divide model.d_model={model.d_model}: each head "
                         f"takes d_model / n_head dimensions; e.g. model.n_head={_divisor(model.d_model, model.n_head)}")
@@ -911,7 +930,28 @@ def check_combinations(cfg: SweeperConfig) -> List[str]:
         )
     target = settings.target_problem(cfg.report.objective, cfg.eval.target_accuracy, cfg.eval.target_loss)
     problems += [target] if target else []
+    problems += _check_contexts(cfg)
+    if cfg.report.quality == "val_bits_per_byte" and not (is_token_data(cfg.data) and cfg.data.name == "text"):
+        problems.append(f"report.quality=val_bits_per_byte needs byte-level text (data=text), not "
+                        f"data={cfg.data.name}: "
+                        "use report.quality=val_loss (nats per token) or auto")
     return problems + _check_model_data(cfg.model, cfg.data)
+
+
+def _check_contexts(cfg: SweeperConfig) -> List[str]:
+    """sweep.context_lengths is a language model's axis, each context within its position table."""
+    lengths = cfg.sweep.context_lengths
+    if lengths is None or not isinstance(lengths, list) or not all(isinstance(n, int) for n in lengths):
+        return []  # check_sweep's problems
+    if not is_language_model(cfg.model):
+        return [f"sweep.context_lengths={lengths}: model={cfg.model.name} has no context; it is an axis of a "
+                "language model (model=gpt), so remove it"]
+    above = [n for n in lengths if n > cfg.model.context]
+    if above:
+        return [f"sweep.context_lengths has {', '.join(map(str, above))}, above model.context={cfg.model.context} "
+                f"(the model's position table): raise model.context to {max(above)} or drop "
+                f"{'it' if len(above) == 1 else 'them'}"]
+    return []
 
 
 def _check_model_data(model: ModelConfig, data: DataConfig) -> List[str]:
@@ -920,9 +960,11 @@ def _check_model_data(model: ModelConfig, data: DataConfig) -> List[str]:
     Token data trains a language model, and a language model trains on token data."""
     tokens, language_model = is_token_data(data), is_language_model(model)
     if tokens and not language_model and not model._target_:
-        return [f"data={data.name} makes token sequences, which model={model.name} does not take: use model=gpt"]
+        return [f"data={data.name} makes token sequences, which model={model.name} does not take: use model=gpt "
+                "(or model=hf)"]
     if language_model and not tokens and not data._target_:
-        return [f"model=gpt trains on token sequences, which data={data.name} does not make: use data=text (bytes "
+        return [f"model={model.name} trains on token sequences, which data={data.name} does not make: use "
+                "data=text (bytes "
                 "of the Python standard library) or data=tokens data.path=DIR (your nanoGPT train.bin/val.bin)"]
     if tokens or language_model:
         return []

@@ -29,6 +29,7 @@ class GridPoint:
     checkpointing: str = DEFAULT_CHECKPOINTING
     lr_multiplier: float = 1.0
     seed: Optional[int] = None
+    context: Optional[int] = None
 
     @property
     def global_batch_size(self) -> int:
@@ -39,7 +40,8 @@ class GridPoint:
     def key(self) -> str:
         """A stable name for the point, used for Ray trial names and to avoid duplicate MLflow runs:
         mb64-acc2-w1, then -bf16 / -ckpt for a recipe other than fp32 without checkpointing, -lrx2
-        for an LR multiplier other than 1, -s1 for one seed of several."""
+        for an LR multiplier other than 1, -ctx256 for a context from sweep.context_lengths, -s1 for
+        one seed of several."""
         key = self.point_key
         return key if self.seed is None else f"{key}-s{self.seed}"
 
@@ -53,6 +55,8 @@ class GridPoint:
             key += "-ckpt"
         if self.lr_multiplier != 1.0:
             key += f"-lrx{self.lr_multiplier:g}"
+        if self.context is not None:
+            key += f"-ctx{self.context}"
         return key
 
     @property
@@ -78,18 +82,20 @@ def expand_grid(
     checkpointing: Sequence[str] = (DEFAULT_CHECKPOINTING,),
     lr_multipliers: Sequence[float] = (1.0,),
     seeds: Optional[Sequence[int]] = None,
+    contexts: Optional[Sequence[int]] = None,
 ) -> List[GridPoint]:
     """The product of the axes (duplicates removed, order kept), optionally filtered to the points
-    whose global batch size is one of `global_batch_sizes` (in every recipe). `seeds` None: one
-    replicate per point (train.seed); else one per seed."""
+    whose global batch size (in sequences) is one of `global_batch_sizes` (in every recipe and
+    context). `seeds` None: one replicate per point (train.seed); else one per seed. `contexts` None:
+    the model's own; else one point per context."""
     keep = None if global_batch_sizes is None else set(global_batch_sizes)
     points: List[GridPoint] = []
-    for micro, accum, workers, precision, ckpt, multiplier, seed in itertools.product(
-        micro_batch_sizes, accumulation_steps, num_workers, precisions, checkpointing, lr_multipliers,
-        seeds if seeds is not None else [None],
+    for context, micro, accum, workers, precision, ckpt, multiplier, seed in itertools.product(
+        contexts if contexts is not None else [None], micro_batch_sizes, accumulation_steps, num_workers,
+        precisions, checkpointing, lr_multipliers, seeds if seeds is not None else [None],
     ):
         point = GridPoint(int(micro), int(accum), int(workers), str(precision), str(ckpt), float(multiplier),
-                          None if seed is None else int(seed))
+                          None if seed is None else int(seed), None if context is None else int(context))
         if point in points:
             continue
         if keep is not None and point.global_batch_size not in keep:
@@ -111,9 +117,17 @@ def scaled_lr(lr: float, global_batch_size: int, base_batch_size: int, rule: str
     raise ValueError(f"lr_scaling {rule!r} is invalid. Should be one of ('none', 'linear', 'sqrt').")
 
 
-def sample_budget(num_train_samples: int, epochs: int, samples: Optional[int] = None) -> int:
-    """The samples every point trains on: train.samples when set, else epochs x the train set."""
-    return samples if samples is not None else num_train_samples * epochs
+def sample_budget(num_train_samples: int, epochs: int, samples: Optional[int] = None,
+                  context: Optional[int] = None, model_context: Optional[int] = None) -> int:
+    """The samples every point trains on: train.samples when set, else epochs x the train set
+    (`num_train_samples`, at the point's context). A language model's train.samples counts sequences
+    of `model_context`: at another `context` the budget is the same tokens, so contexts compare at
+    equal data (train.samples x model_context / context sequences)."""
+    if samples is None:
+        return num_train_samples * epochs
+    if context is None or model_context is None or context == model_context:
+        return samples
+    return samples * model_context // context
 
 
 def optimizer_steps(num_train_samples: int, epochs: int, global_batch_size: int) -> int:
@@ -168,7 +182,7 @@ def worker_groups(points: Sequence[GridPoint], points_per_group: Optional[int] =
     groups are as uniform as they can be. Worker start-up is then paid once per group. Within a
     worker count, smaller micro-batches (then fewer accumulation steps) come first, so a point
     that runs out of memory marks the larger ones after it as out of memory without running them."""
-    ordered = sorted(points, key=lambda p: (p.num_workers, p.recipe, p.micro_batch_size, p.accumulation_steps,
-                                            p.lr_multiplier, -1 if p.seed is None else p.seed))
+    ordered = sorted(points, key=lambda p: (p.num_workers, p.recipe, p.context or 0, p.micro_batch_size,
+                                            p.accumulation_steps, p.lr_multiplier, -1 if p.seed is None else p.seed))
     size = points_per_group or max(len(ordered), 1)
     return [ordered[i : i + size] for i in range(0, len(ordered), size)]

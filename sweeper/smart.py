@@ -42,7 +42,8 @@ def layout(point: GridPoint) -> GridPoint:
 
 def class_key(point: GridPoint, coupled: bool) -> str:
     """gb64-lrx2 (a BatchNorm-free model), gb64-mb16 (batch-coupled layers), with -bf16 / -ckpt for
-    a recipe other than fp32 without checkpointing."""
+    a recipe other than fp32 without checkpointing and -ctx256 for a context of sweep.context_lengths
+    (another context is another task: never one class)."""
     key = f"gb{point.global_batch_size}" + (f"-mb{point.micro_batch_size}" if coupled else "")
     if point.precision != DEFAULT_PRECISION:
         key += f"-{point.precision}"
@@ -50,6 +51,8 @@ def class_key(point: GridPoint, coupled: bool) -> str:
         key += "-ckpt"
     if point.lr_multiplier != 1.0:
         key += f"-lrx{point.lr_multiplier:g}"
+    if point.context is not None:
+        key += f"-ctx{point.context}"
     return key
 
 

@@ -39,6 +39,13 @@ class Prepared:
     batch_coupled: List[str] = field(default_factory=list)
     num_val: int = 0  # the held-out split's size (0: none)
     data_identity: Optional[str] = None  # what the data's config does not pin down (e.g. data=text's corpus digest)
+    # sweep.context_lengths: per context, the training sequences at it and its FLOP counts (the fields
+    # above are the model's own context's).
+    contexts: Dict[int, Tuple[int, Dict[str, flops.FlopCount]]] = field(default_factory=dict)
+
+    def at(self, context: Optional[int]) -> Tuple[int, Dict[str, flops.FlopCount]]:
+        """(training samples, FLOP counts by checkpointing mode) at a point's context."""
+        return self.contexts[context] if context is not None else (self.num_train, self.flop_counts)
 
     @property
     def auto(self) -> bool:
@@ -69,7 +76,19 @@ def preflight(cfg: SweeperConfig) -> Tuple[Prepared, Dict[GridPoint, PointSpec]]
     counts = count_flops(cfg, splits.num_classes) if cfg.measure.flops else {}
     prepared = Prepared(points, len(splits.train), splits.num_classes, counts, coupled_layers(cfg),
                         len(splits.val) if splits.val is not None else 0, splits.identity)
+    for context in cfg.sweep.context_lengths or []:
+        at = at_context(cfg, context)
+        train = len(data_mod.load(cfg.data, at.model.input_shape).train)
+        prepared.contexts[context] = (train, count_flops(at, splits.num_classes) if cfg.measure.flops else {})
     return prepared, (build_specs(cfg, prepared, points) if points else {})
+
+
+def at_context(cfg: SweeperConfig, context: Optional[int]) -> SweeperConfig:
+    """The sweep as a point of `context` (sweep.context_lengths) sees it: samples of `context` tokens, the
+    model itself (its position table, model.context) unchanged. None: the sweep as configured."""
+    if context is None:
+        return cfg
+    return replace(cfg, model=replace(cfg.model, input_shape=[int(context)]))
 
 
 def local_capacity(cfg: SweeperConfig) -> List[str]:
@@ -101,7 +120,7 @@ def grid(cfg: SweeperConfig, problems: List[str]) -> List[GridPoint]:
     sweep = cfg.sweep
     points = plan.expand_grid(
         sweep.micro_batch_sizes, sweep.accumulation_steps, sweep.num_workers, sweep.global_batch_sizes,
-        sweep.precisions, sweep.activation_checkpointing, sweep.lr_multipliers, sweep.seeds,
+        sweep.precisions, sweep.activation_checkpointing, sweep.lr_multipliers, sweep.seeds, sweep.context_lengths,
     )
     if not points:
         unfiltered = plan.expand_grid(sweep.micro_batch_sizes, sweep.accumulation_steps, sweep.num_workers)
@@ -116,13 +135,17 @@ def grid(cfg: SweeperConfig, problems: List[str]) -> List[GridPoint]:
 def build_specs(cfg: SweeperConfig, prepared: Prepared, points: List[GridPoint]) -> Dict[GridPoint, PointSpec]:
     """A PointSpec per point, or a ConfigError naming every point too large for the data to time."""
     problems: List[str] = []
-    estimates = estimate_memory(cfg, points, prepared.num_classes)
+    estimates: Dict[GridPoint, int] = {}
+    for context in sorted({p.context for p in points}, key=lambda c: c or 0):
+        estimates.update(estimate_memory(at_context(cfg, context), [p for p in points if p.context == context],
+                                         prepared.num_classes))
     specs: Dict[GridPoint, PointSpec] = {}
     for point in points:
-        budget = plan.sample_budget(prepared.num_train, cfg.train.epochs, cfg.train.samples)
+        num_train, counts = prepared.at(point.context)
+        budget = plan.sample_budget(num_train, cfg.train.epochs, cfg.train.samples, point.context, cfg.model.context)
         steps = plan.optimizer_steps(budget, 1, point.global_batch_size)
         spec = PointSpec(
-            model=cfg.model,
+            model=at_context(cfg, point.context).model,
             data=cfg.data,
             train=cfg.train,
             measure=cfg.measure,
@@ -137,7 +160,7 @@ def build_specs(cfg: SweeperConfig, prepared: Prepared, points: List[GridPoint])
             divergence=cfg.divergence,
             gns=cfg.gns,
             profile=cfg.profile,
-            flop_count=prepared.flop_counts.get(point.checkpointing),
+            flop_count=counts.get(point.checkpointing),
             memory_budget_bytes=budget_bytes(cfg.device),
             memory_estimate_bytes=estimates.get(point),
             timeout_seconds=cfg.cluster.point_timeout_seconds,

@@ -36,6 +36,14 @@ def flat_config(resolved_yaml: str) -> Dict[str, Any]:
     return {k: v for k, v in out.items() if not k.startswith(MAY_DIFFER)}
 
 
+def schema_defaults() -> Dict[str, Any]:
+    """Every setting's default, flat (a config group's own defaults are its schema's: model.hf_type's
+    is ModelConfig's)."""
+    from omegaconf import OmegaConf
+
+    return flat_config(OmegaConf.to_yaml(OmegaConf.structured(SweeperConfig)))
+
+
 def config_hash(resolved_yaml: str) -> str:
     """What makes two sweeps the same experiment, as one tag (sweeper.config_hash)."""
     text = json.dumps(flat_config(resolved_yaml), sort_keys=True, default=str)
@@ -43,8 +51,12 @@ def config_hash(resolved_yaml: str) -> str:
 
 
 def differences(recorded_yaml: str, resolved_yaml: str) -> List[str]:
-    """`key: recorded -> now` for every key that differs (beyond MAY_DIFFER)."""
-    before, now = flat_config(recorded_yaml), flat_config(resolved_yaml)
+    """`key: recorded -> now` for every key that differs (beyond MAY_DIFFER). A key the recorded config
+    lacks (a setting added by a later sweeper version) counts as its schema default: a sweep recorded
+    before `sweep.context_lengths` existed ran without one."""
+    now = flat_config(resolved_yaml)
+    added = {k: v for k, v in schema_defaults().items() if k in now}
+    before = {**added, **flat_config(recorded_yaml)}
     return [f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(before) | set(now))
             if before.get(k) != now.get(k)]
 

@@ -227,9 +227,11 @@ def point_params(cfg: SweeperConfig, spec: PointSpec) -> Dict[str, Any]:
         "lr": spec.lr,
         "lr_scaling": cfg.train.lr_scaling,
         "epochs": cfg.train.epochs if cfg.train.samples is None else None,
-        "train_samples": cfg.train.samples,
+        "train_samples": cfg.train.samples if cfg.train.samples is None or point.context is None
+        else plan.sample_budget(0, 0, cfg.train.samples, point.context, cfg.model.context),
         # a language model's sequences: tokens per sample and per optimizer step
-        **({"context": cfg.model.context, "tokens_per_step": point.global_batch_size * cfg.model.context}
+        **({"context": models.positions(spec.model),
+            "tokens_per_step": point.global_batch_size * models.positions(spec.model)}
            if models.is_language_model(cfg.model) else {}),
         "seed": spec.seed,
         "lr_multiplier": point.lr_multiplier,

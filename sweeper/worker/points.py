@@ -51,7 +51,10 @@ def run_points(
     entered = time.time()
     first = specs[0]
     device = telemetry.select(first.use_gpu, ctx.local_rank)
-    splits = data_mod.load(first.data, first.model.input_shape)
+    # The data packed at each context the group trains (one for a sweep without sweep.context_lengths).
+    loaded = {tuple(s.model.input_shape): None for s in specs}
+    for shape in loaded:
+        loaded[shape] = data_mod.load(first.data, list(shape))
     facts = group_facts(specs, device, ctx, threads)
     subgroups = comm.subgroups(sorted({s.point.num_workers for s in specs}), ctx, status_timeout)
     nodes = comm.gather_objects(ctx.node, ctx) if ctx.node else []
@@ -73,7 +76,7 @@ def run_points(
         elif ctx.rank < members:
             group, status_group = subgroups.get(members, (ctx.group, None))
             member = WorkerContext(ctx.rank, members, ctx.local_rank, group, status_group)
-            result = run_point(spec, member, device, splits, facts, deadline)
+            result = run_point(spec, member, device, loaded[tuple(spec.model.input_shape)], facts, deadline)
             if result.status == "oom":
                 out_of_memory.append(spec.point)
         else:
@@ -120,11 +123,14 @@ def freeze_long_lived_objects() -> None:
 
 def implied_oom(point: GridPoint, out_of_memory: Sequence[GridPoint]) -> Optional[GridPoint]:
     """The point already out of memory that implies `point` is too: same workers and recipe
-    (precision, checkpointing), a micro-batch at least as large, and accumulation if it accumulated
+    (precision, checkpointing), a context at least as long, a micro-batch at least as large, and
+    accumulation if it accumulated
     (from the second micro-step on, the accumulated gradients are alive beside the next
     micro-batch's activations)."""
     for seen in out_of_memory:
         if seen.num_workers != point.num_workers or seen.recipe != point.recipe or seen == point:
+            continue
+        if (point.context or 0) < (seen.context or 0):
             continue
         # Accumulating (any number of steps > 1) holds gradients beside the activations: more memory
         # than one micro-batch per step, the same whatever the number of steps.
