@@ -56,10 +56,14 @@ def check(cfg: ModelConfig, num_classes: int = 10) -> List[str]:
             "model._target_ is not set: model=custom needs the import path of your factory, "
             "e.g. model._target_=my_pkg.models.build"
         ]
+    if cfg.name == "hf":
+        from sweeper import hf
+
+        return hf.check(cfg.hf_type, dict(cfg.kwargs), num_classes, cfg.context)
     if cfg.name in ("mlp", *LANGUAGE_MODELS) or cfg.name in torchvision_names():
         return []
     return [
-        f"model.name={cfg.name!r} is unknown: use model=mlp, model=gpt, model=resnet18 (or model.name=<any "
+        f"model.name={cfg.name!r} is unknown: use model=mlp, model=gpt, model=hf, model=resnet18 (or model.name=<any "
         "torchvision classification model>), or set model._target_ to your own factory"
     ]
 
@@ -105,6 +109,10 @@ def build(cfg: ModelConfig, num_classes: int) -> nn.Module:
         from sweeper.gpt import GPT
 
         return GPT(num_classes, cfg.context, cfg.n_layer, cfg.n_head, cfg.d_model)
+    if cfg.name == "hf":
+        from sweeper import hf
+
+        return hf.build(cfg.hf_type, dict(cfg.kwargs), num_classes, cfg.context)
     if cfg.name == "mlp":
         in_features = 1
         for d in cfg.input_shape:
@@ -116,8 +124,9 @@ def build(cfg: ModelConfig, num_classes: int) -> nn.Module:
 
 
 def positions(cfg: ModelConfig) -> Optional[int]:
-    """Tokens per sample for a language model (its context), else None."""
-    return cfg.context if is_language_model(cfg) else None
+    """Tokens per sample for a language model (the sequence length it trains at: model.context, or a
+    point's context from sweep.context_lengths, as model.input_shape), else None."""
+    return int(cfg.input_shape[0]) if is_language_model(cfg) else None
 
 
 def samples(cfg: ModelConfig, num_classes: int) -> Samples:

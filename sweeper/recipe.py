@@ -78,7 +78,7 @@ def apply_checkpointing(model: nn.Module, mode: str, extra_types: Sequence[str] 
     they are. Returns how many were wrapped (0 for `none`)."""
     if mode == "none":
         return 0
-    names = set(BLOCK_TYPES) | set(extra_types)
+    names = _block_names(model, extra_types)
     wrapped = 0
     for parent in list(model.modules()):
         for child_name, child in list(parent.named_children()):
@@ -86,6 +86,12 @@ def apply_checkpointing(model: nn.Module, mode: str, extra_types: Sequence[str] 
                 setattr(parent, child_name, Checkpointed(child))
                 wrapped += 1
     return wrapped
+
+
+def _block_names(model: nn.Module, extra_types: Sequence[str]) -> set:
+    """BLOCK_TYPES, `extra_types` (model.checkpoint_modules) and the blocks a model declares itself
+    (`checkpoint_block_types`: a transformers model's decoder layers, sweeper.hf)."""
+    return set(BLOCK_TYPES) | set(extra_types) | set(getattr(model, "checkpoint_block_types", ()))
 
 
 def _inside(model: nn.Module, module: nn.Module) -> bool:
@@ -108,7 +114,7 @@ class Checkpointed(nn.Module):
 
 def wrappable(model: nn.Module, extra_types: Sequence[str] = ()) -> List[str]:
     """The class names of the blocks `blocks` would wrap in this model."""
-    names = set(BLOCK_TYPES) | set(extra_types)
+    names = _block_names(model, extra_types)
     return sorted({type(m).__name__ for m in model.modules() if type(m).__name__ in names})
 
 
