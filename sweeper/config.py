@@ -188,6 +188,9 @@ class InferenceConfig:
     # model=mlp only: also sweep the width (seed 003's experiment: [256,512,1024,2048,4096]);
     # null: model.width.
     mlp_widths: Any = None
+    # model=gpt: decode is timed at each of these contexts (cached positions, each at most model.context),
+    # batch_sizes concurrent sequences each (docs/inference.md#decode). null: model.context alone.
+    contexts: Any = None
 
 
 @dataclass
@@ -431,6 +434,7 @@ LIST_KEYS = (
     ("sweep", "seeds"),
     ("sweep", "lr_multipliers"),
     ("sweep", "context_lengths"),
+    ("inference", "contexts"),
 )
 
 
@@ -902,6 +906,9 @@ def check_inference(inference: InferenceConfig) -> List[str]:
     problems = _sizes("inference.batch_sizes", inference.batch_sizes, "[1,2,4,8]")
     if inference.mlp_widths is not None:
         problems += _sizes("inference.mlp_widths", inference.mlp_widths, "[256,1024]", ", or null")
+    if inference.contexts is not None:
+        problems += _sizes("inference.contexts", inference.contexts, "[64,256]", ", or null for model.context",
+                           least=2)
     _check(problems, "inference.timed_runs", inference.timed_runs, lambda n: n >= 1, "must be >= 1")
     _check(problems, "inference.warmup_runs", inference.warmup_runs, _not_negative, "must be >= 0")
     _check(
@@ -939,19 +946,26 @@ def check_combinations(cfg: SweeperConfig) -> List[str]:
 
 
 def _check_contexts(cfg: SweeperConfig) -> List[str]:
-    """sweep.context_lengths is a language model's axis, each context within its position table."""
-    lengths = cfg.sweep.context_lengths
-    if lengths is None or not isinstance(lengths, list) or not all(isinstance(n, int) for n in lengths):
-        return []  # check_sweep's problems
-    if not is_language_model(cfg.model):
-        return [f"sweep.context_lengths={lengths}: model={cfg.model.name} has no context; it is an axis of a "
-                "language model (model=gpt), so remove it"]
-    above = [n for n in lengths if n > cfg.model.context]
-    if above:
-        return [f"sweep.context_lengths has {', '.join(map(str, above))}, above model.context={cfg.model.context} "
-                f"(the model's position table): raise model.context to {max(above)} or drop "
-                f"{'it' if len(above) == 1 else 'them'}"]
-    return []
+    """sweep.context_lengths (training) and inference.contexts (decode) are a language model's axes, each
+    context within its position table; decode with a KV cache is sweeper's GPT's."""
+    problems: List[str] = []
+    for key, lengths in (("sweep.context_lengths", cfg.sweep.context_lengths),
+                         ("inference.contexts", cfg.inference.contexts if cfg.task == "inference" else None)):
+        if lengths is None or not isinstance(lengths, list) or not all(isinstance(n, int) for n in lengths):
+            continue  # check_sweep's / check_inference's problems
+        if not is_language_model(cfg.model):
+            problems.append(f"{key}={lengths}: model={cfg.model.name} has no context; it is an axis of a "
+                            "language model (model=gpt), so remove it")
+            continue
+        above = [n for n in lengths if n > cfg.model.context]
+        if above:
+            problems.append(f"{key} has {', '.join(map(str, above))}, above model.context={cfg.model.context} "
+                            f"(the model's position table): raise model.context to {max(above)} or drop "
+                            f"{'it' if len(above) == 1 else 'them'}")
+    if cfg.task == "inference" and is_language_model(cfg.model) and cfg.model.name != "gpt":
+        problems.append(f"task=inference with model={cfg.model.name}: decode with a KV cache is measured for "
+                        "sweeper's GPT (model=gpt); time a transformers model's training instead (task=train)")
+    return problems
 
 
 def _check_model_data(model: ModelConfig, data: DataConfig) -> List[str]:

@@ -442,6 +442,26 @@ class InferenceFlops(Record):
 
 
 @dataclass
+class Decode(Record):
+    """A decoder's batch of concurrent sequences at one context (model=gpt, sweeper.inference.decode):
+    the point's latency is one decode step's; prefill timed apart; the KV cache against its formula."""
+
+    context: Optional[int] = metric()  # cached positions a timed decode step attends to
+    tokens_per_second: Optional[float] = metric()  # the batch's: batch / median decode step
+    tokens_per_second_per_sequence: Optional[float] = metric()  # 1 / median decode step
+    prefill_tokens: Optional[int] = metric()  # the prompt's length
+    prefill_p50_seconds: Optional[float] = metric()
+    prefill_tokens_per_second: Optional[float] = metric()
+    prefill_peak_memory_bytes: Optional[int] = metric()  # a whole prompt at once (the point's peak is decoding's)
+    kv_cache_bytes: Optional[int] = metric()  # the cache's tensors, allocated for `context` positions
+    kv_cache_bytes_per_sequence: Optional[float] = metric()
+    kv_cache_formula_bytes_per_sequence: Optional[float] = metric()  # 2 x layers x d_model x context x bytes
+    decode_flops_per_token: Optional[float] = metric()  # counted (FlopCounterMode), per sequence and step
+    decode_flops_formula_per_token: Optional[float] = metric()  # 2N + 4 L d T
+    weight_bytes: Optional[int] = metric()
+
+
+@dataclass
 class InferenceResult(Record):
     trial_key: str = note("")  # e.g. bs64, or mlp1024-bs64
     status: str = note("ok")
@@ -456,6 +476,7 @@ class InferenceResult(Record):
     latency: Latency = section(Latency)
     memory: Memory = section(Memory)
     flops: InferenceFlops = section(InferenceFlops)
+    decode: Decode = section(Decode)
 
 
 # ---------------------------------------------------------------------------------------------------

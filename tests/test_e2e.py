@@ -260,8 +260,9 @@ def test_a_diverging_lr_is_a_diverged_point_and_replicates_share_their_point(tmp
 
 
 def test_a_language_model_on_your_own_token_files_through_the_cli(tmp_path):
-    """model=gpt on a nanoGPT train.bin/val.bin folder: tokens/s, FLOPs per token and the loss in the
-    record, the table in tokens/s, the data's files named in its MLflow dataset input."""
+    """model=gpt on a nanoGPT train.bin/val.bin folder at two contexts (sweep.context_lengths): tokens/s,
+    FLOPs per token and the loss in the record, the same tokens at each context, the table in tokens/s,
+    the data's files named in its MLflow dataset input, the recommendation judged by the loss."""
     import numpy as np
 
     folder = tmp_path / "corpus"
@@ -279,19 +280,25 @@ def test_a_language_model_on_your_own_token_files_through_the_cli(tmp_path):
         "data=tokens", f"data.path={folder}", "data.vocab_size=40", "train.samples=768", "optim.lr=0.01",
         "measure.warmup_steps=3", "measure.windows=3",
         "sweep.micro_batch_sizes=[8]", "sweep.accumulation_steps=[1,2]", "sweep.num_workers=[1]",
+        "sweep.context_lengths=[8,16]",
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "tokens/s" in result.stdout and "val loss" in result.stdout
     client, parents, children = _runs(tmp_path)
-    assert len(children) == 2
+    assert sorted(run.data.params["point"] for run in children) == [
+        "mb8-acc1-w1-ctx16", "mb8-acc1-w1-ctx8", "mb8-acc2-w1-ctx16", "mb8-acc2-w1-ctx8"]
     for run in children:
         metrics, params = run.data.metrics, run.data.params
+        context = int(params["context"])
         assert run.data.tags["sweeper.status"] == "ok", run.data.tags
-        assert metrics["tokens_per_second"] == pytest.approx(16 * metrics["samples_per_second"])
-        assert metrics["tokens_seen"] == 16 * metrics["samples_seen"]
-        assert params["context"] == "16" and int(params["tokens_per_step"]) == 16 * int(params["global_batch_size"])
+        assert metrics["tokens_per_second"] == pytest.approx(context * metrics["samples_per_second"])
+        assert metrics["tokens_seen"] == context * metrics["samples_seen"] == 768 * 16  # the same tokens
+        assert int(params["tokens_per_step"]) == context * int(params["global_batch_size"])
         assert metrics["val_loss"] < metrics["train_unigram_entropy_bits"] * math.log(2)  # it learned the phrase
         assert metrics["flops_per_token_train"] > 0 and "val_bits_per_byte" not in metrics
         inputs = client.get_run(run.info.run_id).inputs.dataset_inputs
         assert str(folder) in inputs[0].dataset.source
+    # Judged by the loss in nats per token (not bytes: no bits per byte), ranked by tokens/s.
+    answer = parents[0].data.tags["sweeper.recommendation"]
+    assert "val_loss" in answer and "tokens/s" in answer and "val_accuracy" not in answer, answer

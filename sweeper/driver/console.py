@@ -103,7 +103,15 @@ def print_inference_point(model: str, batch_size: int, result: InferenceResult) 
     if result.status != "ok":
         console.print(f"  {model} batch {batch_size}: {result.status} ({escape(str(result.error))})", soft_wrap=True)
         return
-    latency = result.latency
+    latency, decode = result.latency, result.decode
+    if decode.context is not None:  # a decoder: one decode step, the prefill apart
+        console.print(
+            f"  {model} batch {batch_size}: decode step p50 {latency.latency_p50_seconds * 1e3:,.3f} ms, "
+            f"p99 {latency.latency_p99_seconds * 1e3:,.3f} ms, {decode.tokens_per_second:,.0f} tokens/s "
+            f"({decode.tokens_per_second_per_sequence:,.0f} per sequence); prefill of {decode.prefill_tokens} "
+            f"tokens {decode.prefill_p50_seconds * 1e3:,.1f} ms; KV cache "
+            f"{decode.kv_cache_bytes_per_sequence / 1024:,.0f} KiB per sequence", soft_wrap=True)
+        return
     console.print(
         f"  {model} batch {batch_size}: p50 {latency.latency_p50_seconds * 1e3:,.3f} ms, "
         f"p99 {latency.latency_p99_seconds * 1e3:,.3f} ms, {latency.samples_per_second:,.0f} samples/s",
@@ -120,8 +128,11 @@ def print_inference_summary(
     experiment: str,
     plot: str,
 ) -> None:
-    table = Table(title="inference: the knee of each model", title_style="bold")
-    for column in ("model", "measured knee", "roofline knee", "best samples/s", "at batch"):
+    decoding = any(r.decode.context is not None for _, r in rows)
+    table = Table(title="inference: the knee of each model" + (" and context (decode steps)" if decoding else ""),
+                  title_style="bold")
+    for column in ("model", "measured knee", "roofline knee", "best tokens/s" if decoding else "best samples/s",
+                   "at batch"):
         table.add_column(column, justify="right")
     for model, (measured, predicted) in knees.items():
         ok = [r for m, r in rows if m == model and r.status == "ok"]
@@ -139,6 +150,10 @@ def print_inference_summary(
         console.print(f"  bandwidth: {rate:,.1f} GB/s ({facts['bandwidth_source']})", soft_wrap=True)
     console.print(f"MLflow: experiment {experiment!r}, sweep run {parent_run_id}", soft_wrap=True)
     console.print(f"  plot: {plot} (also the run's artifact report/inference_curves.png)", soft_wrap=True)
+
+
+def print_line(text: str) -> None:
+    console.print(escape(text), soft_wrap=True)
 
 
 def warn(text: str) -> None:
@@ -261,7 +276,7 @@ def _points_table(rows: List[Tuple[GridPoint, PointResult]]) -> Table:
                          overflow="fold" if column == "point" else "ellipsis")
 
     def speed(row):
-        return row[1].get("samples_per_second", -1.0)
+        return row[1].get(rate_key, -1.0)
 
     for point, result in sorted(rows, key=speed, reverse=True):
         table.add_row(

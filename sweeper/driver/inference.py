@@ -16,6 +16,7 @@ from sweeper import models, tracking
 from sweeper.cluster import runs
 from sweeper.config import ModelConfig, SweeperConfig, budget_bytes, tracking_uri, validate
 from sweeper.driver import console
+from sweeper.driver import decode as decode_answer
 from sweeper.driver.skeleton import Phases, Session, session
 from sweeper.errors import EXIT_OK, EXIT_POINT_FAILED, ConfigError, first_line
 from sweeper.inference import roofline
@@ -40,6 +41,18 @@ def label(model: ModelConfig) -> str:
     return model_key(model) or model.name
 
 
+def group_label(spec: InferenceSpec) -> str:
+    """A series of the sweep: the model's label, and a decoder's context ("gpt-ctx64")."""
+    return label(spec.model) if spec.context is None else f"{label(spec.model)}-ctx{spec.context}"
+
+
+def decode_contexts(cfg: SweeperConfig) -> List[Optional[int]]:
+    """model=gpt: the contexts decode is timed at (inference.contexts, else model.context); else [None]."""
+    if not models.is_language_model(cfg.model):
+        return [None]
+    return [int(c) for c in (cfg.inference.contexts or [cfg.model.context])]
+
+
 def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
     """Run the inference sweep; the exit status is 0 when every point ended ok or oom, 1 if any failed."""
     phases = Phases()
@@ -57,8 +70,11 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
         console.print_where(s.uri, s.cluster.dashboard_url, s.cluster.token_path, s.cluster.results_dir)
         console.print_start(sum(len(g) for g in groups), len(groups), groups="Ray Tune trial(s), one per model")
         rows, facts = measure(s, name, groups)
-        knees = record_knees(cfg, s.tracker, chosen, num_classes, rows, facts)
-        png = plot(cfg, s, name, chosen, rows, knees)
+        if models.is_language_model(cfg.model):
+            knees = decode_answer.record(cfg, s.tracker, [g[0] for g in groups], rows, facts)
+        else:
+            knees = record_knees(cfg, s.tracker, chosen, num_classes, rows, facts)
+        png = plot(cfg, s, name, [group_label(g[0]) for g in groups], rows, knees)
         statuses = Counter(r.status for _, r in rows)
         s.end(SweepSummary().count(statuses),
               "FAILED" if statuses["failed"] else "FINISHED")
@@ -67,8 +83,9 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
 
 
 def specs(cfg: SweeperConfig, chosen: List[ModelConfig], num_classes: int) -> List[List[InferenceSpec]]:
-    """One group of batch sizes per model, smallest first."""
-    counts = {label(m): _count_flops(m, num_classes) for m in chosen}
+    """One group of batch sizes per model (a decoder: per context), smallest first."""
+    contexts = decode_contexts(cfg)
+    counts = {(label(m), c): _count_flops(m, num_classes, c) for m in chosen for c in contexts}
     return [
         [
             InferenceSpec(
@@ -78,13 +95,14 @@ def specs(cfg: SweeperConfig, chosen: List[ModelConfig], num_classes: int) -> Li
                 warmup_runs=cfg.inference.warmup_runs,
                 timed_runs=cfg.inference.timed_runs,
                 min_timed_seconds=cfg.inference.min_timed_seconds,
-                flop_count=counts[label(m)],
+                flop_count=counts[(label(m), context)],
                 memory_budget_bytes=budget_bytes(cfg.device),
                 seed=cfg.train.seed,
+                context=context,
             )
             for b in sorted(set(cfg.inference.batch_sizes))
         ]
-        for m in chosen
+        for m in chosen for context in contexts
     ]
 
 
@@ -94,6 +112,7 @@ def sweep_params(cfg: SweeperConfig, chosen: List[ModelConfig], resources) -> Di
         "model": cfg.model.name,
         "models": [label(m) for m in chosen],
         "batch_sizes": sorted(set(cfg.inference.batch_sizes)),
+        "contexts": None if decode_contexts(cfg) == [None] else decode_contexts(cfg),
         "timed_runs": cfg.inference.timed_runs,
         "min_timed_seconds": cfg.inference.min_timed_seconds,
         "use_gpu": resources.use_gpu,
@@ -106,7 +125,7 @@ def sweep_params(cfg: SweeperConfig, chosen: List[ModelConfig], resources) -> Di
 def measure(s: Session, name: str, groups: List[List[InferenceSpec]]) -> Tuple[Rows, Dict[str, Any]]:
     """Every batch size of every model timed on the cluster and recorded as it arrives; the device's
     facts (its memory bandwidth) measured after them."""
-    by_key = {spec.key: (label(spec.model), spec) for group in groups for spec in group}
+    by_key = {spec.key: (group_label(spec), spec) for group in groups for spec in group}
     rows: Rows = []
     facts: Dict[str, Any] = {}
 
@@ -119,6 +138,7 @@ def measure(s: Session, name: str, groups: List[List[InferenceSpec]]) -> Tuple[R
             "width": spec.model.width if spec.model.name == "mlp" else None,
             "batch_size": spec.batch_size,
             "input_shape": list(spec.model.input_shape),
+            **({} if spec.context is None else {"context": spec.context, "measurement": "decode"}),
         }
         s.tracker.log_inference(params, result)
         rows.append((model_label, result))
@@ -128,7 +148,7 @@ def measure(s: Session, name: str, groups: List[List[InferenceSpec]]) -> Tuple[R
     return rows, facts
 
 
-def plot(cfg: SweeperConfig, s: Session, name: str, chosen: List[ModelConfig], rows: Rows, knees) -> str:
+def plot(cfg: SweeperConfig, s: Session, name: str, labels: List[str], rows: Rows, knees) -> str:
     folder = report_build.default_folder(s.uri, name)
     os.makedirs(folder, exist_ok=True)
     series = {
@@ -137,7 +157,7 @@ def plot(cfg: SweeperConfig, s: Session, name: str, chosen: List[ModelConfig], r
             for lbl, r in rows
             if lbl == model_label and r.status == "ok"
         ]
-        for model_label in (label(m) for m in chosen)
+        for model_label in labels
     }
     png = plots.inference_curves(series, knees, os.path.join(folder, "inference_curves.png"))
     s.tracker.log_artifacts(folder, "report")
@@ -193,7 +213,14 @@ def record_knees(
     return knees
 
 
-def _count_flops(model: ModelConfig, num_classes: int) -> Optional[flops.FlopCount]:
+def _count_flops(model: ModelConfig, num_classes: int, context: Optional[int] = None) -> Optional[flops.FlopCount]:
+    """FLOPs per sample of one forward; a decoder's per token of a decode step at `context` (its closed
+    form, 2N + 4 L d T: the worker counts the step itself and records both)."""
+    if context is not None:
+        from sweeper import gpt
+
+        per_token = gpt.decode_flops_per_token(num_classes, context, model.n_layer, model.d_model)
+        return flops.FlopCount(forward_per_sample=per_token, train_per_sample=3 * per_token)
     try:
         return flops.count_flops(lambda: models.build(model, num_classes), models.samples(model, num_classes))
     except Exception as exc:  # noqa: BLE001 - timed without FLOPs and MFU

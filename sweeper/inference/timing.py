@@ -52,6 +52,9 @@ class InferenceSpec:
     seed: int = 0
     # ...and no more than this many, so a sub-microsecond forward does not log a list of a million.
     max_timed_runs: int = 10_000
+    # A language model (model=gpt): decode at this context, `batch_size` concurrent sequences
+    # (inference.contexts; sweeper.inference.decode). None: one forward of a batch of samples.
+    context: Optional[int] = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -74,9 +77,11 @@ class InferenceSpec:
 
     @property
     def key(self) -> str:
-        """ "bs64", or "mlp1024-bs64" for the built-in MLP (widths are swept; see `model_key`)."""
+        """ "bs64", "mlp1024-bs64" for the built-in MLP (widths are swept; see `model_key`), "bs8-ctx256" for
+        a decoder's decode at a context."""
         prefix = model_key(self.model)
-        return f"{prefix}-bs{self.batch_size}" if prefix else f"bs{self.batch_size}"
+        key = f"{prefix}-bs{self.batch_size}" if prefix else f"bs{self.batch_size}"
+        return key if self.context is None else f"{key}-ctx{self.context}"
 
 
 def summarize_latency(samples_seconds: Sequence[float], batch_size: int) -> Dict[str, Any]:
@@ -163,6 +168,8 @@ def _measure(spec: InferenceSpec, device: telemetry.Device) -> Dict[str, Any]:
         torch.manual_seed(spec.seed)
         model: nn.Module = models.build(spec.model, spec.num_classes)
     model = model.to(device.torch_device).eval()
+    if spec.context is not None:
+        return _measure_decode(spec, device, model, budget_mode)
     generator = torch.Generator().manual_seed(spec.seed)
     inputs = torch.randn(spec.batch_size, *spec.model.input_shape, generator=generator).to(device.torch_device)
 
@@ -211,9 +218,53 @@ def _measure(spec: InferenceSpec, device: telemetry.Device) -> Dict[str, Any]:
     return result
 
 
+def _measure_decode(spec: InferenceSpec, device: telemetry.Device, model: nn.Module, budget_mode: str
+                    ) -> Dict[str, Any]:
+    """A decoder's prefill and decode at spec.context (sweeper.inference.decode): the decode step's
+    latency is the point's latency (samples_per_second: tokens/s over the batch), its peak memory that
+    of a fresh cache, the prefill and one decode step."""
+    from sweeper.inference import decode
+
+    def track(fn: Callable[[], Any], enforce: bool) -> Any:
+        if device.is_cuda:
+            fn()
+            return None
+        from sweeper.measure import memory
+
+        budget = spec.memory_budget_bytes if budget_mode == "simulated" and enforce else None
+        return memory.track_step(model, None, fn, device.torch_device, budget_bytes=budget)
+
+    def timed(fn: Callable[[], Any]) -> Tuple[List[float], float]:
+        for _ in range(spec.warmup_runs):
+            fn()
+        return _timed_runs(spec, device, fn)
+
+    found = decode.measure(model, spec.batch_size, spec.context, spec.seed, device, timed, track)
+    breakdown, samples = found.pop("breakdown"), found.pop("latency_samples_seconds")
+    result: Dict[str, Any] = {"device": device.torch_device.type, "warmup_runs": spec.warmup_runs,
+                              "timed_seconds": found.pop("timed_seconds"), **found}
+    result.update(summarize_latency(samples, spec.batch_size))
+    result["tokens_per_second"] = result["samples_per_second"]
+    result["tokens_per_second_per_sequence"] = 1.0 / result["latency_p50_seconds"]
+    result.update(device.memory_metrics())
+    if breakdown is not None:
+        result.update(breakdown.as_metrics())
+        result["peak_memory_bytes"] = breakdown.peak_bytes
+        result["memory_measure"] = ("cpu: peak tensor memory of a KV cache of the context and one decode step under "
+                                    "inference_mode (torch MemTracker); the prefill's apart: prefill_peak_memory_bytes")
+    elif device.is_cuda:
+        result["peak_memory_bytes"] = result["cuda_max_memory_allocated_bytes"]
+        result["memory_measure"] = "cuda: torch.cuda.max_memory_allocated over the point"
+    if budget_mode != "none":
+        result["memory_budget_bytes"] = spec.memory_budget_bytes
+        result["memory_budget_mode"] = budget_mode
+    return result
+
+
 def _timed_runs(
-    spec: InferenceSpec, device: telemetry.Device, model: nn.Module, inputs: torch.Tensor
+    spec: InferenceSpec, device: telemetry.Device, model: Callable[..., Any], inputs: Any = None
 ) -> Tuple[List[float], float]:
+    """Runs of model(inputs) (or of model() without inputs), each waited for, until the spec's rule is met."""
     samples: List[float] = []
     started = time.perf_counter()
     elapsed = 0.0
@@ -222,7 +273,10 @@ def _timed_runs(
     ):
         device.synchronize()  # nothing queued before this run may count towards it
         begin = device.mark()
-        model(inputs)
+        if inputs is None:
+            model()
+        else:
+            model(inputs)
         end = device.mark()
         samples.append(device.seconds_between(begin, end))  # waits for `end` on CUDA
         elapsed = time.perf_counter() - started
@@ -248,8 +302,8 @@ def _flops_metrics(spec: InferenceSpec, samples_per_second: float, peak: Optiona
 
 def _model_identity(spec: InferenceSpec) -> Tuple[Any, ...]:
     # Points that share all of these differ only in batch size, so a smaller batch running out of
-    # memory implies a larger one would too.
-    return (repr(spec.model), spec.num_classes, spec.use_gpu, spec.memory_budget_bytes)
+    # memory implies a larger one would too (a decoder's: at the same context).
+    return (repr(spec.model), spec.num_classes, spec.use_gpu, spec.memory_budget_bytes, spec.context)
 
 
 def order_points(specs: Sequence[InferenceSpec]) -> List[InferenceSpec]:

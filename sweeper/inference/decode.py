@@ -1,0 +1,98 @@
+"""A decoder's inference at one batch of concurrent sequences and one context: prefill and decode timed
+apart, the KV cache's memory against its formula, the decode step's FLOPs counted. Seed 003's "What
+about transformers?": with a KV cache a decode step reads the weights once for the whole batch plus
+each sequence's cache, so batching is nearly free until the knee the decode roofline predicts.
+
+One point: `batch` sequences whose prompts fill `context - 1` positions (prefill, timed per prompt),
+then decode steps at the last position (each a one-token forward over `context` cached positions,
+the cache reset to the prompt after every step so each timed step does the same work). Knows torch
+and sweeper's GPT only."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Dict, List, Tuple
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from sweeper import gpt
+from sweeper.measure import flops as flops_mod
+from sweeper.measure import telemetry
+
+# The prefill is timed this many times (a prompt is long: a few runs give its median).
+PREFILL_RUNS = 5
+
+
+def prompt(batch: int, context: int, vocab_size: int, seed: int) -> torch.Tensor:
+    """`batch` random prompts of `context - 1` tokens: the cache holds `context` positions after the
+    first decoded token."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab_size, (batch, context - 1), generator=generator)
+
+
+def measure(model: gpt.GPT, batch: int, context: int, seed: int, device: telemetry.Device,
+            timed: Callable[[Callable[[], Any]], Tuple[List[float], float]],
+            track: Callable[[Callable[[], Any], bool], Any]) -> Dict[str, Any]:
+    """Prefill and decode of `batch` sequences at `context` under inference_mode: `timed(fn)` times
+    runs of fn (the point's rule: at least inference.timed_runs, inference.min_timed_seconds), `track(fn,
+    enforce)` measures fn's peak memory (under the memory budget when `enforce`). Decoding's memory is a
+    fresh cache holding `context - 1` positions and one decode step: the point's peak, what each
+    concurrent sequence holds while it generates. The prefill's transient peak (a whole prompt's
+    activations at once) is measured apart, outside the budget (a server can prefill in chunks).
+    Returns the figures, the decode step's latency samples under "latency_samples_seconds"."""
+    ids = prompt(batch, context, model.wte.num_embeddings, seed).to(device.torch_device)
+    with torch.inference_mode():
+        def decoding() -> None:
+            cache = model.new_cache(batch, context)
+            cache.position = context - 1  # its contents do not change its memory
+            model(ids[:, -1:], cache)
+
+        def prefilling() -> None:
+            model(ids, model.new_cache(batch, context))
+        breakdown = track(decoding, True)
+        prefill_breakdown = track(prefilling, False)
+
+        cache = model.new_cache(batch, context)
+        prefill: List[float] = []
+        for _ in range(PREFILL_RUNS + 1):  # the first is a warm-up
+            cache.position = 0
+            device.synchronize()
+            begin = time.perf_counter()
+            model(ids, cache)
+            device.synchronize()
+            prefill.append(time.perf_counter() - begin)
+        prefill = prefill[1:]
+        token = ids[:, -1:]
+
+        def step() -> None:
+            cache.position = context - 1  # the same step every time: the token at the last position
+            model(token, cache)
+
+        # sweeper's formulas count the CPU's fused attention kernel, which torch's table lacks.
+        with FlopCounterMode(display=False, custom_mapping=flops_mod.ATTENTION_FORMULAS) as counter:
+            step()
+        samples, seconds = timed(step)
+    prefill_p50 = sorted(prefill)[len(prefill) // 2]
+    layers, d_model = len(model.blocks), model.wte.embedding_dim
+    bytes_per_value = model.wte.weight.element_size()
+    counted = counter.get_total_flops() / batch
+    return {
+        "context": context,
+        "prefill_tokens": context - 1,
+        "prefill_p50_seconds": prefill_p50,
+        "prefill_tokens_per_second": batch * (context - 1) / prefill_p50,
+        "kv_cache_bytes": cache.nbytes,
+        "kv_cache_bytes_per_sequence": cache.nbytes / batch,
+        "kv_cache_formula_bytes_per_sequence": gpt.kv_cache_bytes_per_sequence(layers, d_model, context,
+                                                                               bytes_per_value),
+        "decode_flops_per_token": counted,
+        "decode_flops_formula_per_token": gpt.decode_flops_per_token(model.wte.num_embeddings, context, layers,
+                                                                     d_model),
+        "weight_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+        "latency_samples_seconds": samples,
+        "timed_seconds": seconds,
+        "breakdown": breakdown,
+        **({} if prefill_breakdown is None else {"prefill_peak_memory_bytes": prefill_breakdown.peak_bytes}),
+    }
+
