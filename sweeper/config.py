@@ -151,8 +151,8 @@ class SweepConfig:
     # in a short run, then one representative per accuracy-equivalence class and seed trained for
     # accuracy, in rungs of successive halving (see `smart` and docs/strategy.md).
     strategy: str = "grid"
-    # model=gpt: the training sequence lengths as an axis (each point trains and is timed at one), each
-    # at most model.context (the model's position table). Every context trains on the same tokens
+    # A language model (model=gpt or model=hf): the training sequence lengths as an axis (each point
+    # trains and is timed at one), each at most model.context (the model's position table). Every context trains on the same tokens
     # (train.samples counts sequences of model.context); memory and throughput are per context, and
     # smart's accuracy classes never mix contexts. null: model.context alone. One value or a list.
     context_lengths: Any = None

@@ -90,9 +90,10 @@ def check(model_type: str, overrides: Dict[str, Any], vocab_size: int, context: 
     if type(made) not in AutoModelForCausalLM._model_mapping:
         return [f"model.hf_type={model_type!r} has no causal language model in transformers: choose a decoder "
                 "(e.g. gpt2, llama)"]
-    # A config takes any keyword and keeps it: a misspelt field would be ignored silently.
+    # A config takes any keyword and keeps it as an attribute of its own: a misspelt field would be ignored
+    # silently. A key the config folds into another (Llama's rope_theta into rope_parameters) is not kept.
     fields = set(type(made)().to_dict()) | set(getattr(made, "attribute_map", {}))
-    unknown = [key for key in overrides if key not in fields]
+    unknown = [key for key in overrides if key not in fields and key in made.to_dict()]
     if unknown:
         hints = [f"{k} (did you mean {m[0]}?)" if (m := difflib.get_close_matches(k, fields, 1)) else k
                  for k in unknown]

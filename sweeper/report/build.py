@@ -99,7 +99,8 @@ def build(
     sweep_figures = tracker.sweep_metrics(parent_run_id)
     html = html_report.render(sweep.run_name, [_row(t) for t in sorted(trials, key=_speed, reverse=True)], images,
                               text, _settings_shown(parent_run_id, cfg, budget_gb, rec.quality),
-                              sections.sections(trials, found, sweep.params, sweep_figures))
+                              sections.sections(trials, found, {**sweep.params, **settings_params(cfg)},
+                                                sweep_figures))
     html_path = _write_text(os.path.join(folder, "report.html"), html)
     # The answer as settings for the trainer a team uses (Lightning, Hugging Face, DeepSpeed, Ray
     # Train, torchrun), beside the sweeper's own override line.

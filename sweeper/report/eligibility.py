@@ -123,7 +123,7 @@ def _loss_against_unigram(point: PointSummary) -> Optional[Tuple[float, float, f
         return None
     n = len(runs)
     loss = sum(t.val_loss for t in runs) / n
-    se = math.sqrt(sum(t.val_loss_se ** 2 for t in runs)) / n
+    se = sum(t.val_loss_se for t in runs) / n  # one validation set: its noise does not average over seeds
     return loss, se, runs[0].train_unigram_entropy_bits * math.log(2)
 
 

@@ -143,7 +143,7 @@ def _chosen(rec: Recommendation) -> Dict[str, object]:
 
 
 def _lr_rows(rec: Recommendation) -> List[Dict[str, object]]:
-    rows = lr_table([t for p in rec.points.values() for t in p.replicates]).values()
+    rows = lr_table([t for p in rec.points.values() for t in p.replicates], quality=QUALITIES[rec.quality]).values()
     return [{"global_batch_size": int(r.global_batch_size), "multipliers": [float(m) for m in r.multipliers],
              "metric": r.metric, "best_multiplier": _num(r.best_multiplier), "best_value": _num(r.best_value),
              "largest_stable_multiplier": _num(r.largest_stable),

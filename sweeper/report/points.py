@@ -17,7 +17,7 @@ from sweeper.schema import STATUSES
 MEAN_FIELDS = (
     "samples_per_second", "samples_per_second_cv", "peak_memory_bytes", "val_accuracy", "train_seconds",
     "samples_seen", "val_loss", "train_loss", "steps_to_target", "samples_to_target", "time_to_target_seconds",
-    "gns_b_simple", "gns_b_simple_train_avg",
+    "gns_b_simple", "gns_b_simple_train_avg", "tokens_per_second", "val_bits_per_byte",
 )
 # Of those, the figures a point's layout determines (its seed and LR multiplier do not).
 LAYOUT_FIELDS = ("samples_per_second", "samples_per_second_cv", "peak_memory_bytes")

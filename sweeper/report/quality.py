@@ -84,7 +84,8 @@ class Quality:
         over the seeds both measured (at least 2: a seed sees the same samples in the same order), else one
         from the validation sets: Newcombe's of the pooled hits for an accuracy, the normal interval of a
         difference of two means from their standard errors for a loss (both points are scored on the same
-        validation set, so their errors correlate positively and this unpaired interval is conservative).
+        validation set, so their errors correlate positively and this unpaired interval is conservative
+        in that respect).
         None when neither exists (one seed and no validation-set size or SE recorded)."""
         mine, theirs = self._by_seed(point), self._by_seed(top)
         common = sorted(set(mine) & set(theirs))
@@ -109,7 +110,9 @@ class Quality:
                 for s in [self.score(t)] if s is not None}
 
     def _pooled(self, point: PointSummary) -> Optional[Tuple[float, float]]:
-        """(mean value, its standard error) over the ok seeds from their validation-set SEs; a loss only."""
+        """(mean value, its standard error) over the ok seeds from their validation-set SEs; a loss only.
+        Every seed is scored on the same validation sequences, so averaging seeds does not average that
+        sampling noise away: the SE is the seeds' mean SE, not divided by sqrt(seeds)."""
         if self.se_metric is None:
             return None
         runs = [t for t in point.replicates if t.status == "ok" and self.value(t) is not None]
@@ -117,7 +120,7 @@ class Quality:
         if not runs or not all(_finite(se) for se in ses):
             return None
         mean = statistics.fmean(self.value(t) for t in runs)
-        return mean, math.sqrt(sum((se * self.se_scale) ** 2 for se in ses)) / len(runs)
+        return mean, statistics.fmean(se * self.se_scale for se in ses)
 
     # -- words ---------------------------------------------------------------------------------------
 

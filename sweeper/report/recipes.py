@@ -22,7 +22,7 @@ BASELINE = ("fp32", "none")
 NOTHING_SAVED = 0.05
 
 Recipe = Tuple[str, str]  # (precision, activation checkpointing)
-Layout = Tuple[int, int, int, float]  # (micro-batch, accumulation, workers, LR multiplier)
+Layout = Tuple[int, int, int, float, Optional[int]]  # (micro-batch, accumulation, workers, LR multiplier, context)
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ def recipe_of(trial: Trial) -> Recipe:
 
 def _layout(trial: Trial) -> Layout:
     multiplier = 1.0 if trial.lr_multiplier is None else float(trial.lr_multiplier)
-    return trial.micro_batch_size, trial.accumulation_steps, trial.num_workers, multiplier
+    return trial.micro_batch_size, trial.accumulation_steps, trial.num_workers, multiplier, trial.context
 
 
 def compare_recipes(trials: Iterable[Trial], max_accuracy_drop: Optional[float] = 0.02,
@@ -157,12 +157,13 @@ def _checkpointing_vs_accumulation(points: List[Trial]) -> List[str]:
     """At each global batch, worker count, precision and LR multiplier: the largest micro-batch run
     with checkpointing against the layout without it that accumulates more (the largest smaller
     micro-batch), both ok: which is faster and by how much."""
-    groups: Dict[Tuple[int, int, str, float], List[Trial]] = {}
+    groups: Dict[Tuple[int, int, str, float, int], List[Trial]] = {}
     for p in points:
         if p.status == "ok" and p.samples_per_second:
-            groups.setdefault((p.global_batch_size, p.num_workers, recipe_of(p)[0], _layout(p)[3]), []).append(p)
+            key = (p.global_batch_size, p.num_workers, recipe_of(p)[0], _layout(p)[3], p.context or 0)
+            groups.setdefault(key, []).append(p)
     out = []
-    for (batch, workers, precision, _), members in sorted(groups.items()):
+    for (batch, workers, precision, _, _), members in sorted(groups.items()):
         checked = [p for p in members if recipe_of(p)[1] != "none"]
         if not checked:
             continue

@@ -31,7 +31,7 @@ def sections(trials: List[Trial], found: Optional[CriticalBatch], params: Dict[s
     return [
         ("Compute spent (sweep.strategy=smart)", compute_words(sweep_figures)),
         ("Critical batch size", _critical_batch_words(trials, found, params)),
-        ("Points (mean over seeds)", _point_rows(trials)),
+        ("Points (mean over seeds)", _point_rows(trials, judging(params, trials)[2])),
         ("LR multipliers per global batch", lr_rows(trials, *judging(params, trials))),
         *_recipe_sections(trials, sweep_figures, *judging(params, trials)),
     ]
@@ -72,9 +72,10 @@ def _critical_batch_words(trials: List[Trial], found: Optional[CriticalBatch], p
             f"(R\u00b2 {found.r_squared:.2f}) under {lr_rule(params)}.{noise}")
 
 
-def _point_rows(trials: List[Trial]) -> List[Dict[str, str]]:
-    """One row per point: its seeds, how they ended, and the mean and interval of its figures; none
-    for a sweep of single runs without a target or a noise scale (the runs table says it all)."""
+def _point_rows(trials: List[Trial], quality: Quality = ACCURACY) -> List[Dict[str, str]]:
+    """One row per point: its seeds, how they ended, and the mean and interval of its figures (a loss
+    judged as the quality: its interval too); none for a sweep of single runs without a target or a
+    noise scale (the runs table says it all)."""
     groups = analysis.replicates(trials)
     rows = []
     for key, members in groups.items():
@@ -89,6 +90,8 @@ def _point_rows(trials: List[Trial]) -> List[Dict[str, str]]:
             "status": _statuses(members),
             "val acc [interval]": "-" if acc is None else acc.text(),
             "interval": "-" if acc is None else acc.how,
+            **({} if quality.is_accuracy else {f"{quality.metric} [interval]": _interval_text(
+                quality.interval(analysis.summarize(members)))}),
             "train loss [interval]": "-" if loss is None else loss.text(),
             "reached target": f"{len(reached)} of {len(members)}" if any(
                 t.reached_target is not None for t in members) else "-",
@@ -149,6 +152,10 @@ def lr_rows(trials: List[Trial], max_drop: Optional[float] = None, level: float 
             "shown worse": listed(row.outcome("excluded")),
         }),
     } for batch, row in table.items()]
+
+
+def _interval_text(interval) -> str:
+    return "-" if interval is None else f"{interval.text()} ({interval.how})"
 
 
 def _statuses(members: List[Trial]) -> str:
