@@ -260,23 +260,28 @@ class GlobalBatchSampler(Sampler[int]):
     layout. Each epoch is a fresh permutation seeded by (seed, epoch), as DistributedSampler does.
     """
 
-    def __init__(self, num_samples: int, point: GridPoint, rank: int, steps: int, seed: int):
+    def __init__(self, num_samples: int, point: GridPoint, rank: int, steps: int, seed: int, start_sample: int = 0):
         self.num_samples = num_samples
         self.point = point
         self.rank = rank
         self.steps = steps
         self.seed = seed
+        # A run continued from a checkpoint starts where the stream stood (samples seen so far).
+        self.start_sample = start_sample
 
     def __len__(self) -> int:
         return self.steps * self.point.micro_batch_size * self.point.accumulation_steps
 
     def __iter__(self) -> Iterator[int]:
-        epochs = math.ceil(self.steps * self.point.global_batch_size / self.num_samples)
+        # Only the epochs this run reaches: an epoch's order is seeded by its number (random access).
+        first = self.start_sample // self.num_samples
+        last = math.ceil((self.start_sample + self.steps * self.point.global_batch_size) / self.num_samples)
         perms = [
             torch.randperm(self.num_samples, generator=torch.Generator().manual_seed(epoch_seed(self.seed, epoch))).tolist()
-            for epoch in range(epochs)
+            for epoch in range(first, last)
         ]
-        return iter(stream_indices(perms, 0, self.steps, self.point, self.rank))
+        offset = self.start_sample - first * self.num_samples
+        return iter(stream_indices(perms, 0, self.steps, self.point, self.rank, offset))
 
 
 def epoch_seed(seed: int, epoch: int) -> int:

@@ -146,19 +146,22 @@ def stream_indices(
     step_end: int,
     point: GridPoint,
     rank: int,
+    sample_offset: int = 0,
 ) -> List[int]:
     """Sample indices rank `rank` consumes for optimizer steps [step_begin, step_end), in order.
 
-    Global step k is stream[k*G:(k+1)*G] of the concatenated permutations, cut into micro-batches
-    of consecutive samples; micro-batch m*num_workers + r is rank r's micro-step m. Whatever the
-    layout, step k covers the same samples, so layouts with the same global batch compute the same
-    gradient (up to float summation order). Layouts that also share the micro-batch size put the
-    same samples in each micro-batch, so BatchNorm normalizes over the same groups too: (16, 2, 1)
-    and (16, 1, 2) then train the same model, not just on the same data.
+    Global step k is stream[sample_offset + k*G : sample_offset + (k+1)*G] of the concatenated
+    permutations, cut into micro-batches of consecutive samples; micro-batch m*num_workers + r is rank
+    r's micro-step m. Whatever the layout, step k covers the same samples, so layouts with the same global
+    batch compute the same gradient (up to float summation order). Layouts that also share the micro-batch
+    size put the same samples in each micro-batch, so BatchNorm normalizes over the same groups too: (16,
+    2, 1) and (16, 1, 2) then train the same model, not just on the same data. `sample_offset`: where in
+    the stream step 0 starts (a run continued from a checkpoint at that many samples seen, whatever the
+    global batch before it: the stream is a function of sample position, so nothing repeats or is skipped).
     """
     g, micro, workers = point.global_batch_size, point.micro_batch_size, point.num_workers
     chained = itertools.chain.from_iterable(permutations)
-    stream = [int(i) for i in itertools.islice(chained, step_begin * g, step_end * g)]
+    stream = [int(i) for i in itertools.islice(chained, sample_offset + step_begin * g, sample_offset + step_end * g)]
     out: List[int] = []
     for step in range(0, len(stream), g):
         for micro_step in range(point.accumulation_steps):

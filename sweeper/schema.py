@@ -336,6 +336,20 @@ class Provenance(Record):
 
 
 @dataclass
+class TrainingState(Record):
+    """A point's training-state checkpoint (sweeper.worker.state): where it continued from and where it
+    saved, with what the save and the read cost."""
+
+    continued_from: Optional[str] = tag("sweeper.continued_from")  # the checkpoint folder it started from
+    start_samples: Optional[int] = metric()  # samples seen before this run (0: from scratch)
+    checkpoint_read_seconds: Optional[float] = metric()
+    checkpoint_path: Optional[str] = tag("sweeper.checkpoint")  # where this run saved its state at its end
+    checkpoint_samples: Optional[int] = metric()
+    checkpoint_write_seconds: Optional[float] = metric()
+    checkpoint_bytes: Optional[int] = metric()
+
+
+@dataclass
 class Recipe(Record):
     """What the point's recipe did beyond the figures above: fp16's loss scaling, checkpointing,
     compilation."""
@@ -399,6 +413,7 @@ class PointResult(Record):
     recipe: Recipe = section(Recipe)
     cost: Cost = section(Cost)
     provenance: Provenance = section(Provenance)
+    state: TrainingState = section(TrainingState)
 
     @property
     def oom_source(self) -> Optional[str]:

@@ -60,6 +60,11 @@ class PointSpec:
     # sweep.strategy=smart's rungs before the last: training goes on past these steps (in a later
     # rung), so neither did_not_learn nor a spike still unrecovered at the end is judged here.
     partial: bool = False
+    # Continue from a training-state checkpoint (a folder sweeper.worker.state wrote): its weights,
+    # optimizer state and position in the sample stream, at this point's layout and LR. None: from scratch.
+    start_from: Optional[str] = None
+    # Save this run's training state into this folder at its end (None: no checkpoint).
+    save_state_to: Optional[str] = None
 
     @property
     def seed(self) -> int:

@@ -8,6 +8,7 @@ one process (world size 1, no DDP wrapper).
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, List, Optional
@@ -61,11 +62,20 @@ class Training:
     scales: List[Any] = field(default_factory=list)
     # The gradient's norm at every step, on the device (divergence.check; read only at window edges).
     grad_norms: Optional[torch.Tensor] = None
-    # train.warmup_steps: the LR's linear warmup, advanced once per optimizer step.
-    scheduler: Optional[torch.optim.lr_scheduler.LRScheduler] = None
+    # train.warmup_steps: the LR's linear warmup, counted in samples so it survives a change of layout.
+    warmup: Optional["Warmup"] = None
     # The micro-gradients' squared norms, for the gradient noise scale (worker.gns).
     micro_grads: Optional[MicroGradients] = None
     steps_done: int = 0
+    # A run continued from a checkpoint (spec.start_from): samples seen and optimizer steps before it.
+    start_samples: int = 0
+    steps_before: int = 0
+    read_seconds: Optional[float] = None
+
+    @property
+    def samples_seen(self) -> int:
+        """Samples seen since the point's start (a continued run counts those before it)."""
+        return self.start_samples + self.steps_done * self.spec.point.global_batch_size
 
     def step(self, step: int, marks: Optional[List[Any]] = None, loaded: Optional[List[Any]] = None) -> None:
         """One optimizer step: every micro-batch's forward and backward, then the optimizer.
@@ -106,8 +116,8 @@ class Training:
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        if self.scheduler is not None:
-            self.scheduler.step()
+        if self.warmup is not None:
+            self.warmup.set(step + 1)
         self.steps_done = step + 1
 
     def scale_values(self) -> List[float]:
@@ -148,24 +158,52 @@ class Training:
         return self.model.module if isinstance(self.model, nn.parallel.DistributedDataParallel) else self.model
 
 
+class Warmup:
+    """train.warmup_steps' linear LR warmup, counted in samples: the LR of a step is the point's LR times
+    min(1, samples seen after it / warmup samples), the warmup's samples being train.warmup_steps times
+    the global batch the point started at. At one global batch this is (step + 1) / warmup_steps exactly
+    (the same rational, so the same float); a run continued at another global batch goes on from where
+    the warmup stood."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, warmup_samples: int, start_samples: int, global_batch: int):
+        self.optimizer, self.warmup_samples = optimizer, warmup_samples
+        self.start_samples, self.global_batch = start_samples, global_batch
+        self.base = [group["lr"] for group in optimizer.param_groups]
+
+    def set(self, step: int) -> None:
+        """The LR of this run's step `step`."""
+        factor = min(1.0, (self.start_samples + (step + 1) * self.global_batch) / self.warmup_samples)
+        for group, base in zip(self.optimizer.param_groups, self.base):
+            group["lr"] = base * factor
+
+
 def setup(spec: PointSpec, ctx: WorkerContext, device: telemetry.Device, splits: data_mod.Splits) -> Training:
-    """A fresh model (seeded: the same initial weights on every layout), its optimizer and its batches."""
+    """A fresh model (seeded: the same initial weights on every layout), its optimizer and its batches;
+    with spec.start_from, the weights, optimizer state and stream position of that checkpoint instead."""
+    from sweeper.worker import state
+
     point = spec.point
+    start = _read_start(spec)
     budget_mode = device.limit_memory(spec.memory_budget_bytes)
     device.start_memory_window()
     torch.manual_seed(spec.seed)  # same initial weights on every layout (DDP also broadcasts rank 0's)
     model: nn.Module = models.build(spec.model, splits.num_classes).to(device.torch_device)
+    if start is not None:  # into the bare model: before the checkpointing wrap and DDP's broadcast
+        model.load_state_dict(start.weights)
     blocks = recipe.apply_checkpointing(model, point.checkpointing, spec.model.checkpoint_modules)
     if ctx.world_size > 1:
         model = nn.parallel.DistributedDataParallel(
             model, device_ids=[ctx.local_rank] if device.is_cuda else None, process_group=ctx.group
         )
     optimizer = recipe.build_optimizer(spec.optim, model.parameters(), spec.lr)
+    if start is not None:
+        state.load_optimizer(optimizer, start.optimizer)
     if spec.train.compile:
         # In place (Module.compile), so hooks such as the memory tracker's fire once; compiled in
         # the first, untimed step.
         model.compile()
-    sampler = data_mod.GlobalBatchSampler(len(splits.train), point, ctx.rank, spec.steps, spec.seed)
+    start_samples = start.position.samples_seen if start is not None else 0
+    sampler = data_mod.GlobalBatchSampler(len(splits.train), point, ctx.rank, spec.steps, spec.seed, start_samples)
     loader = DataLoader(
         splits.train,
         batch_size=point.micro_batch_size,
@@ -178,15 +216,55 @@ def setup(spec: PointSpec, ctx: WorkerContext, device: telemetry.Device, splits:
     )
     losses = torch.zeros(spec.steps, dtype=torch.float64, device=device.torch_device)
     scaler = recipe.grad_scaler(device.torch_device, point.precision)
+    if scaler is not None and start is not None and start.scaler:
+        scaler.load_state_dict(start.scaler)
     # A step with more than one micro-batch holds what the noise scale needs (K = accumulation x workers).
     measures_noise = spec.gns.enabled and point.accumulation_steps * point.num_workers > 1
     micro = MicroGradients(model, spec.steps, point.accumulation_steps, device.torch_device,
                            spec.gns.every_steps) if measures_noise else None
-    warmup = spec.train.warmup_steps
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup)) if warmup else None
-    return Training(spec, ctx, device, splits, model, optimizer, iter(loader), budget_mode, losses,
+    warmup_samples = start.position.warmup_samples if start is not None else \
+        spec.train.warmup_steps * point.global_batch_size
+    warmup = Warmup(optimizer, warmup_samples, start_samples, point.global_batch_size) if warmup_samples else None
+    if warmup is not None:
+        warmup.set(0)
+    batches = iter(loader)  # draws from torch's RNG: the saved RNG state goes back after it
+    if start is not None and start.rng is not None:
+        torch.set_rng_state(start.rng)
+    return Training(spec, ctx, device, splits, model, optimizer, batches, budget_mode, losses,
                     loss_fn=recipe.build_loss(spec.loss), scaler=scaler, checkpointed_blocks=blocks,
                     scales=[scaler.get_scale()] if scaler is not None else [],
                     grad_norms=torch.zeros(spec.steps, dtype=torch.float64, device=device.torch_device)
                     if spec.divergence.check or micro is not None else None,
-                    scheduler=scheduler, micro_grads=micro)
+                    warmup=warmup, micro_grads=micro, start_samples=start_samples,
+                    steps_before=start.position.optimizer_steps if start is not None else 0,
+                    read_seconds=None if start is None else start.extra.get("read_seconds"))
+
+
+def _read_start(spec: PointSpec):
+    """spec.start_from's snapshot, checked to be this point's model, data, optimizer and seed."""
+    from sweeper.worker import state
+
+    if spec.start_from is None:
+        return None
+    began = time.perf_counter()
+    start = state.read(spec.start_from)
+    problem = state.mismatch(start.identity, state.identity(spec))
+    if problem:
+        raise ValueError(f"the checkpoint {spec.start_from} was saved by another {problem}: continue from a "
+                         "checkpoint of the same model, data, optimizer and seed")
+    start.extra["read_seconds"] = time.perf_counter() - began
+    return start
+
+
+def capture(run: Training):
+    """This rank's training state at the step boundary it stands at (sweeper.worker.state.Snapshot)."""
+    from sweeper.worker import state
+
+    point = run.spec.point
+    warmup = run.warmup.warmup_samples if run.warmup is not None else 0
+    position = state.Position(run.samples_seen, run.steps_before + run.steps_done,
+                              float(run.optimizer.param_groups[0]["lr"]), point.global_batch_size, warmup, point.key)
+    # Copies: the live optimizer tensors go on changing if training goes on after the capture.
+    return state.Snapshot(state.identity(run.spec), position, state.canonical_state(run.model),
+                          copy.deepcopy(run.optimizer.state_dict()),
+                          run.scaler.state_dict() if run.scaler is not None else None, torch.get_rng_state())

@@ -108,7 +108,31 @@ def train_point(
     finally:
         clock.stop()
         profiler.stop()
-    return _result(run, clock, breakdown, time.perf_counter() - train_start, loop_started, progress, diverged)
+    train_seconds = time.perf_counter() - train_start
+    # Saved at the step boundary the loop ended on, before the final evaluation draws from torch's RNG.
+    saved = _save_state(run) if spec.save_state_to and diverged is None else None
+    result = _result(run, clock, breakdown, train_seconds, loop_started, progress, diverged)
+    _state_figures(result, run, saved)
+    return result
+
+
+def _save_state(run: Training):
+    """Rank 0 writes the training state into spec.save_state_to (DDP keeps every rank's alike)."""
+    from sweeper.worker import state
+    from sweeper.worker.step import capture
+
+    snapshot = capture(run)
+    return state.write(snapshot, run.spec.save_state_to) if run.ctx.rank == 0 else snapshot
+
+
+def _state_figures(result: PointResult, run: Training, saved) -> None:
+    spec = run.spec
+    if spec.start_from is not None:
+        result.state.update(dict(continued_from=spec.start_from, start_samples=run.start_samples,
+                                 checkpoint_read_seconds=run.read_seconds))
+    if saved is not None:
+        result.state.update(dict(checkpoint_path=spec.save_state_to, checkpoint_samples=saved.position.samples_seen,
+                                 checkpoint_write_seconds=saved.write_seconds, checkpoint_bytes=saved.bytes))
 
 
 def _loop(run: Training, roles: List[timing.StepRole], clock: Clock, profiler: "_Profiling", progress: Progress,

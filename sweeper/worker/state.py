@@ -1,0 +1,135 @@
+"""A point's training state at a step boundary, saved and continued at any layout (issue 28).
+
+What a fresh process cannot recompute: the weights (canonical keys: no DDP `module.` prefix, no
+activation checkpointing's `.block.`, so a checkpoint is layout- and recipe-free), the optimizer's state
+(DDP replicates it whole on every rank, so rank 0's does not depend on the worker count), fp16's loss
+scale, torch's random state, and the position: samples seen (the stream is a function of it, so a run
+continued at another global batch sees no sample twice and skips none), optimizer steps, the LR warmup
+counted in samples. Written as plain tensors (`torch.load(weights_only=True)` reads them: a shared store
+should not unpickle code) and a JSON file. Knows torch only.
+
+Not yet carried (a continued run starts them afresh, issue 28): the per-step loss history, the noise
+scale's moving averages, the divergence window, the evaluation curve and the time-to-target clock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, Optional
+
+import torch
+from torch import nn
+
+FORMAT = 1
+META, WEIGHTS, OPTIMIZER, EXTRA = "meta.json", "weights.pt", "optimizer.pt", "extra.pt"
+
+
+@dataclass
+class Position:
+    """Where the training stands: after `optimizer_steps` steps that saw `samples_seen` samples."""
+
+    samples_seen: int
+    optimizer_steps: int
+    lr: float  # the LR of the last step (its global batch's, warmup applied)
+    global_batch_size: int
+    warmup_samples: int  # train.warmup_steps x the first run's global batch: the warmup in samples
+    layout: str  # the point key that saved it
+
+
+@dataclass
+class Snapshot:
+    identity: Dict[str, Any]  # what must match to continue: model, data, optimizer, seed
+    position: Position
+    weights: Dict[str, torch.Tensor]
+    optimizer: Dict[str, Any]
+    scaler: Optional[Dict[str, Any]] = None
+    rng: Optional[torch.Tensor] = None
+    write_seconds: Optional[float] = None
+    bytes: Optional[int] = None
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
+def canonical_state(model: nn.Module) -> Dict[str, torch.Tensor]:
+    """The model's state dict as the bare model names it: DDP's `module.` and each activation
+    checkpointing wrapper's `block.` segment removed."""
+    from sweeper.recipe import Checkpointed
+
+    inner = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+    wrapped = [name for name, m in inner.named_modules() if isinstance(m, Checkpointed)]
+    state = {}
+    for key, value in inner.state_dict().items():
+        for name in sorted(wrapped, key=len, reverse=True):
+            prefix = f"{name}.block." if name else "block."
+            if key.startswith(prefix):
+                key = (f"{name}." if name else "") + key[len(prefix):]
+        state[key] = value.detach().clone()
+    return state
+
+
+def identity(spec: Any) -> Dict[str, Any]:
+    """What a checkpoint must share with a point that continues it: the model, the data, the optimizer
+    family and the replicate's seed (the sample order). Not the layout, LR or precision."""
+    model = asdict(spec.model)
+    model.pop("input_shape", None) if model.get("name") in ("gpt", "hf") else None
+    data = {k: v for k, v in asdict(spec.data).items() if k not in ("loader_workers", "root", "download")}
+    return {"model": model, "data": data, "optimizer": spec.optim.name, "seed": spec.seed}
+
+
+def mismatch(saved: Dict[str, Any], wanted: Dict[str, Any]) -> Optional[str]:
+    """The first way a checkpoint's identity differs from the point's, in words (None: it matches):
+    "model.width 64 (this point: 128)"."""
+    for part in ("model", "data", "optimizer", "seed"):
+        mine, theirs = saved.get(part), wanted.get(part)
+        if mine == theirs:
+            continue
+        if isinstance(mine, dict) and isinstance(theirs, dict):
+            keys = [k for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
+            shown = "; ".join(f"{part}.{k} {mine.get(k)!r} (this point: {theirs.get(k)!r})" for k in keys[:3])
+            return shown
+        return f"{part} {mine!r} (this point: {theirs!r})"
+    return None
+
+
+def write(snapshot: Snapshot, folder: str) -> Snapshot:
+    """The snapshot as files in `folder` (created); returns it with the seconds and bytes it took."""
+    began = time.perf_counter()
+    os.makedirs(folder, exist_ok=True)
+    torch.save(snapshot.weights, os.path.join(folder, WEIGHTS))
+    torch.save(snapshot.optimizer, os.path.join(folder, OPTIMIZER))
+    torch.save({"scaler": snapshot.scaler, "rng": snapshot.rng}, os.path.join(folder, EXTRA))
+    meta = {"format": FORMAT, "identity": snapshot.identity, "position": asdict(snapshot.position),
+            "extra": snapshot.extra}
+    with open(os.path.join(folder, META), "w") as f:
+        json.dump(meta, f, indent=1, default=str)
+    seconds = time.perf_counter() - began
+    size = sum(os.path.getsize(os.path.join(folder, n)) for n in (WEIGHTS, OPTIMIZER, EXTRA, META))
+    return Snapshot(**{**snapshot.__dict__, "write_seconds": seconds, "bytes": size})
+
+
+def read(folder: str) -> Snapshot:
+    """A snapshot written by `write`; ValueError naming the folder when it is not one."""
+    path = os.path.join(folder, META)
+    if not os.path.isfile(path):
+        raise ValueError(f"{folder} is not a sweeper training-state checkpoint (no {META})")
+    with open(path) as f:
+        meta = json.load(f)
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{folder} is a checkpoint of format {meta.get('format')}, this sweeper reads {FORMAT}")
+    extra = torch.load(os.path.join(folder, EXTRA), weights_only=True)
+    return Snapshot(meta["identity"], Position(**meta["position"]),
+                    torch.load(os.path.join(folder, WEIGHTS), weights_only=True),
+                    torch.load(os.path.join(folder, OPTIMIZER), weights_only=True),
+                    extra.get("scaler"), extra.get("rng"), extra=meta.get("extra", {}))
+
+
+def load_optimizer(optimizer: torch.optim.Optimizer, state: Dict[str, Any]) -> None:
+    """The saved optimizer state (momentum, Adam's moments and step counts) under the *fresh*
+    hyperparameters: torch's load_state_dict restores the saved LR, weight decay and betas, and the old
+    global batch's LR would silently win."""
+    fresh = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+    optimizer.load_state_dict(state)
+    for group, values in zip(optimizer.param_groups, fresh):
+        group.update(values)

@@ -1,0 +1,71 @@
+"""Training-state checkpoints (issue 28, its first part): a point saved at a step boundary and continued,
+at the same layout or another, trains as the uninterrupted run does; the stream goes on at the same
+sample; a checkpoint of another model is refused in one line."""
+
+import pytest
+import torch
+
+from sweeper.config import DataConfig, MeasureConfig, ModelConfig, OptimConfig, TrainConfig
+from sweeper.data import GlobalBatchSampler
+from sweeper.plan import GridPoint
+from sweeper.worker import state
+from sweeper.worker.spec import PointSpec, WorkerContext
+from sweeper.worker.train import train_point
+
+MLP = ModelConfig(name="mlp", depth=2, width=64, input_shape=[1, 8, 8])
+DIGITS = DataConfig(name="digits", num_classes=10)
+SGD = OptimConfig(name="sgd", lr=0.05, momentum=0.9)
+ADAMW = OptimConfig(name="adamw", lr=0.003)
+
+
+def _spec(point, steps, optim=SGD, model=MLP, warmup=0, **extra):
+    return PointSpec(model=model, data=DIGITS, train=TrainConfig(seed=3, warmup_steps=warmup),
+                     measure=MeasureConfig(warmup_steps=1, windows=2, stable_windows=2, memory_breakdown=False),
+                     point=point, lr=optim.lr, steps=steps, optim=optim, evaluate=False, **extra)
+
+
+def _losses(result):
+    return torch.tensor(result["train_loss"], dtype=torch.float64)
+
+
+@pytest.mark.parametrize("optim, precision, warmup", [(SGD, "fp32", 0), (ADAMW, "fp32", 5), (ADAMW, "bf16", 0)],
+                         ids=["sgd", "adamw-warmup", "adamw-bf16"])
+def test_continuing_at_the_same_layout_reproduces_the_uninterrupted_run(tmp_path, optim, precision, warmup):
+    torch.set_num_threads(1)
+    point = GridPoint(16, 2, 1, precision=precision)
+    straight = train_point(_spec(point, 16, optim, warmup=warmup), WorkerContext())
+    first = train_point(_spec(point, 7, optim, warmup=warmup, save_state_to=str(tmp_path / "s")), WorkerContext())
+    after = train_point(_spec(point, 9, optim, warmup=warmup, start_from=str(tmp_path / "s")), WorkerContext())
+    torch.testing.assert_close(_losses(first), _losses(straight)[:7], rtol=0, atol=0)
+    torch.testing.assert_close(_losses(after), _losses(straight)[7:], rtol=1e-6, atol=1e-6)
+    assert first["checkpoint_samples"] == 7 * 32 and first["checkpoint_bytes"] > 0
+    assert first["checkpoint_write_seconds"] > 0 and after["checkpoint_read_seconds"] > 0
+    assert after["start_samples"] == 7 * 32 and after["continued_from"] == str(tmp_path / "s")
+
+
+def test_continuing_at_another_layout_of_the_same_global_batch_matches(tmp_path):
+    torch.set_num_threads(1)
+    straight = train_point(_spec(GridPoint(32, 1, 1), 14, ADAMW), WorkerContext())
+    train_point(_spec(GridPoint(32, 1, 1), 6, ADAMW, save_state_to=str(tmp_path / "s")), WorkerContext())
+    other = train_point(_spec(GridPoint(8, 4, 1, checkpointing="blocks"), 8, ADAMW, start_from=str(tmp_path / "s")),
+                        WorkerContext())
+    torch.testing.assert_close(_losses(other), _losses(straight)[6:], rtol=1e-5, atol=1e-5)
+
+
+def test_a_continued_stream_goes_on_at_the_same_sample_at_any_global_batch():
+    point16, point48 = GridPoint(16, 1, 1), GridPoint(16, 3, 1)
+    straight = list(GlobalBatchSampler(1000, point16, 0, 120, 7))
+    before = list(GlobalBatchSampler(1000, point16, 0, 50, 7))
+    after = list(GlobalBatchSampler(1000, point48, 0, 20, 7, start_sample=50 * 16))  # 960 samples, into epoch 2
+    assert before + after == straight[:50 * 16 + 20 * 48]
+
+
+def test_a_checkpoint_of_another_model_is_refused_in_one_line(tmp_path):
+    train_point(_spec(GridPoint(16, 1, 1), 4, save_state_to=str(tmp_path / "s")), WorkerContext())
+    wider = ModelConfig(name="mlp", depth=2, width=128, input_shape=[1, 8, 8])
+    with pytest.raises(ValueError, match=r"was saved by another model.width 64 \(this point: 128\): continue from"):
+        train_point(_spec(GridPoint(16, 1, 1), 4, model=wider, start_from=str(tmp_path / "s")), WorkerContext())
+    with pytest.raises(ValueError, match="was saved by another optimizer 'sgd'"):
+        train_point(_spec(GridPoint(16, 1, 1), 4, ADAMW, start_from=str(tmp_path / "s")), WorkerContext())
+    with pytest.raises(ValueError, match="is not a sweeper training-state checkpoint"):
+        state.read(str(tmp_path))
