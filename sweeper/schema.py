@@ -343,7 +343,8 @@ class TrainingState(Record):
     continued_from: Optional[str] = tag("sweeper.continued_from")  # the checkpoint folder it started from
     start_samples: Optional[int] = metric()  # samples seen before this run (0: from scratch)
     checkpoint_read_seconds: Optional[float] = metric()
-    checkpoint_path: Optional[str] = tag("sweeper.checkpoint")  # where this run saved its state at its end
+    # Where this run saved its state at its end (not "checkpoint_path": Ray Tune takes that result key).
+    saved_state_path: Optional[str] = tag("sweeper.checkpoint")
     checkpoint_samples: Optional[int] = metric()
     checkpoint_write_seconds: Optional[float] = metric()
     checkpoint_bytes: Optional[int] = metric()

@@ -4,6 +4,7 @@ tested) and a SQLite MLflow store, read back afterwards."""
 import gzip
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -302,3 +303,38 @@ def test_a_language_model_on_your_own_token_files_through_the_cli(tmp_path):
     # Judged by the loss in nats per token (not bytes: no bits per byte), ranked by tokens/s.
     answer = parents[0].data.tags["sweeper.recommendation"]
     assert "val_loss" in answer and "tokens/s" in answer and "val_accuracy" not in answer, answer
+
+
+def test_a_point_saves_its_training_state_and_a_later_sweep_continues_it_through_the_cli(tmp_path):
+    """train.save_state=true records each point's checkpoint; train.start_from continues from it at
+    another layout, training what is left of the budget where the stream stood; a checkpoint of
+    another model is refused before Ray in one line."""
+    point = ["sweep.micro_batch_sizes=[16]", "sweep.num_workers=[1]", "measure.warmup_steps=2",
+             "measure.windows=3", "optim=adamw", "optim.lr=0.003"]
+    first = run_cli(*TINY_MLP, "data=digits", *point, "sweep.accumulation_steps=[1]", "train.samples=480",
+                    "train.save_state=true", cwd=tmp_path)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    _, _, children = _runs(tmp_path)
+    (saved,) = children
+    folder = saved.data.tags["sweeper.checkpoint"]
+    assert saved.data.metrics["checkpoint_samples"] == 480 and saved.data.metrics["checkpoint_bytes"] > 0
+    assert os.path.isfile(os.path.join(folder, "meta.json"))
+
+    then = run_cli(*TINY_MLP, "data=digits", *point, "sweep.accumulation_steps=[2]", "train.samples=1440",
+                   f"train.start_from={folder}", "tracking.experiment_name=continued", cwd=tmp_path)
+    assert then.returncode == 0, then.stdout[-3000:] + then.stderr[-3000:]
+    _, _, (continued,) = _runs(tmp_path, "continued")
+    metrics = continued.data.metrics
+    assert continued.data.tags["sweeper.continued_from"] == folder and metrics["start_samples"] == 480
+    assert metrics["samples_seen"] == 1440 - 480 and metrics["checkpoint_read_seconds"] > 0
+    losses = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_metric_history(continued.info.run_id, "train_loss")
+    first_losses = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_metric_history(saved.info.run_id,
+                                                                                          "train_loss")
+    # It goes on from the trained weights, not from a fresh model's loss (ln 10 = 2.3).
+    assert losses[0].value < first_losses[0].value - 0.3
+
+    wider = run_cli("model=mlp", "model.depth=2", "model.width=128", "model.input_shape=[1,8,8]", "data=digits",
+                    *point, f"train.start_from={folder}", "train.samples=1440", cwd=tmp_path)
+    assert wider.returncode == 2
+    (error,) = [line for line in wider.stderr.splitlines() if line.startswith("error: ")]
+    assert "was saved by another model.width 64 (this point: 128)" in error

@@ -69,3 +69,26 @@ def test_a_checkpoint_of_another_model_is_refused_in_one_line(tmp_path):
         train_point(_spec(GridPoint(16, 1, 1), 4, ADAMW, start_from=str(tmp_path / "s")), WorkerContext())
     with pytest.raises(ValueError, match="is not a sweeper training-state checkpoint"):
         state.read(str(tmp_path))
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["train.start_from=/nowhere"], "train.start_from='/nowhere': /nowhere is not a sweeper training-state "
+                                    "checkpoint (no meta.json)"),
+    (["train.save_state=true", "sweep.strategy=smart"], "train.save_state / train.start_from with "
+                                                        "sweep.strategy=smart"),
+])
+def test_bad_checkpoint_settings_are_one_line_before_ray(overrides, says):
+    from tests.test_gpt import _problems
+
+    problems = _problems("model=mlp", "data=digits", *overrides)
+    assert any(says in p for p in problems), problems
+
+
+def test_a_checkpoint_past_the_budget_is_refused(tmp_path):
+    from tests.test_gpt import _problems
+
+    train_point(_spec(GridPoint(16, 1, 1), 4, save_state_to=str(tmp_path / "s")), WorkerContext())
+    problems = _problems("model=mlp", "data=digits", "model.depth=2", "model.width=64", "model.input_shape=[1,8,8]",
+                         "optim=sgd", "optim.lr=0.05", "optim.momentum=0.9", "train.seed=3", "train.samples=64",
+                         f"train.start_from={tmp_path / 's'}")
+    assert any("is at 64 samples, at or past this sweep's budget" in p for p in problems), problems

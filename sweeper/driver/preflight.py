@@ -140,10 +140,12 @@ def build_specs(cfg: SweeperConfig, prepared: Prepared, points: List[GridPoint])
         estimates.update(estimate_memory(at_context(cfg, context), [p for p in points if p.context == context],
                                          prepared.num_classes))
     specs: Dict[GridPoint, PointSpec] = {}
+    start = start_position(cfg, problems)
     for point in points:
         num_train, counts = prepared.at(point.context)
         budget = plan.sample_budget(num_train, cfg.train.epochs, cfg.train.samples, point.context, cfg.model.context)
-        steps = plan.optimizer_steps(budget, 1, point.global_batch_size)
+        # A continued point trains what is left of the budget after the checkpoint's samples.
+        steps = plan.optimizer_steps(budget - start, 1, point.global_batch_size)
         spec = PointSpec(
             model=at_context(cfg, point.context).model,
             data=cfg.data,
@@ -164,7 +166,12 @@ def build_specs(cfg: SweeperConfig, prepared: Prepared, points: List[GridPoint])
             memory_budget_bytes=budget_bytes(cfg.device),
             memory_estimate_bytes=estimates.get(point),
             timeout_seconds=cfg.cluster.point_timeout_seconds,
+            start_from=cfg.train.start_from,
         )
+        problem = continuation_problem(cfg, spec)
+        if problem:  # the checkpoint's, the same for every point: said once
+            problems.append(problem)
+            break
         # Enough timed windows for the stability rule to be met at all.
         need = spec.first_timed_step + cfg.measure.stable_windows
         if steps < need:
@@ -180,6 +187,40 @@ def build_specs(cfg: SweeperConfig, prepared: Prepared, points: List[GridPoint])
     if problems:
         raise ConfigError(problems)
     return specs
+
+
+def start_position(cfg: SweeperConfig, problems: List[str]) -> int:
+    """train.start_from's samples seen (0 without it); a problem when it is not a checkpoint."""
+    if cfg.train.start_from is None:
+        return 0
+    from sweeper.worker import state
+
+    try:
+        return int(state.read_meta(cfg.train.start_from)["position"]["samples_seen"])
+    except (ValueError, OSError, KeyError) as exc:
+        problems.append(f"train.start_from={cfg.train.start_from!r}: {first_line(exc)}; give a folder "
+                        "train.save_state=true wrote (its path is the point's sweeper.checkpoint tag)")
+        return 0
+
+
+def continuation_problem(cfg: SweeperConfig, spec: PointSpec) -> Optional[str]:
+    """Why `spec` cannot continue train.start_from (another model, data, optimizer or seed), or None."""
+    if cfg.train.start_from is None:
+        return None
+    from sweeper.worker import state
+
+    try:
+        meta = state.read_meta(cfg.train.start_from)
+    except (ValueError, OSError):
+        return None  # start_position's problem
+    mismatch = state.mismatch(meta["identity"], state.identity(spec))
+    if mismatch:
+        return (f"train.start_from={cfg.train.start_from!r} was saved by another {mismatch} ({spec.point.key}): "
+                "continue from a checkpoint of the same model, data, optimizer and seed")
+    if spec.steps <= 0:
+        return (f"train.start_from={cfg.train.start_from!r} is at {meta['position']['samples_seen']} samples, at or "
+                "past this sweep's budget: raise train.samples or train.epochs")
+    return None
 
 
 def estimate_memory(cfg: SweeperConfig, points: List[GridPoint], num_classes: int) -> Dict[GridPoint, int]:

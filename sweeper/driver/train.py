@@ -140,6 +140,9 @@ def measure_grid(
     if cfg.profile:
         traces = os.path.join(s.cluster.results_dir, name, "profile")
         specs = {p: replace(spec, profile_dir=traces) for p, spec in specs.items()}
+    if cfg.train.save_state:  # every point's training state at its end, where every node reads
+        folder = os.path.join(s.cluster.results_dir, name, "checkpoints")
+        specs = {p: replace(spec, save_state_to=os.path.join(folder, p.key)) for p, spec in specs.items()}
     console.print_start(len(points), len(groups))
     rows: Rows = []
     recorded = set(done_keys)

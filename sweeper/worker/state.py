@@ -109,8 +109,9 @@ def write(snapshot: Snapshot, folder: str) -> Snapshot:
     return Snapshot(**{**snapshot.__dict__, "write_seconds": seconds, "bytes": size})
 
 
-def read(folder: str) -> Snapshot:
-    """A snapshot written by `write`; ValueError naming the folder when it is not one."""
+def read_meta(folder: str) -> Dict[str, Any]:
+    """A checkpoint's identity and position (meta.json) without its tensors; ValueError naming the folder
+    when it is not one."""
     path = os.path.join(folder, META)
     if not os.path.isfile(path):
         raise ValueError(f"{folder} is not a sweeper training-state checkpoint (no {META})")
@@ -118,6 +119,12 @@ def read(folder: str) -> Snapshot:
         meta = json.load(f)
     if meta.get("format") != FORMAT:
         raise ValueError(f"{folder} is a checkpoint of format {meta.get('format')}, this sweeper reads {FORMAT}")
+    return meta
+
+
+def read(folder: str) -> Snapshot:
+    """A snapshot written by `write`; ValueError naming the folder when it is not one."""
+    meta = read_meta(folder)
     extra = torch.load(os.path.join(folder, EXTRA), weights_only=True)
     return Snapshot(meta["identity"], Position(**meta["position"]),
                     torch.load(os.path.join(folder, WEIGHTS), weights_only=True),

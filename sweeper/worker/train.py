@@ -131,7 +131,7 @@ def _state_figures(result: PointResult, run: Training, saved) -> None:
         result.state.update(dict(continued_from=spec.start_from, start_samples=run.start_samples,
                                  checkpoint_read_seconds=run.read_seconds))
     if saved is not None:
-        result.state.update(dict(checkpoint_path=spec.save_state_to, checkpoint_samples=saved.position.samples_seen,
+        result.state.update(dict(saved_state_path=spec.save_state_to, checkpoint_samples=saved.position.samples_seen,
                                  checkpoint_write_seconds=saved.write_seconds, checkpoint_bytes=saved.bytes))
 
 
