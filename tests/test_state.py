@@ -92,3 +92,14 @@ def test_a_checkpoint_past_the_budget_is_refused(tmp_path):
                          "optim=sgd", "optim.lr=0.05", "optim.momentum=0.9", "train.seed=3", "train.samples=64",
                          f"train.start_from={tmp_path / 's'}")
     assert any("is at 64 samples, at or past this sweep's budget" in p for p in problems), problems
+
+
+def test_resnet18_with_batchnorm_continues_as_the_uninterrupted_run(tmp_path):
+    """BatchNorm's running statistics are buffers of the state dict: they travel with the weights."""
+    torch.set_num_threads(1)
+    resnet = ModelConfig(name="resnet18", input_shape=[3, 16, 16])
+    point = GridPoint(8, 1, 1)
+    straight = train_point(_spec(point, 8, model=resnet), WorkerContext())
+    train_point(_spec(point, 4, model=resnet, save_state_to=str(tmp_path / "s")), WorkerContext())
+    after = train_point(_spec(point, 4, model=resnet, start_from=str(tmp_path / "s")), WorkerContext())
+    torch.testing.assert_close(_losses(after), _losses(straight)[4:], rtol=1e-6, atol=1e-6)
