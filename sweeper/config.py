@@ -286,6 +286,12 @@ class TrainConfig:
     # layout and LR: the sample stream goes on where it stood, and the point trains what is left of the
     # sample budget. It must be of the same model, data, optimizer and seed. null: from scratch.
     start_from: Optional[str] = None
+    # A batch-size schedule: [[samples seen, global batch], ...] from [0, <the grid's global batch>], e.g.
+    # [[0,32],[4096,64],[16384,128]]: every point keeps its micro-batch and workers and raises its
+    # accumulation to reach each span's global batch (the LR by train.lr_scaling for it), continuing its
+    # own training state in memory; a span's start must be a multiple of the span before's global batch.
+    # null: one global batch throughout.
+    batch_schedule: Any = None
 
 
 @dataclass
@@ -708,7 +714,25 @@ def check_train(train: TrainConfig) -> List[str]:
     if train.samples is not None:
         _check(problems, "train.samples", train.samples, _positive, "must be positive, or null for train.epochs")
     problem = invalid_choice("train.lr_scaling", train.lr_scaling, LR_SCALING_RULES)
-    return problems + ([problem] if problem else [])
+    return problems + ([problem] if problem else []) + _check_schedule(train.batch_schedule)
+
+
+def _check_schedule(schedule: Any) -> List[str]:
+    """train.batch_schedule: pairs of integers, from sample 0, samples rising, global batches positive."""
+    if schedule is None:
+        return []
+    example = "e.g. train.batch_schedule=[[0,32],[4096,64]]"
+    pairs = schedule if isinstance(schedule, list) else None
+    if not pairs or not all(isinstance(p, list) and len(p) == 2 and all(isinstance(v, int) and not isinstance(v, bool)
+                                                                     for v in p) for p in pairs):
+        return [f"train.batch_schedule={schedule!r} is invalid: give [samples seen, global batch] pairs, {example}"]
+    if pairs[0][0] != 0:
+        return [f"train.batch_schedule starts at {pairs[0][0]} samples: its first span starts at 0, {example}"]
+    if any(b[0] <= a[0] for a, b in zip(pairs, pairs[1:])):
+        return [f"train.batch_schedule={pairs}: each span must start after the one before (samples rising)"]
+    if any(g < 1 for _, g in pairs):
+        return [f"train.batch_schedule={pairs}: every global batch must be positive"]
+    return []
 
 
 def check_eval(evaluation: EvalConfig) -> List[str]:
@@ -948,9 +972,12 @@ def check_combinations(cfg: SweeperConfig) -> List[str]:
     target = settings.target_problem(cfg.report.objective, cfg.eval.target_accuracy, cfg.eval.target_loss)
     problems += [target] if target else []
     problems += _check_contexts(cfg)
-    if cfg.sweep.strategy == "smart" and (cfg.train.save_state or cfg.train.start_from):
-        problems.append("train.save_state / train.start_from with sweep.strategy=smart: its measurement runs do not "
-                        "save or continue training states yet (issue 28); use sweep.strategy=grid")
+    if cfg.sweep.strategy == "smart" and (cfg.train.save_state or cfg.train.start_from or cfg.train.batch_schedule):
+        problems.append("train.save_state / train.start_from / train.batch_schedule with sweep.strategy=smart: its "
+                        "measurement runs do not save or continue training states yet (issue 28); use "
+                        "sweep.strategy=grid")
+    if cfg.train.batch_schedule and cfg.train.start_from:
+        problems.append("train.batch_schedule with train.start_from: a schedule starts from sample 0; drop one of them")
     if cfg.report.quality == "val_bits_per_byte" and not (is_token_data(cfg.data) and cfg.data.name == "text"):
         problems.append(f"report.quality=val_bits_per_byte needs byte-level text (data=text), not "
                         f"data={cfg.data.name}: "

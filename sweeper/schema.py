@@ -336,6 +336,17 @@ class Provenance(Record):
 
 
 @dataclass
+class Schedule(Record):
+    """train.batch_schedule: the spans one point trained, one entry per span (the span's index as step)."""
+
+    schedule_start_samples: Optional[List[float]] = series()
+    schedule_global_batch_size: Optional[List[float]] = series()
+    schedule_accumulation_steps: Optional[List[float]] = series()
+    schedule_steps: Optional[List[float]] = series()
+    schedule_lr: Optional[List[float]] = series()  # the span's LR (its global batch's, before any warmup)
+
+
+@dataclass
 class TrainingState(Record):
     """A point's training-state checkpoint (sweeper.worker.state): where it continued from and where it
     saved, with what the save and the read cost."""
@@ -415,6 +426,7 @@ class PointResult(Record):
     cost: Cost = section(Cost)
     provenance: Provenance = section(Provenance)
     state: TrainingState = section(TrainingState)
+    schedule: Schedule = section(Schedule)
 
     @property
     def oom_source(self) -> Optional[str]:

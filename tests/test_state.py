@@ -74,8 +74,8 @@ def test_a_checkpoint_of_another_model_is_refused_in_one_line(tmp_path):
 @pytest.mark.parametrize("overrides, says", [
     (["train.start_from=/nowhere"], "train.start_from='/nowhere': /nowhere is not a sweeper training-state "
                                     "checkpoint (no meta.json)"),
-    (["train.save_state=true", "sweep.strategy=smart"], "train.save_state / train.start_from with "
-                                                        "sweep.strategy=smart"),
+    (["train.save_state=true", "sweep.strategy=smart"], "train.save_state / train.start_from / "
+                                                        "train.batch_schedule with sweep.strategy=smart"),
 ])
 def test_bad_checkpoint_settings_are_one_line_before_ray(overrides, says):
     from tests.test_gpt import _problems
@@ -103,3 +103,59 @@ def test_resnet18_with_batchnorm_continues_as_the_uninterrupted_run(tmp_path):
     train_point(_spec(point, 4, model=resnet, save_state_to=str(tmp_path / "s")), WorkerContext())
     after = train_point(_spec(point, 4, model=resnet, start_from=str(tmp_path / "s")), WorkerContext())
     torch.testing.assert_close(_losses(after), _losses(straight)[4:], rtol=1e-6, atol=1e-6)
+
+
+def test_a_batch_schedule_is_a_run_at_16_then_a_continued_run_at_32_step_for_step(tmp_path):
+    """train.batch_schedule [(0, 16), (N, 32)]: the first span at global batch 16 to N samples, then
+    accumulation doubled at the same micro-batch, the LR that of global batch 32."""
+    from sweeper.worker.spec import Span
+
+    torch.set_num_threads(1)
+    at16, at32 = GridPoint(16, 1, 1), GridPoint(16, 2, 1)
+    n = 6 * 16
+    scheduled = train_point(_spec(at16, 6, ADAMW, warmup=4, later_spans=[Span(n, at32, 0.004, 5)]), WorkerContext())
+    first = train_point(_spec(at16, 6, ADAMW, warmup=4, save_state_to=str(tmp_path / "s")), WorkerContext())
+    then = PointSpec(**{**_spec(at32, 5, ADAMW, warmup=4, start_from=str(tmp_path / "s")).__dict__, "lr": 0.004})
+    second = train_point(then, WorkerContext())
+    torch.testing.assert_close(_losses(scheduled), torch.cat([_losses(first), _losses(second)]), rtol=0, atol=0)
+    assert scheduled["samples_seen"] == n + 5 * 32 and scheduled["optimizer_steps"] == 11
+    assert scheduled["schedule_global_batch_size"] == [16.0, 32.0] and scheduled["schedule_steps"] == [6.0, 5.0]
+    assert scheduled["schedule_lr"] == [0.003, 0.004] and scheduled["schedule_start_samples"] == [0.0, 96.0]
+
+
+MLP_CLI = ["model=mlp", "data=digits", "model.depth=2", "model.width=64", "model.input_shape=[1,8,8]",
+           "sweep.micro_batch_sizes=[16]", "sweep.accumulation_steps=[1]", "sweep.num_workers=[1]",
+           "measure.warmup_steps=2", "measure.windows=3", "train.samples=960", "train.lr_scaling=sqrt",
+           "train.base_batch_size=16"]
+
+
+def test_a_schedule_becomes_each_points_spans_with_their_layout_lr_and_steps():
+    from sweeper.config import register, to_typed
+    from sweeper.driver.preflight import preflight
+    from hydra import compose, initialize_config_module
+
+    register()
+    with initialize_config_module(config_module="conf", version_base=None):
+        cfg = to_typed(compose("config", overrides=[*MLP_CLI, "train.batch_schedule=[[0,16],[320,32],[640,64]]"]))
+    _, specs = preflight(cfg)
+    (spec,) = specs.values()
+    assert spec.steps == 20 and spec.point.global_batch_size == 16
+    spans = [(s.start_samples, s.point.accumulation_steps, s.steps) for s in spec.later_spans]
+    assert spans == [(320, 2, 10), (640, 4, 5)]
+    assert spec.later_spans[1].lr == pytest.approx(cfg.optim.lr * 2)  # sqrt(64 / 16)
+
+
+@pytest.mark.parametrize("schedule, says", [
+    ("[[0,32],[320,64]]", "starts at global batch 32, but mb16-acc1-w1 trains at 16"),
+    ("[[0,16],[328,32]]", "the span from 0 samples at global batch 16 must end on a whole step"),
+    ("[[0,16],[320,24]]", "global batch 24 is not a whole number of mb16-acc1-w1's micro-batch x workers (16)"),
+    ("[[16,16]]", "train.batch_schedule starts at 16 samples"),
+    ("[[0,16],[0,32]]", "each span must start after the one before"),
+    ("[[0,16],[960,32]]", "its last span starts at 960 samples, at or past the budget of 960"),
+    ("32", "is invalid: give [samples seen, global batch] pairs"),
+])
+def test_a_bad_schedule_is_one_line_before_ray(schedule, says):
+    from tests.test_gpt import _problems
+
+    problems = _problems(*MLP_CLI, f"train.batch_schedule={schedule}")
+    assert any(says in p for p in problems), problems

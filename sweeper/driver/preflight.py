@@ -20,7 +20,7 @@ from sweeper.driver import console
 from sweeper.errors import ConfigError, first_line
 from sweeper.measure import estimate, flops
 from sweeper.plan import GridPoint
-from sweeper.worker.spec import PointSpec
+from sweeper.worker.spec import PointSpec, Span
 
 NEEDS_BUDGET = AUTO_NEEDS_BUDGET
 
@@ -172,6 +172,14 @@ def build_specs(cfg: SweeperConfig, prepared: Prepared, points: List[GridPoint])
         if problem:  # the checkpoint's, the same for every point: said once
             problems.append(problem)
             break
+        if cfg.train.batch_schedule:
+            spans, problem = schedule_spans(cfg, point, budget)
+            if problem:
+                problems.append(problem)
+                continue
+            first_steps = spans[0].start_samples // point.global_batch_size if spans else steps
+            spec = replace(spec, steps=first_steps, later_spans=spans)
+            steps = min([first_steps, *(s.steps for s in spans)])
         # Enough timed windows for the stability rule to be met at all.
         need = spec.first_timed_step + cfg.measure.stable_windows
         if steps < need:
@@ -187,6 +195,35 @@ def build_specs(cfg: SweeperConfig, prepared: Prepared, points: List[GridPoint])
     if problems:
         raise ConfigError(problems)
     return specs
+
+
+def schedule_spans(cfg: SweeperConfig, point: GridPoint, budget: int) -> Tuple[List[Span], Optional[str]]:
+    """train.batch_schedule's spans after the first for `point` (its micro-batch and workers kept, the
+    accumulation raised to each span's global batch, the LR scaled for it), or the problem in one line."""
+    pairs = [(int(s), int(g)) for s, g in cfg.train.batch_schedule]
+    key = f"train.batch_schedule={[list(p) for p in pairs]}"
+    if point.global_batch_size != pairs[0][1]:
+        return [], (f"{key} starts at global batch {pairs[0][1]}, but {point.key} trains at {point.global_batch_size}: "
+                    f"keep the points at it, e.g. sweep.global_batch_sizes=[{pairs[0][1]}]")
+    ends = [s for s, _ in pairs[1:]] + [budget]
+    if ends[-1] <= pairs[-1][0]:
+        return [], f"{key}: its last span starts at {pairs[-1][0]} samples, at or past the budget of {budget}"
+    spans: List[Span] = []
+    per_layout = point.micro_batch_size * point.num_workers
+    for (start, batch), end in zip(pairs, ends):
+        if batch % per_layout:
+            return [], (f"{key}: global batch {batch} is not a whole number of {point.key}'s micro-batch x workers "
+                        f"({per_layout}), so no accumulation reaches it")
+        last = end == ends[-1]
+        if not last and (end - start) % batch:
+            return [], (f"{key}: the span from {start} samples at global batch {batch} must end on a whole step: "
+                        f"make {end} a multiple of {batch} above {start}")
+        if start == 0:
+            continue
+        at = replace(point, accumulation_steps=batch // per_layout)
+        lr = point.lr_multiplier * plan.scaled_lr(cfg.optim.lr, batch, cfg.train.base_batch_size, cfg.train.lr_scaling)
+        spans.append(Span(start, at, lr, (end - start) // batch))
+    return spans, None
 
 
 def start_position(cfg: SweeperConfig, problems: List[str]) -> int:

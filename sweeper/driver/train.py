@@ -239,6 +239,7 @@ def point_params(cfg: SweeperConfig, spec: PointSpec) -> Dict[str, Any]:
         "seed": spec.seed,
         "lr_multiplier": point.lr_multiplier,
         "warmup_steps": cfg.train.warmup_steps,
+        "batch_schedule": cfg.train.batch_schedule,
         "bn_recalibration_samples": cfg.train.bn_recalibration_samples,
         # the recipe, as trained
         "precision": point.precision,

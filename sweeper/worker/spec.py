@@ -23,6 +23,17 @@ from sweeper.measure.flops import FlopCount, PeakFlops
 from sweeper.plan import GridPoint, frontier_label
 
 
+@dataclass(frozen=True)
+class Span:
+    """One span of a batch-size schedule: from `start_samples` on, `steps` optimizer steps at `point`'s
+    layout (its global batch) and `lr`."""
+
+    start_samples: int
+    point: GridPoint
+    lr: float
+    steps: int
+
+
 @dataclass
 class PointSpec:
     """Everything a worker needs to measure one grid point."""
@@ -65,6 +76,9 @@ class PointSpec:
     start_from: Optional[str] = None
     # Save this run's training state into this folder at its end (None: no checkpoint).
     save_state_to: Optional[str] = None
+    # train.batch_schedule: the spans after this spec's own (its point and steps are the first span's),
+    # each continuing the one before at a layout of its global batch with its LR and its optimizer steps.
+    later_spans: List["Span"] = field(default_factory=list)
 
     @property
     def seed(self) -> int:

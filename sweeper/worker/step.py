@@ -177,13 +177,15 @@ class Warmup:
             group["lr"] = base * factor
 
 
-def setup(spec: PointSpec, ctx: WorkerContext, device: telemetry.Device, splits: data_mod.Splits) -> Training:
+def setup(spec: PointSpec, ctx: WorkerContext, device: telemetry.Device, splits: data_mod.Splits,
+          start=None) -> Training:
     """A fresh model (seeded: the same initial weights on every layout), its optimizer and its batches;
-    with spec.start_from, the weights, optimizer state and stream position of that checkpoint instead."""
+    with spec.start_from (or `start`, a Snapshot in memory: a batch schedule's previous span), the
+    weights, optimizer state and stream position of that training state instead."""
     from sweeper.worker import state
 
     point = spec.point
-    start = _read_start(spec)
+    start = start if start is not None else _read_start(spec)
     budget_mode = device.limit_memory(spec.memory_budget_bytes)
     device.start_memory_window()
     torch.manual_seed(spec.seed)  # same initial weights on every layout (DDP also broadcasts rank 0's)

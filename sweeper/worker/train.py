@@ -89,13 +89,66 @@ def train_point(
     splits: Optional[data_mod.Splits] = None,
     deadline: Optional[Deadline] = None,
 ) -> PointResult:
-    """Train `spec.steps` optimizer steps and measure them. Every rank returns the same result.
-    `deadline`, if given, is projected from the warm-up once the first timed window opens."""
+    """Train `spec.steps` optimizer steps and measure them (with train.batch_schedule, each span in turn).
+    Every rank returns the same result. `deadline`, if given, is projected from the warm-up once the first
+    timed window opens."""
+    if spec.later_spans:
+        return _train_schedule(spec, ctx, device, splits, deadline)
+    return _train_span(spec, ctx, device, splits, deadline)
+
+
+def _train_schedule(spec: PointSpec, ctx: WorkerContext, device: Optional[telemetry.Device],
+                    splits: Optional[data_mod.Splits], deadline: Optional[Deadline]) -> PointResult:
+    """train.batch_schedule: each span trains on from the one before's training state (handed over in
+    memory by the same capture and apply a checkpoint on disk uses), at its own layout and LR. The point's
+    result is the last span's (its throughput and memory, at the schedule's last layout) with the whole
+    loss curve, the samples and time of every span, and the schedule."""
+    from dataclasses import replace as with_
+
+    splits = splits or data_mod.load(spec.data, spec.model.input_shape)
+    first = with_(spec, later_spans=[], save_state_to=None)
+    spans = [(0, spec.point, spec.lr, spec.steps)]
+    spans += [(s.start_samples, s.point, s.lr, s.steps) for s in spec.later_spans]
+    losses: List[float] = []
+    seconds = 0.0
+    start, result = None, None
+    for i, (_, point, lr, steps) in enumerate(spans):
+        last = i == len(spans) - 1
+        span = first if i == 0 else with_(first, point=point, lr=lr, steps=steps, start_from=None)
+        # Only the last span evaluates and is judged (did_not_learn, an unrecovered spike): the point's end.
+        span = with_(span, save_state_to=spec.save_state_to if last else None, partial=spec.partial or not last,
+                     evaluate=spec.evaluate and last)
+        out = _train_span(span, ctx, device, splits, deadline, start, hand_over=not last)
+        result, start = (out, None) if last else out
+        losses += list(result["train_loss"] or [])
+        seconds += result.cost.train_seconds or 0.0
+        if result.status != "ok":
+            break
+    done = spans[:i + 1]
+    samples = sum(p.global_batch_size * n for _, p, _, n in done)
+    result.train_loss = losses
+    result.update(dict(train_seconds=seconds, samples_seen=samples, optimizer_steps=sum(n for *_, n in done)))
+    if models.positions(spec.model):
+        result.update(dict(tokens_seen=samples * models.positions(spec.model)))
+    result.schedule.update(dict(
+        schedule_start_samples=[float(s) for s, *_ in done],
+        schedule_global_batch_size=[float(p.global_batch_size) for _, p, _, _ in done],
+        schedule_accumulation_steps=[float(p.accumulation_steps) for _, p, _, _ in done],
+        schedule_steps=[float(n) for *_, n in done], schedule_lr=[float(lr) for _, _, lr, _ in done]))
+    result.trial_key = spec.point.key
+    return result
+
+
+def _train_span(spec: PointSpec, ctx: WorkerContext, device: Optional[telemetry.Device] = None,
+                splits: Optional[data_mod.Splits] = None, deadline: Optional[Deadline] = None, start=None,
+                hand_over: bool = False):
+    """One run of `spec.steps` steps (from `start`, a Snapshot in memory, when given). With `hand_over`,
+    returns (result, the training state it ended at) for the next span."""
     if spec.point.num_workers != ctx.world_size:
         raise ValueError(f"grid point wants {spec.point.num_workers} workers, world size is {ctx.world_size}")
     cfg = spec.measure
     device = device or telemetry.select(spec.use_gpu, ctx.local_rank)
-    run = setup(spec, ctx, device, splits or data_mod.load(spec.data, spec.model.input_shape))
+    run = setup(spec, ctx, device, splits or data_mod.load(spec.data, spec.model.input_shape), start)
     track_memory = cfg.memory_breakdown or run.budget_mode == "simulated"
     roles = timing.step_roles(spec.steps, cfg.warmup_steps, spec.profile_steps, cfg.windows, track_memory)
     clock = Clock(run, sum(role.opens_window is not None for role in roles), deadline)
@@ -111,9 +164,16 @@ def train_point(
     train_seconds = time.perf_counter() - train_start
     # Saved at the step boundary the loop ended on, before the final evaluation draws from torch's RNG.
     saved = _save_state(run) if spec.save_state_to and diverged is None else None
+    handed = _capture(run) if hand_over and diverged is None else None
     result = _result(run, clock, breakdown, train_seconds, loop_started, progress, diverged)
     _state_figures(result, run, saved)
-    return result
+    return (result, handed) if hand_over else result
+
+
+def _capture(run: Training):
+    from sweeper.worker.step import capture
+
+    return capture(run)
 
 
 def _save_state(run: Training):
