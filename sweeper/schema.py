@@ -359,6 +359,7 @@ class TrainingState(Record):
     checkpoint_samples: Optional[int] = metric()
     checkpoint_write_seconds: Optional[float] = metric()
     checkpoint_bytes: Optional[int] = metric()
+    checkpoint_error: Optional[str] = tag("sweeper.checkpoint_error")  # why the save failed (the point stands)
 
 
 @dataclass

@@ -91,7 +91,7 @@ def test_a_checkpoint_past_the_budget_is_refused(tmp_path):
     problems = _problems("model=mlp", "data=digits", "model.depth=2", "model.width=64", "model.input_shape=[1,8,8]",
                          "optim=sgd", "optim.lr=0.05", "optim.momentum=0.9", "train.seed=3", "train.samples=64",
                          f"train.start_from={tmp_path / 's'}")
-    assert any("is at 64 samples, at or past this sweep's budget" in p for p in problems), problems
+    assert any("is at 64 samples, less than one global batch" in p for p in problems), problems
 
 
 def test_resnet18_with_batchnorm_continues_as_the_uninterrupted_run(tmp_path):
@@ -159,3 +159,11 @@ def test_a_bad_schedule_is_one_line_before_ray(schedule, says):
 
     problems = _problems(*MLP_CLI, f"train.batch_schedule={schedule}")
     assert any(says in p for p in problems), problems
+
+
+def test_a_checkpoint_that_cannot_be_written_is_the_points_recorded_error_not_its_failure(tmp_path):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    result = train_point(_spec(GridPoint(16, 1, 1), 4, save_state_to=str(blocked / "s")), WorkerContext())
+    assert result.status == "ok" and "checkpoint_samples" not in result
+    assert result.tags()["sweeper.checkpoint_error"].startswith(("FileExistsError", "NotADirectoryError"))

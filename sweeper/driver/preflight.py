@@ -188,7 +188,8 @@ def build_specs(cfg: SweeperConfig, prepared: Prepared, points: List[GridPoint])
                     f"train.epochs={cfg.train.epochs}")
             problems.append(
                 f"{said}: {point.key} (global batch {point.global_batch_size}) "
-                f"gets {steps} optimizer steps from {budget} training samples, fewer than "
+                f"gets {steps} optimizer steps from {budget - start} training samples"
+                f"{' (a span of train.batch_schedule)' if cfg.train.batch_schedule else ''}, fewer than "
                 f"{untimed} + measure.stable_windows = {need}; raise {said.split('=')[0]} or lower those"
             )
         specs[point] = spec
@@ -248,15 +249,16 @@ def continuation_problem(cfg: SweeperConfig, spec: PointSpec) -> Optional[str]:
 
     try:
         meta = state.read_meta(cfg.train.start_from)
-    except (ValueError, OSError):
+        mismatch = state.mismatch(meta["identity"], state.identity(spec))
+    except (ValueError, OSError, KeyError):
         return None  # start_position's problem
-    mismatch = state.mismatch(meta["identity"], state.identity(spec))
     if mismatch:
         return (f"train.start_from={cfg.train.start_from!r} was saved by another {mismatch} ({spec.point.key}): "
                 "continue from a checkpoint of the same model, data, optimizer and seed")
     if spec.steps <= 0:
-        return (f"train.start_from={cfg.train.start_from!r} is at {meta['position']['samples_seen']} samples, at or "
-                "past this sweep's budget: raise train.samples or train.epochs")
+        return (f"train.start_from={cfg.train.start_from!r} is at {meta['position']['samples_seen']} samples, less "
+                f"than one global batch ({spec.point.global_batch_size}) short of this sweep's budget or past it: "
+                "raise train.samples or train.epochs")
     return None
 
 

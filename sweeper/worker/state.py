@@ -33,7 +33,7 @@ class Position:
 
     samples_seen: int
     optimizer_steps: int
-    lr: float  # the LR of the last step (its global batch's, warmup applied)
+    lr: float  # the LR the next step would take (its global batch's, warmup applied)
     global_batch_size: int
     warmup_samples: int  # train.warmup_steps x the first run's global batch: the warmup in samples
     layout: str  # the point key that saved it
@@ -47,6 +47,7 @@ class Snapshot:
     optimizer: Dict[str, Any]
     scaler: Optional[Dict[str, Any]] = None
     rng: Optional[torch.Tensor] = None
+    cuda_rng: Optional[torch.Tensor] = None  # the training device's generator, on a GPU (dropout draws from it)
     write_seconds: Optional[float] = None
     bytes: Optional[int] = None
     extra: Dict[str, Any] = field(default_factory=dict)
@@ -65,17 +66,30 @@ def canonical_state(model: nn.Module) -> Dict[str, torch.Tensor]:
             prefix = f"{name}.block." if name else "block."
             if key.startswith(prefix):
                 key = (f"{name}." if name else "") + key[len(prefix):]
-        state[key] = value.detach().clone()
+        state[key] = value.detach().to("cpu", copy=True)  # host memory: the device's peak is the training's
     return state
+
+
+def to_cpu(value: Any) -> Any:
+    """A copy of a (nested) state dict with every tensor on the host."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: to_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_cpu(v) for v in value)
+    return value
 
 
 def identity(spec: Any) -> Dict[str, Any]:
     """What a checkpoint must share with a point that continues it: the model, the data, the optimizer
     family and the replicate's seed (the sample order). Not the layout, LR or precision."""
-    model = asdict(spec.model)
-    model.pop("input_shape", None) if model.get("name") in ("gpt", "hf") else None
-    data = {k: v for k, v in asdict(spec.data).items() if k not in ("loader_workers", "root", "download")}
-    return {"model": model, "data": data, "optimizer": spec.optim.name, "seed": spec.seed}
+    # A language model's input_shape is its context: a position in samples means sequences of it.
+    model = {k: v for k, v in asdict(spec.model).items() if k != "checkpoint_modules"}  # a recipe setting
+    data = {k: v for k, v in asdict(spec.data).items()
+            if k not in ("loader_workers", "root", "download", "verify_checksums")}
+    optimizer = spec.optim.name if not spec.optim._target_ else f"{spec.optim.name} ({spec.optim._target_})"
+    return {"model": model, "data": data, "optimizer": optimizer, "seed": spec.seed}
 
 
 def mismatch(saved: Dict[str, Any], wanted: Dict[str, Any]) -> Optional[str]:
@@ -99,7 +113,8 @@ def write(snapshot: Snapshot, folder: str) -> Snapshot:
     os.makedirs(folder, exist_ok=True)
     torch.save(snapshot.weights, os.path.join(folder, WEIGHTS))
     torch.save(snapshot.optimizer, os.path.join(folder, OPTIMIZER))
-    torch.save({"scaler": snapshot.scaler, "rng": snapshot.rng}, os.path.join(folder, EXTRA))
+    torch.save({"scaler": snapshot.scaler, "rng": snapshot.rng, "cuda_rng": snapshot.cuda_rng},
+               os.path.join(folder, EXTRA))
     meta = {"format": FORMAT, "identity": snapshot.identity, "position": asdict(snapshot.position),
             "extra": snapshot.extra}
     with open(os.path.join(folder, META), "w") as f:
@@ -125,11 +140,11 @@ def read_meta(folder: str) -> Dict[str, Any]:
 def read(folder: str) -> Snapshot:
     """A snapshot written by `write`; ValueError naming the folder when it is not one."""
     meta = read_meta(folder)
-    extra = torch.load(os.path.join(folder, EXTRA), weights_only=True)
-    return Snapshot(meta["identity"], Position(**meta["position"]),
-                    torch.load(os.path.join(folder, WEIGHTS), weights_only=True),
-                    torch.load(os.path.join(folder, OPTIMIZER), weights_only=True),
-                    extra.get("scaler"), extra.get("rng"), extra=meta.get("extra", {}))
+    def load(name: str) -> Any:  # to the host: a checkpoint saved on a GPU reads on any machine
+        return torch.load(os.path.join(folder, name), weights_only=True, map_location="cpu")
+    extra = load(EXTRA)
+    return Snapshot(meta["identity"], Position(**meta["position"]), load(WEIGHTS), load(OPTIMIZER),
+                    extra.get("scaler"), extra.get("rng"), extra.get("cuda_rng"), extra=meta.get("extra", {}))
 
 
 def load_optimizer(optimizer: torch.optim.Optimizer, state: Dict[str, Any]) -> None:

@@ -8,7 +8,6 @@ one process (world size 1, no DDP wrapper).
 from __future__ import annotations
 
 import contextlib
-import copy
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, List, Optional
@@ -232,6 +231,8 @@ def setup(spec: PointSpec, ctx: WorkerContext, device: telemetry.Device, splits:
     batches = iter(loader)  # draws from torch's RNG: the saved RNG state goes back after it
     if start is not None and start.rng is not None:
         torch.set_rng_state(start.rng)
+    if start is not None and start.cuda_rng is not None and device.is_cuda:
+        torch.cuda.set_rng_state(start.cuda_rng, device.torch_device)
     return Training(spec, ctx, device, splits, model, optimizer, batches, budget_mode, losses,
                     loss_fn=recipe.build_loss(spec.loss), scaler=scaler, checkpointed_blocks=blocks,
                     scales=[scaler.get_scale()] if scaler is not None else [],
@@ -266,7 +267,10 @@ def capture(run: Training):
     warmup = run.warmup.warmup_samples if run.warmup is not None else 0
     position = state.Position(run.samples_seen, run.steps_before + run.steps_done,
                               float(run.optimizer.param_groups[0]["lr"]), point.global_batch_size, warmup, point.key)
-    # Copies: the live optimizer tensors go on changing if training goes on after the capture.
+    # Host copies: the live optimizer tensors go on changing if training goes on after the capture, and the
+    # device's memory stays the training's.
+    cuda_rng = torch.cuda.get_rng_state(run.device.torch_device) if run.device.is_cuda else None
     return state.Snapshot(state.identity(run.spec), position, state.canonical_state(run.model),
-                          copy.deepcopy(run.optimizer.state_dict()),
-                          run.scaler.state_dict() if run.scaler is not None else None, torch.get_rng_state())
+                          state.to_cpu(run.optimizer.state_dict()),
+                          run.scaler.state_dict() if run.scaler is not None else None, torch.get_rng_state(),
+                          cuda_rng)

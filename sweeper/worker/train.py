@@ -112,8 +112,11 @@ def _train_schedule(spec: PointSpec, ctx: WorkerContext, device: Optional[teleme
     losses: List[float] = []
     seconds = 0.0
     start, result = None, None
+    actual: List[Tuple[int, int]] = []  # (global batch, optimizer steps) each span did
     for i, (_, point, lr, steps) in enumerate(spans):
         last = i == len(spans) - 1
+        if i and deadline is not None:  # each span's deadline is projected from its own pace
+            deadline.arm(spec.point.key)
         span = first if i == 0 else with_(first, point=point, lr=lr, steps=steps, start_from=None)
         # Only the last span evaluates and is judged (did_not_learn, an unrecovered spike): the point's end.
         span = with_(span, save_state_to=spec.save_state_to if last else None, partial=spec.partial or not last,
@@ -122,19 +125,20 @@ def _train_schedule(spec: PointSpec, ctx: WorkerContext, device: Optional[teleme
         result, start = (out, None) if last else out
         losses += list(result["train_loss"] or [])
         seconds += result.cost.train_seconds or 0.0
+        actual.append((point.global_batch_size, int(result.get("optimizer_steps") or 0)))
         if result.status != "ok":
             break
     done = spans[:i + 1]
-    samples = sum(p.global_batch_size * n for _, p, _, n in done)
+    samples = sum(batch * n for batch, n in actual)
     result.train_loss = losses
-    result.update(dict(train_seconds=seconds, samples_seen=samples, optimizer_steps=sum(n for *_, n in done)))
+    result.update(dict(train_seconds=seconds, samples_seen=samples, optimizer_steps=sum(n for _, n in actual)))
     if models.positions(spec.model):
         result.update(dict(tokens_seen=samples * models.positions(spec.model)))
     result.schedule.update(dict(
         schedule_start_samples=[float(s) for s, *_ in done],
         schedule_global_batch_size=[float(p.global_batch_size) for _, p, _, _ in done],
         schedule_accumulation_steps=[float(p.accumulation_steps) for _, p, _, _ in done],
-        schedule_steps=[float(n) for *_, n in done], schedule_lr=[float(lr) for _, _, lr, _ in done]))
+        schedule_steps=[float(n) for _, n in actual], schedule_lr=[float(lr) for _, _, lr, _ in done]))
     result.trial_key = spec.point.key
     return result
 
@@ -177,12 +181,19 @@ def _capture(run: Training):
 
 
 def _save_state(run: Training):
-    """Rank 0 writes the training state into spec.save_state_to (DDP keeps every rank's alike)."""
+    """Rank 0 writes the training state into spec.save_state_to (DDP keeps every rank's alike). A write
+    that fails (a full disk, an unwritable path) is the checkpoint's error, recorded on the point: raising
+    on rank 0 alone would leave the other ranks waiting in the result's collectives."""
     from sweeper.worker import state
     from sweeper.worker.step import capture
 
     snapshot = capture(run)
-    return state.write(snapshot, run.spec.save_state_to) if run.ctx.rank == 0 else snapshot
+    if run.ctx.rank != 0:
+        return snapshot
+    try:
+        return state.write(snapshot, run.spec.save_state_to)
+    except (OSError, RuntimeError) as exc:
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
 def _state_figures(result: PointResult, run: Training, saved) -> None:
@@ -190,7 +201,9 @@ def _state_figures(result: PointResult, run: Training, saved) -> None:
     if spec.start_from is not None:
         result.state.update(dict(continued_from=spec.start_from, start_samples=run.start_samples,
                                  checkpoint_read_seconds=run.read_seconds))
-    if saved is not None:
+    if isinstance(saved, str):
+        result.state.update(dict(checkpoint_error=saved))
+    elif saved is not None:
         result.state.update(dict(saved_state_path=spec.save_state_to, checkpoint_samples=saved.position.samples_seen,
                                  checkpoint_write_seconds=saved.write_seconds, checkpoint_bytes=saved.bytes))
 
