@@ -167,3 +167,22 @@ def test_a_checkpoint_that_cannot_be_written_is_the_points_recorded_error_not_it
     result = train_point(_spec(GridPoint(16, 1, 1), 4, save_state_to=str(blocked / "s")), WorkerContext())
     assert result.status == "ok" and "checkpoint_samples" not in result
     assert result.tags()["sweeper.checkpoint_error"].startswith(("FileExistsError", "NotADirectoryError"))
+
+
+def test_a_continued_runs_evaluations_and_time_to_target_count_from_the_points_start(tmp_path):
+    """The curve's samples, the evaluation cadence and the target's samples and steps go on from the
+    checkpoint: a continued run evaluates where the uninterrupted one does."""
+    from sweeper.config import EvalConfig
+
+    torch.set_num_threads(1)
+    every = EvalConfig(every_samples=64, target_accuracy=0.0)  # reached at the first evaluation
+
+    def with_eval(steps, **extra):
+        return PointSpec(**{**_spec(GridPoint(16, 1, 1), steps, **extra).__dict__, "eval": every, "evaluate": True})
+    straight = train_point(with_eval(10), WorkerContext())
+    train_point(with_eval(5, save_state_to=str(tmp_path / "s")), WorkerContext())
+    after = train_point(with_eval(5, start_from=str(tmp_path / "s")), WorkerContext())
+    steps = [s for s, _ in after.progress.val_accuracy_curve]
+    assert steps == [s for s, _ in straight.progress.val_accuracy_curve if s > 80] == [128, 160]
+    assert after["samples_to_target"] == 128 and after["steps_to_target"] == 8
+    assert after["time_to_target_seconds"] > 0

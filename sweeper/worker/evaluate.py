@@ -100,6 +100,12 @@ class Progress:
     loss_se: Optional[float] = None  # the latest evaluation's loss standard error
     recalibrated: int = 0  # samples BatchNorm's statistics were last re-estimated over
     predictions: int = 0  # the latest evaluation's: samples, or tokens for a language model
+    # A run continued from a training state (a checkpoint, a schedule's previous span): the samples, steps
+    # and training seconds before it, so the curve, the cadence and the time to target count from the
+    # point's start.
+    start_samples: int = 0
+    start_steps: int = 0
+    start_seconds: float = 0.0
 
     @classmethod
     def of(cls, spec: PointSpec) -> "Progress":
@@ -112,7 +118,13 @@ class Progress:
         return self.target_accuracy is not None or self.target_loss is not None
 
     def due(self, steps_done: int) -> bool:
-        return bool(self.every_steps) and steps_done % self.every_steps == 0
+        """Whether this step crossed a multiple of every_steps x the global batch, in samples since the
+        point's start (at the start: every `every_steps` steps)."""
+        if not self.every_steps:
+            return False
+        every = self.every_steps * self.samples_per_step
+        now = self.start_samples + steps_done * self.samples_per_step
+        return now // every > (now - self.samples_per_step) // every
 
     @property
     def stop(self) -> bool:
@@ -125,14 +137,14 @@ class Progress:
         began = time.perf_counter()
         self.recalibrated = recalibrate_batchnorm(model, train_set, micro_batch_size, bn_samples, seed, device)
         accuracy, loss, self.loss_se, self.predictions = evaluate(model, val_set, device, ctx)
-        self.curve.append((steps_done * self.samples_per_step, accuracy, loss))
+        self.curve.append((self.start_samples + steps_done * self.samples_per_step, accuracy, loss))
         hit = (self.target_accuracy is not None and accuracy >= self.target_accuracy) or (
             self.target_loss is not None and loss <= self.target_loss)
         spent = time.perf_counter() - began
         self.seconds += spent
         if hit and self.reached is None:
-            self.reached = (steps_done, time.time() - since, self.seconds, self.instrumented_seconds,
-                            self.instrumented_steps)
+            self.reached = (self.start_steps + steps_done, self.start_seconds + time.time() - since, self.seconds,
+                            self.instrumented_seconds, self.instrumented_steps)
         return spent
 
     @property

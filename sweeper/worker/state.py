@@ -37,6 +37,7 @@ class Position:
     global_batch_size: int
     warmup_samples: int  # train.warmup_steps x the first run's global batch: the warmup in samples
     layout: str  # the point key that saved it
+    train_seconds: float = 0.0  # training wall time until then: the time to a target goes on from it
 
 
 @dataclass

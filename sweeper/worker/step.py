@@ -69,6 +69,8 @@ class Training:
     # A run continued from a checkpoint (spec.start_from): samples seen and optimizer steps before it.
     start_samples: int = 0
     steps_before: int = 0
+    seconds_before: float = 0.0  # training seconds before it (the time to target's clock goes on)
+    loop_started: Optional[float] = None  # when its training loop began (the time to target's clock)
     read_seconds: Optional[float] = None
 
     @property
@@ -240,6 +242,7 @@ def setup(spec: PointSpec, ctx: WorkerContext, device: telemetry.Device, splits:
                     if spec.divergence.check or micro is not None else None,
                     warmup=warmup, micro_grads=micro, start_samples=start_samples,
                     steps_before=start.position.optimizer_steps if start is not None else 0,
+                    seconds_before=start.position.train_seconds if start is not None else 0.0,
                     read_seconds=None if start is None else start.extra.get("read_seconds"))
 
 
@@ -266,7 +269,8 @@ def capture(run: Training):
     point = run.spec.point
     warmup = run.warmup.warmup_samples if run.warmup is not None else 0
     position = state.Position(run.samples_seen, run.steps_before + run.steps_done,
-                              float(run.optimizer.param_groups[0]["lr"]), point.global_batch_size, warmup, point.key)
+                              float(run.optimizer.param_groups[0]["lr"]), point.global_batch_size, warmup, point.key,
+                              run.seconds_before + time.time() - (run.loop_started or run.started))
     # Host copies: the live optimizer tensors go on changing if training goes on after the capture, and the
     # device's memory stays the training's.
     cuda_rng = torch.cuda.get_rng_state(run.device.torch_device) if run.device.is_cuda else None

@@ -158,7 +158,10 @@ def _train_span(spec: PointSpec, ctx: WorkerContext, device: Optional[telemetry.
     clock = Clock(run, sum(role.opens_window is not None for role in roles), deadline)
     profiler = _Profiling(_profiler(spec, ctx, device))
     progress = Progress.of(spec)
+    progress.start_samples, progress.start_steps = run.start_samples, run.steps_before
+    progress.start_seconds = run.seconds_before
     train_start, loop_started = time.perf_counter(), time.time()
+    run.loop_started = loop_started
     run.model.train()
     try:
         breakdown, diverged = _loop(run, roles, clock, profiler, progress, loop_started)
@@ -459,7 +462,7 @@ def _accuracy(result: PointResult, run: Training, progress: Progress, since: flo
     """The final evaluation (the last one during training, when it came after the last step)."""
     if not _has_accuracy(run):
         return
-    if progress.evaluated_at != run.steps_done * run.spec.point.global_batch_size:
+    if progress.evaluated_at != run.samples_seen:
         _evaluate(run, progress, since)
     _, accuracy, loss = progress.curve[-1]
     result.accuracy.update(dict(val_accuracy=accuracy, val_loss=loss, val_loss_se=progress.loss_se,
@@ -491,7 +494,9 @@ def _progress(result: PointResult, progress: Progress) -> None:
         step_time = result.throughput.step_time_seconds
         if step_time is not None:  # the instrumentation's excess over as many plain steps
             seconds -= max(0.0, instrumented - count * step_time)
-        result.progress.update(dict(steps_to_target=steps, samples_to_target=steps * progress.samples_per_step,
+        # Samples: the steps before this run at their own global batches (start_samples), then this run's.
+        samples = progress.start_samples + (steps - progress.start_steps) * progress.samples_per_step
+        result.progress.update(dict(steps_to_target=steps, samples_to_target=samples,
                                     time_to_target_seconds=seconds, eval_seconds_to_target=evaluating))
 
 
