@@ -186,3 +186,14 @@ def test_a_continued_runs_evaluations_and_time_to_target_count_from_the_points_s
     assert steps == [s for s, _ in straight.progress.val_accuracy_curve if s > 80] == [128, 160]
     assert after["samples_to_target"] == 128 and after["steps_to_target"] == 8
     assert after["time_to_target_seconds"] > 0
+
+
+def test_a_checkpoint_of_another_model_is_refused_before_ray_naming_the_field(tmp_path):
+    from tests.test_gpt import _problems
+
+    train_point(_spec(GridPoint(16, 1, 1), 4, save_state_to=str(tmp_path / "s")), WorkerContext())
+    problems = _problems("model=mlp", "data=digits", "model.depth=2", "model.width=128", "model.input_shape=[1,8,8]",
+                         "optim=sgd", "optim.lr=0.05", "optim.momentum=0.9", "train.seed=3", "train.samples=640",
+                         f"train.start_from={tmp_path / 's'}")
+    assert problems == [f"train.start_from='{tmp_path / 's'}' was saved by another model.width 64 (this point: 128) "
+                        "(mb16-acc1-w1): continue from a checkpoint of the same model, data, optimizer and seed"]
