@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from sweeper import data as data_mod
 from sweeper import models, plan, recipe, tracking
@@ -140,7 +140,8 @@ def build_specs(cfg: SweeperConfig, prepared: Prepared, points: List[GridPoint])
         estimates.update(estimate_memory(at_context(cfg, context), [p for p in points if p.context == context],
                                          prepared.num_classes))
     specs: Dict[GridPoint, PointSpec] = {}
-    start = start_position(cfg, problems)
+    meta = start_meta(cfg, problems)
+    start = int(meta["position"]["samples_seen"]) if meta else 0
     for point in points:
         num_train, counts = prepared.at(point.context)
         budget = plan.sample_budget(num_train, cfg.train.epochs, cfg.train.samples, point.context, cfg.model.context)
@@ -168,7 +169,7 @@ def build_specs(cfg: SweeperConfig, prepared: Prepared, points: List[GridPoint])
             timeout_seconds=cfg.cluster.point_timeout_seconds,
             start_from=cfg.train.start_from,
         )
-        problem = continuation_problem(cfg, spec)
+        problem = continuation_problem(cfg, spec, meta)
         if problem:  # the checkpoint's, the same for every point: said once
             problems.append(problem)
             break
@@ -227,31 +228,32 @@ def schedule_spans(cfg: SweeperConfig, point: GridPoint, budget: int) -> Tuple[L
     return spans, None
 
 
-def start_position(cfg: SweeperConfig, problems: List[str]) -> int:
-    """train.start_from's samples seen (0 without it); a problem when it is not a checkpoint."""
-    if cfg.train.start_from is None:
-        return 0
-    from sweeper.worker import state
-
-    try:
-        return int(state.read_meta(cfg.train.start_from)["position"]["samples_seen"])
-    except (ValueError, OSError, KeyError) as exc:
-        problems.append(f"train.start_from={cfg.train.start_from!r}: {first_line(exc)}; give a folder "
-                        "train.save_state=true wrote (its path is the point's sweeper.checkpoint tag)")
-        return 0
-
-
-def continuation_problem(cfg: SweeperConfig, spec: PointSpec) -> Optional[str]:
-    """Why `spec` cannot continue train.start_from (another model, data, optimizer or seed), or None."""
+def start_meta(cfg: SweeperConfig, problems: List[str]) -> Optional[Dict[str, Any]]:
+    """train.start_from's identity and position, read once (None without it); a problem when it is not a
+    checkpoint."""
     if cfg.train.start_from is None:
         return None
     from sweeper.worker import state
 
     try:
         meta = state.read_meta(cfg.train.start_from)
-        mismatch = state.mismatch(meta["identity"], state.identity(spec))
-    except (ValueError, OSError, KeyError):
-        return None  # start_position's problem
+        if "identity" not in meta or "samples_seen" not in meta.get("position", {}):
+            raise KeyError("its meta.json has no identity or position")
+        return meta
+    except (ValueError, OSError, KeyError) as exc:
+        problems.append(f"train.start_from={cfg.train.start_from!r}: {first_line(exc)}; give a folder "
+                        "train.save_state=true wrote (its path is the point's sweeper.checkpoint tag)")
+        return None
+
+
+def continuation_problem(cfg: SweeperConfig, spec: PointSpec, meta: Optional[Dict[str, Any]]) -> Optional[str]:
+    """Why `spec` cannot continue train.start_from's checkpoint (`meta`: another model, data, optimizer or
+    seed, or no budget left), or None."""
+    if meta is None:
+        return None  # no checkpoint, or start_meta's problem
+    from sweeper.worker import state
+
+    mismatch = state.mismatch(meta["identity"], state.identity(spec))
     if mismatch:
         return (f"train.start_from={cfg.train.start_from!r} was saved by another {mismatch} ({spec.point.key}): "
                 "continue from a checkpoint of the same model, data, optimizer and seed")

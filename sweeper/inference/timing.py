@@ -191,27 +191,28 @@ def _measure(spec: InferenceSpec, device: telemetry.Device) -> Dict[str, Any]:
             model(inputs)
         samples, timed_seconds = _timed_runs(spec, device, model, inputs)
 
-    result: Dict[str, Any] = {
-        "device": device.torch_device.type,
-        "warmup_runs": spec.warmup_runs,
-        "timed_seconds": timed_seconds,
-    }
+    measure = ("cuda: torch.cuda.max_memory_allocated over the point (weights, the input batch and the largest "
+               "forward's activations and workspace)") if device.is_cuda else (
+        "cpu: peak tensor memory of one forward under inference_mode (torch MemTracker): parameters, buffers, the "
+        "input batch and live activations; process RSS above its pre-point baseline is "
+        "cpu_rss_peak_above_baseline_bytes")
+    return _figures(spec, device, budget_mode, samples, breakdown, measure, timed_seconds=timed_seconds)
+
+
+def _figures(spec: InferenceSpec, device: telemetry.Device, budget_mode: str, samples: List[float], breakdown: Any,
+             measure: str, **own: Any) -> Dict[str, Any]:
+    """What every inference point records: its own figures, latency and throughput, the device's memory,
+    the peak (`breakdown`'s when tracked, else the CUDA allocator's) with `measure` saying how, the budget."""
+    result: Dict[str, Any] = {"device": device.torch_device.type, "warmup_runs": spec.warmup_runs, **own}
     result.update(summarize_latency(samples, spec.batch_size))
     result.update(device.memory_metrics())
     if breakdown is not None:
         result.update(breakdown.as_metrics())
         result["peak_memory_bytes"] = breakdown.peak_bytes
-        result["memory_measure"] = (
-            "cpu: peak tensor memory of one forward under inference_mode (torch MemTracker): parameters, "
-            "buffers, the input batch and live activations; process RSS above its pre-point baseline is "
-            "cpu_rss_peak_above_baseline_bytes"
-        )
     elif device.is_cuda:
         result["peak_memory_bytes"] = result["cuda_max_memory_allocated_bytes"]
-        result["memory_measure"] = (
-            "cuda: torch.cuda.max_memory_allocated over the point (weights, the input batch and the "
-            "largest forward's activations and workspace)"
-        )
+    if "peak_memory_bytes" in result:
+        result["memory_measure"] = measure
     if budget_mode != "none":
         result["memory_budget_bytes"] = spec.memory_budget_bytes
         result["memory_budget_mode"] = budget_mode
@@ -244,23 +245,13 @@ def _measure_decode(spec: InferenceSpec, device: telemetry.Device, model: nn.Mod
 
     found = decode.measure(model, spec.batch_size, spec.context, spec.seed, device, timed, track)
     breakdown, samples = found.pop("breakdown"), found.pop("latency_samples_seconds")
-    result: Dict[str, Any] = {"device": device.torch_device.type, "warmup_runs": spec.warmup_runs,
-                              "timed_seconds": found.pop("timed_seconds"), **found}
-    result.update(summarize_latency(samples, spec.batch_size))
+    measure = ("cuda: torch.cuda.max_memory_allocated over a KV cache of the context and one decode step (peak "
+               "statistics reset before it); the prefill's apart") if device.is_cuda else (
+        "cpu: peak tensor memory of a KV cache of the context and one decode step under inference_mode (torch "
+        "MemTracker); the prefill's apart: prefill_peak_memory_bytes")
+    result = _figures(spec, device, budget_mode, samples, breakdown, measure, **found)
     result["tokens_per_second"] = result["samples_per_second"]
     result["tokens_per_second_per_sequence"] = 1.0 / result["latency_p50_seconds"]
-    result.update(device.memory_metrics())
-    if breakdown is not None:
-        result.update(breakdown.as_metrics())
-        result["peak_memory_bytes"] = breakdown.peak_bytes
-        result["memory_measure"] = ("cpu: peak tensor memory of a KV cache of the context and one decode step under "
-                                    "inference_mode (torch MemTracker); the prefill's apart: prefill_peak_memory_bytes")
-        if device.is_cuda:
-            result["memory_measure"] = ("cuda: torch.cuda.max_memory_allocated over a KV cache of the context and one "
-                                        "decode step (peak statistics reset before it); the prefill's apart")
-    if budget_mode != "none":
-        result["memory_budget_bytes"] = spec.memory_budget_bytes
-        result["memory_budget_mode"] = budget_mode
     return result
 
 
