@@ -142,4 +142,4 @@ def test_a_points_bits_per_byte_and_tokens_per_second_are_means_over_its_seeds()
     assert folded.val_bits_per_byte == pytest.approx(1.5 / LN2) and folded.tokens_per_second == 2000
     # One validation set behind every seed: the pooled loss SE is the seeds' mean, not divided by sqrt(2).
     point = summarize([lm("a", 1000, 2.0, 0.02, seed=0), lm("a", 1000, 2.0, 0.04, seed=1)])
-    assert LOSS._pooled(point) == pytest.approx((2.0, 0.03))
+    assert LOSS.pooled(point) == pytest.approx((2.0, 0.03))

@@ -11,7 +11,7 @@ from collections import Counter
 from typing import Callable, Dict, List, Optional, Tuple
 
 from sweeper.report import stats
-from sweeper.report.quality import hits
+from sweeper.report.quality import LOSS, hits
 from sweeper.report.trials import PointSummary, Trial, _finite, seconds_to_train
 
 MAX_LISTED = 3
@@ -121,9 +121,7 @@ def _loss_against_unigram(point: PointSummary) -> Optional[Tuple[float, float, f
     if not runs or any(t.train_unigram_entropy_bits is None or not _finite(t.val_loss) or not _finite(t.val_loss_se)
                        for t in runs):
         return None
-    n = len(runs)
-    loss = sum(t.val_loss for t in runs) / n
-    se = sum(t.val_loss_se for t in runs) / n  # one validation set: its noise does not average over seeds
+    loss, se = LOSS.pooled(point)  # the seeds' mean loss and mean SE (one validation set behind them all)
     return loss, se, runs[0].train_unigram_entropy_bits * math.log(2)
 
 

@@ -71,7 +71,7 @@ class Quality:
         values = self.values(point)
         if len(values) >= 2:
             return stats.over_seeds(values, level)
-        one = self._pooled(point)
+        one = self.pooled(point)
         if one is None:
             return None
         mean, se = one
@@ -97,7 +97,7 @@ class Quality:
                 return None
             (ha, na), (hb, nb) = pooled
             return stats.newcombe_difference(ha, na, hb, nb, level)
-        a, b = self._pooled(point), self._pooled(top)
+        a, b = self.pooled(point), self.pooled(top)
         if a is None or b is None:
             return None
         d, se = (b[0] - a[0]), math.hypot(a[1], b[1])  # the score's difference: a loss's sign flips
@@ -109,7 +109,7 @@ class Quality:
         return {t.seed: s for t in point.replicates if t.status == "ok" and t.seed is not None
                 for s in [self.score(t)] if s is not None}
 
-    def _pooled(self, point: PointSummary) -> Optional[Tuple[float, float]]:
+    def pooled(self, point: PointSummary) -> Optional[Tuple[float, float]]:
         """(mean value, its standard error) over the ok seeds from their validation-set SEs; a loss only.
         Every seed is scored on the same validation sequences, so averaging seeds does not average that
         sampling noise away: the SE is the seeds' mean SE, not divided by sqrt(seeds)."""
