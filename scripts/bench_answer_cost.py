@@ -1,9 +1,11 @@
 """The same answer for less compute: the demo grid (micro-batch [16,64] x accumulation [1,2] x workers
-[1,2]) with 3 seeds and 2 LR multipliers, on MLP/digits and on resnet18/digits, measured twice per
-model: sweep.strategy=grid (every point trains its whole budget) and sweep.strategy=smart. Prints, per
-model, the point-seconds each spent (the grid: its points' trial_seconds; smart: its measurement runs',
-compute_point_seconds) and their ratio (goal <= 35 %), smart's own estimate of the grid against the
-grid measured, and whether the recommendations agree: the same point, the same layout (another LR
+[1,2]) with 3 seeds and 2 LR multipliers, on MLP/digits and on resnet18/digits, measured three times per
+model: sweep.strategy=grid (every point trains its whole budget), sweep.strategy=smart with every rung
+from step 0 (smart.continue_rungs=false, the strategy before checkpoints) and smart with each rung
+continuing from the one before's checkpoint. Prints, per model, the point-seconds each spent (the grid:
+its points' trial_seconds; smart: its measurement runs' compute_point_seconds) and smart's ratio to the
+grid (goal <= 35 %) before and after continuation, smart's own estimate of the grid against the grid
+measured, and whether the recommendations agree: the same point, the same layout (another LR
 multiplier), within the noise (on the full grid's records, the two points' accuracy intervals over
 seeds overlap and their throughputs lie within twice the larger of their windows' spread), or not.
 
@@ -111,21 +113,34 @@ def agreement(grid_pick: Optional[str], smart_pick: Optional[str], grid_points: 
     return f"disagree ({words})"
 
 
+# smart before and after its rungs continued from checkpoints (smart.continue_rungs), beside the grid
+STRATEGIES = {"grid": ["sweep.strategy=grid"],
+              "smart-from-step-0": ["sweep.strategy=smart", "smart.continue_rungs=false"],
+              "smart": ["sweep.strategy=smart"]}
+
+
 def compare(name: str, out: Path, overrides: List[str], reuse: bool) -> Dict[str, object]:
     figures: Dict[str, object] = {}
-    for strategy in ("grid", "smart"):
+    for strategy, chosen in STRATEGIES.items():
         folder = out / f"{name}-{strategy}"
         if reuse and (folder / "mlflow.db").exists():
             metrics, _, _ = read(folder)  # a sweep this script ran before (--reuse): its own wall time
             wall = metrics["sweep_wall_seconds"]
         else:
             shutil.rmtree(folder, ignore_errors=True)
-            wall = run_sweep(folder, [*overrides, f"sweep.strategy={strategy}"])
+            wall = run_sweep(folder, [*overrides, *chosen])
         metrics, recommendation, points = read(folder)
         figures[strategy] = (wall, metrics, recommendation, points)
         print(f"{name}_{strategy}_wall_seconds: {wall:.0f}", flush=True)
-    (g_wall, g_metrics, g_rec, g_points), (s_wall, s_metrics, s_rec, _) = figures["grid"], figures["smart"]
+    g_wall, g_metrics, g_rec, g_points = figures["grid"]
     grid_cost = sum(p.get("trial_seconds", 0.0) for p in g_points)
+    _, before, before_rec, _ = figures["smart-from-step-0"]
+    print(f"{name}_smart_from_step_0_compute_ratio: {before['compute_point_seconds'] / grid_cost:.1%} of the full grid "
+          f"(every rung from step 0); recommendation {picked(before_rec)}, "
+          f"{agreement(picked(g_rec), picked(before_rec), g_points).split(' (')[0]}")
+    s_wall, s_metrics, s_rec, _ = figures["smart"]
+    print(f"{name}_smart_continued_runs: {s_metrics.get('smart_continued_runs', 0):.0f}, sparing "
+          f"{s_metrics.get('compute_continuation_saved_point_seconds', 0.0):.1f} s of repeated steps")
     smart_cost = s_metrics["compute_point_seconds"]
     estimate = s_metrics.get("full_grid_point_seconds_estimate", float("nan"))
     print(f"{name}_points: {len(g_points)} ({len(by_point(g_points))} points x seeds)")

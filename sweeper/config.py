@@ -38,7 +38,7 @@ DIGITS_SAMPLES = 1797
 OPTIMIZERS = ("sgd", "adamw")
 PRECISIONS = ("fp32", "bf16", "fp16")
 CHECKPOINTING = ("none", "blocks")
-STRATEGIES = ("grid", "smart")
+STRATEGIES = ("grid", "smart", "branch")
 # Keys that moved when the optimizer became a config group: their old names get a pointer.
 MOVED_KEYS = {"train.lr": "optim.lr", "train.momentum": "optim.momentum", "train.weight_decay": "optim.weight_decay"}
 
@@ -149,7 +149,9 @@ class SweepConfig:
     lr_multipliers: Any = field(default_factory=lambda: [1.0])
     # grid: every point trains its whole sample budget. smart: every layout's throughput and memory
     # in a short run, then one representative per accuracy-equivalence class and seed trained for
-    # accuracy, in rungs of successive halving (see `smart` and docs/strategy.md).
+    # accuracy, in rungs of successive halving (see `smart` and docs/strategy.md). branch: the same short
+    # runs, then one trunk per seed at the smallest global batch and short branches from its checkpoints
+    # to every larger one: the critical batch size over training and a batch-size schedule (see `branch`).
     strategy: str = "grid"
     # A language model (model=gpt or model=hf): the training sequence lengths as an axis (each point
     # trains and is timed at one), each at most model.context (the model's position table). Every
@@ -176,6 +178,31 @@ class SmartConfig:
     # with the same micro-batch. auto: found from the model's modules; true/false: your word for it
     # (a layer of your own that couples samples cannot be detected).
     batch_coupled: Any = "auto"
+    # A class that goes on continues from its previous rung's training-state checkpoint (saved under
+    # <cluster.ray_dir>/results/<sweep>/rungs, deleted when the sweep ends) instead of training again from
+    # step 0; false: every rung from step 0, no checkpoint (what the ledger compares against).
+    continue_rungs: bool = True
+
+
+@dataclass
+class BranchConfig:
+    """sweep.strategy=branch (docs/strategy.md)."""
+
+    # The trunk's global batch: null, the grid's smallest (it must be one of the grid's).
+    base_global_batch: Optional[int] = None
+    # Where the trunk saves its state and branches, as fractions of the sample budget, each in (0, 1): the
+    # critical batch size rises fastest early in training, so the defaults look early and then spread out.
+    at: List[float] = field(default_factory=lambda: [0.05, 0.15, 0.3, 0.5, 0.75])
+    # Samples each branch trains (null: a twentieth of the budget, at least two steps of the grid's largest
+    # global batch), rounded up to a multiple of every global batch compared.
+    window: Optional[int] = None
+    # The loss rise over the trunk's, at the window's end, that a branch may show and still keep up. null:
+    # measured, z(confidence) x the trunk's own loss noise over the window's tail (its standard error).
+    tolerance: Optional[float] = None
+    confidence: float = 0.95
+    # How a branch's LR follows its global batch from the trunk's. auto: train.lr_scaling when it is not
+    # none, else the optimizer family's rule (sqrt for Adam-family, linear for SGD); none | linear | sqrt.
+    lr_scaling: str = "auto"
 
 
 @dataclass
@@ -427,6 +454,7 @@ class SweeperConfig:
     gns: GnsConfig = field(default_factory=GnsConfig)
     measure: MeasureConfig = field(default_factory=MeasureConfig)
     smart: SmartConfig = field(default_factory=SmartConfig)
+    branch: BranchConfig = field(default_factory=BranchConfig)
     # Lives with its rules in sweeper/report/settings.py: the report CLI reads it without Hydra.
     report: ReportConfig = field(default_factory=ReportConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
@@ -533,6 +561,7 @@ def validate(cfg: SweeperConfig) -> List[str]:
         *check_gns(cfg.gns),
         *check_measure(cfg.measure),
         *check_smart(cfg.smart),
+        *check_branch(cfg.branch),
         *check_device(cfg.device),
         *check_frontier(cfg.frontier),
         *check_report(cfg.report),
@@ -783,6 +812,24 @@ def check_measure(measure: MeasureConfig) -> List[str]:
     return problems
 
 
+def check_branch(branch: BranchConfig) -> List[str]:
+    problems: List[str] = []
+    at = branch.at
+    if not isinstance(at, list) or not at or not all(isinstance(f, (int, float)) and not isinstance(f, bool)
+                                                     and math.isfinite(f) and 0 < f < 1 for f in at):
+        problems.append(f"branch.at={at!r}: must be a list of fractions of the budget in (0, 1), e.g. [0.1,0.3,0.6]")
+    _check(problems, "branch.base_global_batch", branch.base_global_batch, _positive,
+           "must be a positive global batch of the grid, or null (the grid's smallest)")
+    _check(problems, "branch.window", branch.window, _positive, "must be positive samples, or null (a twentieth "
+           "of the budget)")
+    _check(problems, "branch.tolerance", branch.tolerance, _not_negative, "must be >= 0 (a loss rise), or null "
+           "(measured from the trunk's noise)")
+    _check(problems, "branch.confidence", branch.confidence, lambda c: 0 < c < 1, "must be in (0, 1), e.g. 0.95")
+    if branch.lr_scaling not in ("auto", "none", "linear", "sqrt"):
+        problems.append(f"branch.lr_scaling={branch.lr_scaling!r} is invalid: use auto, none, linear or sqrt")
+    return problems
+
+
 def check_smart(smart: SmartConfig) -> List[str]:
     problems: List[str] = []
     _check(problems, "smart.throughput_steps", smart.throughput_steps, _positive, "must be >= 1, e.g. 30")
@@ -972,10 +1019,13 @@ def check_combinations(cfg: SweeperConfig) -> List[str]:
     target = settings.target_problem(cfg.report.objective, cfg.eval.target_accuracy, cfg.eval.target_loss)
     problems += [target] if target else []
     problems += _check_contexts(cfg)
-    if cfg.sweep.strategy == "smart" and (cfg.train.save_state or cfg.train.start_from or cfg.train.batch_schedule):
-        problems.append("train.save_state / train.start_from / train.batch_schedule with sweep.strategy=smart: its "
-                        "measurement runs do not save or continue training states yet (issue 28); use "
+    strategy = cfg.sweep.strategy
+    if strategy in ("smart", "branch") and (cfg.train.save_state or cfg.train.start_from or cfg.train.batch_schedule):
+        problems.append(f"train.save_state / train.start_from / train.batch_schedule with sweep.strategy={strategy}: "
+                        "its measurement runs save and continue training states of their own; use "
                         "sweep.strategy=grid")
+    if strategy == "branch":
+        problems += _branch_problems(cfg)
     if cfg.train.batch_schedule and cfg.train.start_from:
         problems.append("train.batch_schedule with train.start_from: a schedule starts from sample 0; drop one of them")
     if cfg.report.quality == "val_bits_per_byte" and not (is_token_data(cfg.data) and cfg.data.name == "text"):
@@ -983,6 +1033,26 @@ def check_combinations(cfg: SweeperConfig) -> List[str]:
                         f"data={cfg.data.name}: "
                         "use report.quality=val_loss (nats per token) or auto")
     return problems + _check_model_data(cfg.model, cfg.data)
+
+
+def _branch_problems(cfg: SweeperConfig) -> List[str]:
+    """sweep.strategy=branch measures one trunk per seed and branches at the grid's global batches: the LR
+    follows branch.lr_scaling, not multipliers; one context; a grid whose micro-batches are listed."""
+    problems: List[str] = []
+    multipliers = cfg.sweep.lr_multipliers
+    if isinstance(multipliers, list) and [float(m) for m in multipliers if isinstance(m, (int, float))] != [1.0]:
+        problems.append(f"sweep.lr_multipliers={multipliers} with sweep.strategy=branch: a branch's LR follows its "
+                        "global batch by branch.lr_scaling; set sweep.lr_multipliers=[1]")
+    contexts = cfg.sweep.context_lengths
+    if isinstance(contexts, list) and len(contexts) > 1:
+        problems.append(f"sweep.context_lengths={contexts} with sweep.strategy=branch: one trunk trains at one "
+                        "context; run one sweep per context")
+    if cfg.sweep.micro_batch_sizes == "auto":
+        problems.append("sweep.micro_batch_sizes=auto with sweep.strategy=branch: list the micro-batches "
+                        "(the frontier search's grid is not branched yet)")
+    if cfg.task != "train":
+        problems.append(f"sweep.strategy=branch with task={cfg.task}: branching measures training; use task=train")
+    return problems
 
 
 def _check_contexts(cfg: SweeperConfig) -> List[str]:

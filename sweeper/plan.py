@@ -30,6 +30,9 @@ class GridPoint:
     lr_multiplier: float = 1.0
     seed: Optional[int] = None
     context: Optional[int] = None
+    # sweep.strategy=branch: a branch run, continued from its trunk's checkpoint at this many samples seen
+    # (key -from<samples>); None for every grid point
+    branch_from: Optional[int] = None
 
     @property
     def global_batch_size(self) -> int:
@@ -57,6 +60,8 @@ class GridPoint:
             key += f"-lrx{self.lr_multiplier:g}"
         if self.context is not None:
             key += f"-ctx{self.context}"
+        if self.branch_from is not None:
+            key += f"-from{self.branch_from}"
         return key
 
     @property

@@ -333,6 +333,12 @@ class Provenance(Record):
     stopped_at_rung: Optional[int] = metric()
     stopped_at_samples: Optional[int] = metric()
     stopped_reason: Optional[str] = tag("sweeper.stopped")
+    # sweep.strategy=branch: a branch's trunk (its last run's key), the trunk checkpoint it continued from (in
+    # samples seen) and its global batch; a trunk run's place in its chain
+    branch_trunk: Optional[str] = tag("sweeper.branch_trunk")
+    branch_checkpoint_samples: Optional[int] = metric()
+    branch_global_batch: Optional[int] = metric()
+    branch_window_samples: Optional[int] = metric()
 
 
 @dataclass
@@ -360,6 +366,9 @@ class TrainingState(Record):
     checkpoint_write_seconds: Optional[float] = metric()
     checkpoint_bytes: Optional[int] = metric()
     checkpoint_error: Optional[str] = tag("sweeper.checkpoint_error")  # why the save failed (the point stands)
+    # Saved on the way too (sweep.strategy=branch's trunk): at these samples seen, each write's seconds
+    saved_at_samples: Optional[List[float]] = series()
+    saved_write_seconds: Optional[List[float]] = series()
 
 
 @dataclass
@@ -630,6 +639,22 @@ class SweepSummary(Record):
     smart_measurement_runs: Optional[int] = metric()
     smart_accuracy_classes: Optional[int] = metric()
     smart_classes_stopped: Optional[int] = metric()
+    # smart.continue_rungs: rung runs that continued from the rung before's checkpoint, and the training
+    # seconds of earlier rungs they did not spend again (what rungs from step 0 would have repeated)
+    smart_continued_runs: Optional[int] = metric()
+    compute_continuation_saved_point_seconds: Optional[float] = metric()
+    # sweep.strategy=branch: the ledger (trunk and branch runs beside the throughput runs) and the answer: the
+    # local critical batch size at each checkpoint (a curve over samples seen: its lower end, the largest
+    # global batch that kept up, and the next one tried), where it flattens, the tolerance it was judged by
+    compute_trunk_point_seconds: Optional[float] = metric()
+    compute_branch_point_seconds: Optional[float] = metric()
+    branch_runs: Optional[int] = metric()
+    critical_batch_size_branched: Optional[List[Tuple[int, float]]] = curve()
+    critical_batch_size_branched_upper: Optional[List[Tuple[int, float]]] = curve()
+    branch_tolerance: Optional[List[Tuple[int, float]]] = curve()
+    critical_batch_size_flat: Optional[float] = metric()
+    schedule_predicted_seconds: Optional[float] = metric()
+    constant_predicted_seconds: Optional[float] = metric()
 
     def count(self, statuses: Mapping[str, int]) -> "SweepSummary":
         """How many points ended in each status (num_trials_<status>)."""

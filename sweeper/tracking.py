@@ -32,7 +32,7 @@ IDENTITY_TAG = "sweeper.trial_key"
 # shape; a sweep of another format is refused, not half-resumed.
 RESUME_FORMAT = "2"
 # sweep.strategy=smart's measurement runs, and the file that keeps each one's whole result.
-MEASUREMENT_ROLES, MEASUREMENT_FILE = ("throughput", "rung"), "result.json"
+MEASUREMENT_ROLES, MEASUREMENT_FILE = ("throughput", "rung", "trunk", "branch"), "result.json"
 RESULT_TYPES = {"point": PointResult, "inference": InferenceResult}
 # MLflow 3's kind of experiment: model training, not GenAI (traces, judges, prompts). Set on experiments
 # that lack it. MLflow 3.17.2's web UI picks its view by a per-browser toggle instead (docs/mlflow.md).
@@ -317,9 +317,11 @@ class Tracker:
         """Parameters known only once the sweep has started (the grid an auto search derived)."""
         self._journaled("sweep_params", {"params": params})
 
-    def log_parent_metrics(self, metrics: Dict[str, float]) -> None:
-        """Figures of the whole sweep that have no fixed name (e.g. a knee per model)."""
-        self._journaled("parent_metrics", {"metrics": metrics})
+    def log_parent_metrics(self, metrics: Dict[str, float], curves: Optional[Dict[str, List[Tuple[int, float]]]] = None
+                           ) -> None:
+        """Figures of the whole sweep that have no fixed name (e.g. a knee per model); `curves`, each value
+        at its own step (e.g. samples seen: MLflow's chart draws them)."""
+        self._journaled("parent_metrics", {"metrics": metrics, **({"curves": curves} if curves else {})})
 
     def log_artifacts(self, folder: str, path: str) -> None:
         self._journaled("artifacts", {"folder": folder, "path": path})
@@ -519,8 +521,9 @@ class Tracker:
     def _write_sweep_params(self, params: Dict[str, Any]) -> None:
         self._log_params(self.parent_run_id, params)
 
-    def _write_parent_metrics(self, metrics: Dict[str, float]) -> None:
-        self._log_metrics(self.parent_run_id, metrics)
+    def _write_parent_metrics(self, metrics: Dict[str, float], curves: Optional[Dict[str, list]] = None) -> None:
+        self._log_metrics(self.parent_run_id, metrics, None,
+                          {name: [(int(step), float(v)) for step, v in pairs] for name, pairs in (curves or {}).items()})
 
     def _write_artifacts(self, folder: str, path: str) -> None:
         self.client.log_artifacts(self.parent_run_id, folder, path)

@@ -223,6 +223,54 @@ def test_a_rung_run_is_the_points_run_cut_short_and_not_judged_as_learned_or_not
     assert not last.partial and last.divergence == spec.divergence
 
 
+def test_a_rung_continues_from_the_rung_befores_checkpoint_and_trains_only_the_steps_between():
+    point = GridPoint(16, 1, 1, seed=0)
+    spec = PointSpec(model=ModelConfig(name="mlp"), data=DataConfig(name="digits"), train=TrainConfig(),
+                     point=point, lr=0.1, steps=90)
+    first = driver.rung_spec(spec, 1 / 3, save_to="/ckpt/r1-x")
+    assert (first.steps, first.start_from, first.save_state_to) == (30, None, "/ckpt/r1-x")
+    before = PointResult(status="ok")
+    before.cost.optimizer_steps = 30
+    before.state.saved_state_path = "/ckpt/r1-x"
+    last = driver.rung_spec(spec, 1.0, before)
+    assert (last.steps, last.start_from, last.save_state_to, last.partial) == (60, "/ckpt/r1-x", None, False)
+    # no checkpoint to continue from (its save failed, or the run did not end ok): from step 0, the whole rung
+    for unusable in (replace(before, state=replace(before.state, saved_state_path=None)),
+                     replace(before, status="diverged")):
+        again = driver.rung_spec(spec, 1.0, unusable)
+        assert (again.steps, again.start_from) == (90, None)
+
+
+def test_a_continued_rung_run_is_recorded_as_one_run_from_step_0():
+    before = PointResult(status="ok", train_loss=[2.3, 2.0, 1.8])
+    before.cost.update(dict(optimizer_steps=3, samples_seen=48, train_seconds=1.0, trial_seconds=4.0))
+    before.progress.update(dict(val_loss_curve=[(48, 1.9)], val_accuracy_curve=[(48, 0.3)], evaluations=1,
+                                eval_seconds=0.5))
+    after = PointResult(status="ok", train_loss=[1.5, 1.2])
+    after.cost.update(dict(optimizer_steps=2, samples_seen=64, train_seconds=0.8, trial_seconds=3.0))
+    after.progress.update(dict(val_loss_curve=[(112, 1.1)], val_accuracy_curve=[(112, 0.6)], evaluations=1,
+                               eval_seconds=0.4))
+    after.state.continued_from = "/ckpt/r1-x"
+    out = driver.carried(before, after)
+    assert out.train_loss == [2.3, 2.0, 1.8, 1.5, 1.2]
+    assert out.progress.val_loss_curve == [(48, 1.9), (112, 1.1)] and out.progress.evaluations == 2
+    assert out.progress.eval_seconds == pytest.approx(0.9)
+    assert (out.cost.optimizer_steps, out.cost.samples_seen) == (5, 112)
+    # what this run spent stays its own: the ledger counts each run once
+    assert (out.cost.train_seconds, out.cost.trial_seconds) == (0.8, 3.0)
+    assert out.state.continued_from == "/ckpt/r1-x" and after.train_loss == [1.5, 1.2]
+    # the target reached in the rung before is where it was first reached
+    before.progress.update(dict(reached_target=1, steps_to_target=2, samples_to_target=32))
+    assert driver.carried(before, after).progress.steps_to_target == 2
+
+
+def test_the_ledger_counts_what_continuing_saved():
+    ledger = driver.Ledger()
+    ledger.continued_runs, ledger.continuation_saved = 2, 3.5
+    assert ledger.metrics()["smart_continued_runs"] == 2
+    assert ledger.metrics()["compute_continuation_saved_point_seconds"] == 3.5
+
+
 # ---------------------------------------------------------------------------------------------------
 # A point composed from its measurement runs
 
@@ -318,6 +366,7 @@ def test_the_ledger_sums_point_seconds_by_phase():
         "compute_stopped_point_seconds": 16.0, "compute_point_seconds": 31.0,
         "full_grid_point_seconds_estimate": 124.0, "compute_fraction_of_full_grid": 0.25,
         "smart_measurement_runs": 6, "smart_accuracy_classes": 3, "smart_classes_stopped": 1,
+        "smart_continued_runs": 0, "compute_continuation_saved_point_seconds": 0.0,
     }
     assert len(ledger.measured) == 6
     words = sections.compute_words(ledger.metrics())
@@ -367,24 +416,29 @@ def _recorded(db: Path, prefix: str) -> int:
 
 
 # Both the interrupted sweep and its resume join the session's Ray (a sweep interrupted on a cluster);
-# tests/test_faults.py interrupts sweeps that started their own.
+# tests/test_faults.py interrupts sweeps that started their own. Interrupted once rung 2, whose runs continue
+# from rung 1's checkpoints, is under way: the resume continues the runs it lacks from those checkpoints.
 @pytest.mark.e2e
 def test_a_smart_sweep_interrupted_mid_rung_resumes_to_every_point_recorded_once(tmp_path):
     args, env = joining_session_ray(SMART, {"PYTHONPATH": str(REPO)})
     proc = subprocess.Popen([sys.executable, "-m", "sweeper", *args], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 240
-    while _recorded(tmp_path / "mlflow.db", "r1-") < 1:  # rung 1 under way: 1 of its 6 runs recorded
+    deadline = time.time() + 300
+    while _recorded(tmp_path / "mlflow.db", "r2-") < 1:  # rung 2 under way: one of its runs recorded
         assert proc.poll() is None, proc.stdout.read()[-3000:]
-        assert time.time() < deadline, "no rung run recorded in time"
+        assert time.time() < deadline, "no rung-2 run recorded in time"
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
     first = proc.communicate(timeout=120)[0]
     assert proc.returncode == 130, first[-3000:]
-    held = _recorded(tmp_path / "mlflow.db", "r1-")
+    held = _recorded(tmp_path / "mlflow.db", "r2-")
+    results = tmp_path / ".sweeper" / "ray" / "results"
+    kept = [p.name for p in results.glob("*/rungs/*")]
+    assert len(kept) == 6 and all(k.startswith("r1-") for k in kept), kept  # the interrupted sweep keeps them
 
     again = run_cli(*SMART, "sweep.resume=true", cwd=tmp_path, env={"PYTHONPATH": str(REPO)}, timeout=400)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert not list(results.glob("*/rungs"))  # every class recorded: the rungs' checkpoints are deleted
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("sweeper").experiment_id], max_results=1000)
     parent = next(r for r in runs if r.data.tags.get("sweeper.role") == "sweep")
@@ -395,13 +449,24 @@ def test_a_smart_sweep_interrupted_mid_rung_resumes_to_every_point_recorded_once
     assert max(keys_of.values()) == 1  # nothing measured or recorded twice
     # 4 layouts' throughput runs; 3 classes (gb16, gb32, gb64) x 2 seeds at rung 1, the best half at rung 2
     assert by_role["throughput"] == 4 and by_role["trial"] == 8
-    assert sum(k.startswith("r1-") for k in keys_of) == 6 and 2 <= sum(k.startswith("r2-") for k in keys_of) <= 6
-    # interrupted mid-rung; the resume measured neither the layouts again nor rung 1's recorded runs
-    assert 1 <= held < 6
-    experiments = [p.name for p in (tmp_path / ".sweeper" / "ray" / "results").iterdir()
+    rung2 = [r for r in complete if r.data.tags["sweeper.trial_key"].startswith("r2-")]
+    assert sum(k.startswith("r1-") for k in keys_of) == 6 and 2 <= len(rung2) <= 6
+    # interrupted mid-rung 2; the resume measured neither the layouts nor rung 1 again, nor rung 2's recorded runs
+    assert 1 <= held < len(rung2)
+    experiments = [p.name for p in results.iterdir()
                    if any(f.name.startswith("experiment_state") for f in p.iterdir())]
     assert sum("-rung" not in e for e in experiments) == 1, experiments  # the layouts' runs: the sweep's name
-    assert sum("-rung1" in e for e in experiments) == 2, experiments
+    assert sum("-rung1" in e for e in experiments) == 1 and sum("-rung2" in e for e in experiments) == 2, experiments
+    # each rung-2 run continued from its unit's rung-1 checkpoint, trained only the steps after it, and is
+    # recorded as one run from step 0 (its loss per step from the first step on)
+    rung1 = {r.data.tags["sweeper.trial_key"][3:]: r for r in complete if r.data.tags["sweeper.trial_key"][:3] == "r1-"}
+    for run in rung2:
+        unit = run.data.tags["sweeper.trial_key"][3:]
+        assert run.data.tags["sweeper.continued_from"].endswith("/rungs/r1-" + unit)
+        before = rung1[unit].data.metrics["optimizer_steps"]
+        assert run.data.metrics["optimizer_steps"] == before + int(run.data.params["steps"])
+        assert len(client.get_metric_history(run.info.run_id, "train_loss")) == run.data.metrics["optimizer_steps"]
+    assert client.get_run(parent.info.run_id).data.metrics["smart_continued_runs"] == len(rung2)
     points = [r for r in complete if r.data.tags["sweeper.role"] == "trial"]
     for run in points:
         tags = run.data.tags

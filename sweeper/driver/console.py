@@ -231,12 +231,25 @@ def print_summary(
 
 
 def print_ledger(ledger: Dict[str, float]) -> None:
-    """sweep.strategy=smart: what the sweep spent, by phase, against the whole grid's estimate."""
+    """sweep.strategy=smart or branch: what the sweep spent, by phase, against the whole grid's estimate."""
+    if "compute_trunk_point_seconds" in ledger:
+        line = (f"[bold]sweeper[/]: compute {ledger['compute_point_seconds']:.1f} point-seconds: throughput "
+                f"{ledger['compute_throughput_point_seconds']:.1f}, trunk {ledger['compute_trunk_point_seconds']:.1f}, "
+                f"branches {ledger['compute_branch_point_seconds']:.1f} ({ledger['branch_runs']} branches)")
+        if "full_grid_point_seconds_estimate" in ledger:
+            line += (f"; the whole grid: ~{ledger['full_grid_point_seconds_estimate']:.1f} point-seconds = "
+                     f"{100 * ledger['compute_fraction_of_full_grid']:.0f} %")
+        console.print(line, soft_wrap=True)
+        return
     line = (f"[bold]sweeper[/]: compute {ledger['compute_point_seconds']:.1f} point-seconds: throughput "
-            f"{ledger['compute_throughput_point_seconds']:.1f}, accuracy {ledger['compute_accuracy_point_seconds']:.1f}, "
+            f"{ledger['compute_throughput_point_seconds']:.1f}, "
+            f"accuracy {ledger['compute_accuracy_point_seconds']:.1f}, "
             f"stopped early {ledger['compute_stopped_point_seconds']:.1f} "
             f"({ledger['smart_measurement_runs']} runs; {ledger['smart_classes_stopped']} of "
             f"{ledger['smart_accuracy_classes']} classes stopped)")
+    if ledger.get("smart_continued_runs"):
+        line += (f"; {ledger['smart_continued_runs']} rung runs continued from a checkpoint, sparing "
+                 f"{ledger['compute_continuation_saved_point_seconds']:.1f} s of repeated steps")
     if "full_grid_point_seconds_estimate" in ledger:
         line += (f"; the whole grid: ~{ledger['full_grid_point_seconds_estimate']:.1f} point-seconds "
                  f"(estimated from the throughput runs, evaluations left out) = "
@@ -311,3 +324,21 @@ def _mib(value: Optional[float]) -> Optional[float]:
 
 def _fmt(value: Optional[float], pattern: str) -> str:
     return "-" if value is None else pattern.format(value)
+
+
+def print_branch_answer(answer) -> None:
+    """sweep.strategy=branch: the critical batch size over training, the schedule and the constant layout."""
+    console.print("[bold]sweeper[/]: critical batch size over training (branches from the trunk at global batch "
+                  f"{answer.base}, {answer.window} samples each):", soft_wrap=True)
+    for c in answer.locals:
+        upto = f"< {c.high}" if c.high is not None else "or more (every branch kept up)"
+        console.print(f"  at {c.samples} samples: {c.low} {upto}  (tolerance {c.tolerance:.4g})", soft_wrap=True)
+    spans = ", ".join(f"{g} from {s}" for s, g in answer.schedule)
+    console.print(f"  schedule: {spans}; predicted {answer.schedule_seconds:.3g} s to the trunk's final loss; "
+                  f"constant {answer.constant} (global batch {answer.constant_batch}): {answer.constant_seconds:.3g} s",
+                  soft_wrap=True)
+    console.print(f"  answer: {'the schedule' if answer.recommend_schedule else answer.constant}: {answer.why}",
+                  soft_wrap=True)
+    if answer.recommend_schedule:
+        console.print("  as an override: train.batch_schedule="
+                      + "[" + ",".join(f"[{s},{g}]" for s, g in answer.schedule) + "]", soft_wrap=True)

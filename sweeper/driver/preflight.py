@@ -70,6 +70,10 @@ def preflight(cfg: SweeperConfig) -> Tuple[Prepared, Dict[GridPoint, PointSpec]]
         # that its points get too few steps).
         problems += local_capacity(cfg)
     points = [] if auto or problems else grid(cfg, problems)
+    if points and cfg.sweep.strategy == "branch":
+        from sweeper.driver.branch import grid_problems
+
+        problems += grid_problems(cfg, points)
     if problems:
         raise ConfigError(problems)
     splits = data_mod.load(cfg.data, cfg.model.input_shape)

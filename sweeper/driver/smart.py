@@ -7,18 +7,22 @@ here is a worker group measuring several points one after another, so a Tune sch
 stop a whole group; and the rule compares classes over their seeds with a confidence interval (never
 stopping one the data cannot separate from the best), which a scheduler ranking one trial's metric
 against a quantile cannot express. Each rung is one Ray Tune run of worker groups. A class that goes
-on trains again from step 0 to its next rung: the sampler and the seed make its first steps the same
-samples and the same weights, so the longer run passes through the shorter one's state (no checkpoint
-to store or ship between nodes), at the cost of repeating the earlier rungs' steps (docs/strategy.md).
+on continues from its previous rung's training-state checkpoint (sweeper/worker/state.py): the sample
+stream goes on where the rung stopped, and the run's loss curve is prefixed with the rungs before it,
+so the record reads as one run from step 0. With smart.continue_rungs=false it trains again from step
+0 instead (the sampler and the seed make it pass through the shorter run's state, at the cost of
+repeating the earlier rungs' steps: docs/strategy.md).
 """
 
 from __future__ import annotations
 
 import math
+import os
+import shutil
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from sweeper import smart
 from sweeper.cluster import runs
@@ -49,6 +53,10 @@ class Ledger:
     runs: int = 0
     full_grid_estimate: float = 0.0
     classes: int = 0
+    # smart.continue_rungs: the training seconds the continued rung runs did not spend again (their earlier
+    # rungs' steps, which a run from step 0 repeats), and how many rung runs continued from a checkpoint
+    continuation_saved: float = 0.0
+    continued_runs: int = 0
     # every measurement run, for the parent's sum_trial_seconds / sum_train_seconds (a composed point
     # has no run of its own: what the sweep spent is what its measurement runs spent)
     measured: Rows = field(default_factory=list)
@@ -74,6 +82,8 @@ class Ledger:
             "smart_measurement_runs": self.runs,
             "smart_accuracy_classes": self.classes,
             "smart_classes_stopped": len(self.stopped_classes),
+            "smart_continued_runs": self.continued_runs,
+            "compute_continuation_saved_point_seconds": self.continuation_saved,
         }
         if self.full_grid_estimate > 0:
             out["full_grid_point_seconds_estimate"] = self.full_grid_estimate
@@ -86,25 +96,10 @@ def measure(cfg: SweeperConfig, s: Session, name: str, points: List[GridPoint], 
     """The smart strategy over `points`: `record(point, result)` once per point not in `done_keys`.
     `num_classes`: the labels' count, whose log is the loss of a model that learned nothing."""
     ledger = Ledger()
-    recorded = set(done_keys)
-
-    def keep(point: GridPoint, result: PointResult) -> None:
-        if point.key not in recorded:
-            recorded.add(point.key)
-            record(point, result)
-
-    layouts = list(dict.fromkeys(smart.layout(p) for p in points))
-    console.note(f"smart: {len(layouts)} layout(s) measured for throughput and memory in runs of at most "
-                 f"{cfg.smart.throughput_steps} steps")
-    tp_specs = {layout: throughput_spec(cfg, specs, points, layout) for layout in layouts}
-    # The throughput runs are the Ray Tune experiment named after the sweep: sweep.resume finds a sweep
-    # by that experiment's state (driver/resume.py), as for the grid.
-    throughput = measure_runs(cfg, s, name, "throughput", tp_specs, throughput_key, ledger, {})
-    for point in points:
-        measured = throughput.get(smart.layout(point))
-        if measured is None or measured.status != "ok":
-            keep(point, layout_failure(point, measured))
-    excluded = [layout for layout in layouts if layout not in throughput or throughput[layout].status != "ok"]
+    keep = once(record, done_keys)
+    throughput = measure_layouts(cfg, s, name, points, specs, ledger, keep, "smart")
+    layouts = list(throughput)
+    excluded = [layout for layout in layouts if throughput[layout].status != "ok"]
     classes = smart.classes(points, coupled, excluded)
     ledger.classes = len(classes)
     seeds = list(dict.fromkeys(p.seed for p in points))
@@ -121,6 +116,37 @@ def measure(cfg: SweeperConfig, s: Session, name: str, points: List[GridPoint], 
     return ledger
 
 
+def once(record: Record, done_keys: frozenset) -> Record:
+    """`record`, for each point not in `done_keys` and not recorded yet."""
+    recorded = set(done_keys)
+
+    def keep(point: GridPoint, result: PointResult) -> None:
+        if point.key not in recorded:
+            recorded.add(point.key)
+            record(point, result)
+
+    return keep
+
+
+def measure_layouts(cfg: SweeperConfig, s: Session, name: str, points: List[GridPoint],
+                    specs: Dict[GridPoint, PointSpec], ledger: Ledger, keep: Record, strategy: str
+                    ) -> Dict[GridPoint, PointResult]:
+    """Every layout's throughput run, each layout's result (a run that never reported: a failed result);
+    the points of a layout that did not end ok are recorded with its result."""
+    layouts = list(dict.fromkeys(smart.layout(p) for p in points))
+    console.note(f"{strategy}: {len(layouts)} layout(s) measured for throughput and memory in runs of at most "
+                 f"{cfg.smart.throughput_steps} steps")
+    tp_specs = {layout: throughput_spec(cfg, specs, points, layout) for layout in layouts}
+    # The throughput runs are the Ray Tune experiment named after the sweep: sweep.resume finds a sweep
+    # by that experiment's state (driver/resume.py), as for the grid.
+    throughput = measure_runs(cfg, s, name, "throughput", tp_specs, throughput_key, ledger, {})
+    for point in points:
+        measured = throughput.get(smart.layout(point))
+        if measured is None or measured.status != "ok":
+            keep(point, layout_failure(point, measured))
+    return {layout: throughput.get(layout) or layout_failure(layout, None) for layout in layouts}
+
+
 def run_rungs(cfg: SweeperConfig, s: Session, name: str, classes: List[AccuracyClass], seeds: list,
               throughput: Dict[GridPoint, PointResult], specs: Dict[GridPoint, PointSpec], ledger: Ledger,
               keep: Record, uninformed: Optional[float]) -> Dict[str, List[PointResult]]:
@@ -130,16 +156,31 @@ def run_rungs(cfg: SweeperConfig, s: Session, name: str, classes: List[AccuracyC
     alive = classes
     accuracy_runs: Dict[str, List[PointResult]] = defaultdict(list)
     fractions = smart.rung_fractions(cfg.smart.eta, cfg.smart.rungs)
+    # smart.continue_rungs: each unit's last rung run (its checkpoint is where the next rung starts), and
+    # the training seconds its rungs have taken so far (what a run from step 0 would spend again)
+    previous: Dict[GridPoint, PointResult] = {}
+    trained: Dict[GridPoint, float] = defaultdict(float)
+    folder = rungs_folder(s, name)
     for rung, fraction in enumerate(fractions, 1):
+        last = rung == len(fractions)
         units = {replace(c.representative, seed=seed): c for c in alive for seed in seeds}
-        unit_specs = {unit: rung_spec(specs[unit], fraction) for unit in units}
+        unit_specs = {unit: rung_spec(specs[unit], fraction, previous.get(unit),
+                                      os.path.join(folder, rung_key(rung)(unit)) if not last else None)
+                      if cfg.smart.continue_rungs else rung_spec(specs[unit], fraction) for unit in units}
+        continuing = sum(spec.start_from is not None for spec in unit_specs.values())
         console.note(f"smart: rung {rung} of {len(fractions)}: {len(alive)} class(es) x {len(seeds)} seed(s) "
-                     f"trained to {fraction:.3g} of the budget")
+                     f"trained to {fraction:.3g} of the budget"
+                     + (f", {continuing} run(s) continuing from the rung before's checkpoint" if continuing else ""))
         classes_of = {unit: c.key for unit, c in units.items()}
-        results = measure_runs(cfg, s, f"{name}-rung{rung}", "rung", unit_specs, rung_key(rung), ledger, classes_of)
+        results = measure_runs(cfg, s, f"{name}-rung{rung}", "rung", unit_specs, rung_key(rung), ledger, classes_of,
+                               {u: previous[u] for u, spec in unit_specs.items() if spec.start_from is not None})
         for unit, result in results.items():
             accuracy_runs[classes_of[unit]].append(result)
-        last = rung == len(fractions)
+            if unit_specs[unit].start_from is not None and result.status in ("ok", "stopped"):
+                ledger.continued_runs += 1
+                ledger.continuation_saved += trained[unit]
+            trained[unit] += result.cost.train_seconds or 0.0
+            previous[unit] = result
         scores: Dict[str, smart.Score] = {}
         for c in alive:
             reps = [(replace(c.representative, seed=seed), results.get(replace(c.representative, seed=seed)))
@@ -160,7 +201,16 @@ def run_rungs(cfg: SweeperConfig, s: Session, name: str, classes: List[AccuracyC
                 console.note(f"smart: stopped {c.key} at rung {rung}: {decision.stopped[c.key]}")
                 record_class(cfg, c, reps, throughput, specs, rung, decision.stopped[c.key], keep)
         alive = [c for c in alive if c.key in decision.keep]
+    # Every class is recorded: its rungs' checkpoints have served (an interrupted sweep keeps them, for
+    # sweep.resume to continue from).
+    shutil.rmtree(folder, ignore_errors=True)
     return accuracy_runs
+
+
+def rungs_folder(s: Session, name: str) -> str:
+    """Where the rungs' training-state checkpoints go: beside the sweep's Ray results (on a cluster,
+    cluster.ray_dir on storage every node reads, as for train.save_state)."""
+    return os.path.join(s.cluster.results_dir, name, "rungs")
 
 
 def throughput_key(point: GridPoint) -> str:
@@ -181,26 +231,76 @@ def throughput_spec(cfg: SweeperConfig, specs: Dict[GridPoint, PointSpec], point
                    divergence=replace(spec.divergence, check=False), gns=replace(spec.gns, enabled=False))
 
 
-def rung_spec(spec: PointSpec, fraction: float) -> PointSpec:
+def rung_spec(spec: PointSpec, fraction: float, previous: Optional[PointResult] = None,
+              save_to: Optional[str] = None) -> PointSpec:
     """A representative's accuracy run to `fraction` of its budget, evaluated at its end: no memory
     breakdown, FLOPs or CPU budget (its layout's throughput run measured those, and fits). One warm-up
     step, for the point's deadline to be projected from; the windows stay, as the edges where
     divergence is checked. Before the last rung the run is `partial`: an accuracy near a guess a
     fraction into the budget is a model still learning, not one that learned nothing (halving ranks
     it by its loss instead), and a spike still over its bar at the rung's end may yet come back;
-    nonfinite and an unrecovered spike still end it diverged."""
+    nonfinite and an unrecovered spike still end it diverged.
+
+    `previous`: the unit's run at the rung before; when it saved its training state, this run continues
+    from there and trains only the steps between the two rungs. `save_to`: where this run saves its own
+    state at its end, for the next rung."""
+    return segment_spec(spec, smart.rung_steps(spec.steps, fraction), fraction < 1, previous, save_to)
+
+
+def segment_spec(spec: PointSpec, total_steps: int, partial: bool, previous: Optional[PointResult] = None,
+                 save_to: Optional[str] = None) -> PointSpec:
+    """`spec`'s run to its `total_steps`-th optimizer step, light (rung_spec says how), continuing from
+    `previous`'s checkpoint when it saved one (then only the steps after it), saving at its end to `save_to`."""
     light = replace(spec.measure, warmup_steps=1, memory_breakdown=False)
-    return replace(spec, steps=smart.rung_steps(spec.steps, fraction), measure=light, flop_count=None,
-                   memory_estimate_bytes=None, memory_budget_bytes=None, profile=False, partial=fraction < 1)
+    steps, start_from = total_steps, None
+    if previous is not None and previous.status == "ok" and previous.state.saved_state_path:
+        done = previous.cost.optimizer_steps or 0
+        if 0 < done < steps:
+            steps, start_from = steps - done, previous.state.saved_state_path
+    return replace(spec, steps=steps, measure=light, flop_count=None, memory_estimate_bytes=None,
+                   memory_budget_bytes=None, profile=False, partial=partial, start_from=start_from,
+                   save_state_to=save_to)
 
 
-def measure_runs(cfg: SweeperConfig, s: Session, label: str, role: str, unit_specs: Dict[GridPoint, PointSpec],
-                 key: Callable[[GridPoint], str], ledger: Ledger, classes_of: Dict[GridPoint, str]
-                 ) -> Dict[GridPoint, PointResult]:
-    """Measurement runs in worker groups, each recorded (sweeper.role=`role`) as it arrives; those a
-    resumed sweep already holds are read back instead of measured again. Rounds go on while each one
-    records something (a group that died is run again in a fresh one)."""
-    held = s.tracker.measurements(role) if cfg.sweep.resume else {}
+def carried(previous: PointResult, result: PointResult) -> PointResult:
+    """A continued rung run's result as one run from step 0: the rung before's loss per step and
+    evaluations first, its optimizer steps and samples counted in. Its own cost (train and trial
+    seconds) stays its own: the ledger counts each run once."""
+    out = PointResult.from_flat(result.to_flat())
+    out.train_loss = list(previous.train_loss or []) + list(result.train_loss or [])
+    for curve in ("val_accuracy_curve", "val_loss_curve"):
+        before, after = getattr(previous.progress, curve), getattr(result.progress, curve)
+        if before or after:
+            setattr(out.progress, curve, list(before or []) + list(after or []))
+    if previous.progress.evaluations or result.progress.evaluations:
+        out.progress.evaluations = (previous.progress.evaluations or 0) + (result.progress.evaluations or 0)
+        out.progress.eval_seconds = (previous.progress.eval_seconds or 0.0) + (result.progress.eval_seconds or 0.0)
+    if previous.progress.reached_target:  # reached before this run: the first time it got there counts
+        for name in ("reached_target", "samples_to_target", "steps_to_target", "time_to_target_seconds",
+                     "eval_seconds_to_target"):
+            setattr(out.progress, name, getattr(previous.progress, name))
+    out.cost.optimizer_steps = (previous.cost.optimizer_steps or 0) + (result.cost.optimizer_steps or 0)
+    out.cost.samples_seen = (previous.cost.samples_seen or 0) + (result.cost.samples_seen or 0)
+    if result.cost.tokens_seen is not None:
+        out.cost.tokens_seen = (previous.cost.tokens_seen or 0) + result.cost.tokens_seen
+    return out
+
+
+def measure_runs(cfg: SweeperConfig, s: Session, label: str, role: Union[str, Callable[[GridPoint], str]],
+                 unit_specs: Dict[GridPoint, PointSpec], key: Callable[[GridPoint], str], ledger: Ledger,
+                 classes_of: Dict[GridPoint, str], continued: Optional[Dict[GridPoint, PointResult]] = None,
+                 annotate: Optional[Callable[[GridPoint, PointResult], None]] = None) -> Dict[GridPoint, PointResult]:
+    """Measurement runs in worker groups, each recorded (sweeper.role=`role`, or role(unit)) as it arrives;
+    those a resumed sweep already holds are read back instead of measured again. Rounds go on while each
+    one records something (a group that died is run again in a fresh one). `continued`: the runs before
+    those that continue from a checkpoint, whose history is carried into theirs before they are recorded;
+    `annotate` adds what the driver knows of a run (its provenance) before it is recorded."""
+    continued = continued or {}
+    role_of = role if callable(role) else (lambda unit: role)
+    held: Dict[str, Dict] = {}
+    if cfg.sweep.resume:
+        for name in dict.fromkeys(role_of(unit) for unit in unit_specs):
+            held.update(s.tracker.measurements(name))
     out: Dict[GridPoint, PointResult] = {}
     for unit in unit_specs:
         # sweep.retry_failed: a failed measurement is measured again, like a failed point
@@ -211,9 +311,14 @@ def measure_runs(cfg: SweeperConfig, s: Session, label: str, role: str, unit_spe
     def done(unit: GridPoint, result: PointResult) -> None:
         if unit in out:
             return
+        if unit in continued:
+            result = carried(continued[unit], result)
+        if annotate is not None:
+            annotate(unit, result)
         out[unit] = result
         ledger.add(unit, result, classes_of.get(unit))
-        s.tracker.log_measurement(key(unit), role, measurement_params(unit, unit_specs[unit], role), result)
+        s.tracker.log_measurement(key(unit), role_of(unit), measurement_params(unit, unit_specs[unit], role_of(unit)),
+                                  result)
         bar.update(task, advance=1, description=f"{key(unit)}: {result.status}")
 
     stamp = time.strftime("%H%M%S")

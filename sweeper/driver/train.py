@@ -17,6 +17,7 @@ from sweeper.cluster import runs
 from sweeper.cluster.resources import Resources, concurrent_trials
 from sweeper.config import SweeperConfig
 from sweeper.driver import console, resume
+from sweeper.driver import branch as branch_driver
 from sweeper.driver import smart as smart_driver
 from sweeper.driver.frontier import search_frontiers
 from sweeper.driver.preflight import NEEDS_BUDGET, Prepared, build_specs, preflight
@@ -35,6 +36,7 @@ Rows = List[Tuple[GridPoint, PointResult]]
 def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
     """Run the sweep; the exit status is 0 when every point ended ok or oom, 1 if any failed."""
     phases = Phases()
+    cfg = branch_driver.with_lr_rule(cfg)
     prepared, specs = preflight(cfg)
     phases("setup")
     sizing = prepared.points or [GridPoint(1, 1, w) for w in cfg.sweep.num_workers]
@@ -53,8 +55,11 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
                 phases("grid")
                 s.end(summary([], phases, Counter()), "FAILED")
                 return EXIT_POINT_FAILED
+        answer = None
         if cfg.sweep.strategy == "smart":
             rows, ledger = measure_smart(cfg, s, name, points, specs, done_keys, prepared)
+        elif cfg.sweep.strategy == "branch":
+            rows, ledger, answer = measure_branch(cfg, s, name, points, specs, done_keys)
         else:
             rows, ledger = measure_grid(cfg, s, name, points, specs, done_keys), None
         phases("grid")
@@ -70,6 +75,8 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
         closing = summary(rows if ledger is None else ledger.measured, phases, statuses)
         if spent is not None:
             console.print_ledger(spent)
+        if answer is not None:
+            console.print_branch_answer(answer)
         s.end(closing, "FAILED" if failed else "FINISHED")
         console.print_summary(rows, s.uri, parent, cfg.tracking.experiment_name, accuracy_note(cfg))
         if made is not None:
@@ -203,6 +210,26 @@ def measure_smart(
 
     ledger = smart_driver.measure(cfg, s, name, points, specs, done_keys, bool(coupled), prepared.num_classes, record)
     return rows, ledger
+
+
+def measure_branch(
+    cfg: SweeperConfig, s: Session, name: str, points: List[GridPoint], specs: Dict[GridPoint, PointSpec],
+    done_keys: frozenset,
+) -> Tuple[Rows, branch_driver.Ledger, Any]:
+    """sweep.strategy=branch (driver/branch.py): every point's throughput and memory, the critical batch size
+    over training from one trunk per seed and its branches, and the schedule it implies."""
+    if not cfg.sweep.resume:
+        s.tracker.log_sweep_params({"num_trials": len(points), "strategy": "branch",
+                                    "branch_lr_scaling": branch_driver.branch_lr_rule(cfg)})
+    console.note(f"{len(points)} points, their quality measured by a trunk and its branches (sweep.strategy=branch)")
+    rows: Rows = []
+
+    def record(point: GridPoint, result: PointResult) -> None:
+        s.tracker.log_point(point, point_params(cfg, specs[point]), result, replace_failed=cfg.sweep.retry_failed)
+        rows.append((point, result))
+
+    ledger, answer = branch_driver.measure(cfg, s, name, points, specs, done_keys, record)
+    return rows, ledger, answer
 
 
 def dataset_record(cfg: SweeperConfig, prepared: Prepared) -> tracking.DatasetRecord:

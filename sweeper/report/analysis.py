@@ -70,6 +70,7 @@ def recommend(
     critical_batch: Optional[Any] = None,
     quality: Union[str, Quality] = AUTO,
     max_loss_rise: Optional[float] = None,
+    batch_limit: Optional[Tuple[int, str]] = None,
 ) -> Recommendation:
     """The best point for `objective` among the eligible ones, up to three runners-up, and why
     (docs/recommendation.md states the rules in full).
@@ -93,6 +94,9 @@ def recommend(
     time_to_target_seconds; missing the target in some seeds ranks behind reaching it in all).
     `critical_batch` (as report.critical_batch.CriticalBatch: `critical_batch_size`, `steps(B)`)
     makes a time_to_target winner over twice the critical batch size say what it costs in samples.
+    `batch_limit` (sweep.strategy=branch: the critical batch size the branches measured where it flattens,
+    and why): the quality rule of a sweep whose points do not each train for quality; a point of a larger
+    global batch is not eligible.
     """
     _check_inputs(objective, min_accuracy, memory_budget_bytes, max_accuracy_drop, level, quality, max_loss_rise)
     trials = list(trials)
@@ -102,6 +106,11 @@ def recommend(
     points = summarize_all(trials, level)
     eligible, excluded = eligibility.eligible(list(points.values()), objective, min_accuracy, memory_budget_bytes,
                                               level, quality.metric)
+    if batch_limit is not None:
+        limit, why = batch_limit
+        excluded.update({p.key: why for p in eligible if p.trial.global_batch_size > limit})
+        eligible = [p for p in eligible if p.trial.global_batch_size <= limit]
+        max_drop = None  # one trunk measured the quality, not every point: the limit is the rule
     diverged = {p.key: eligibility.diverged_text(p) for p in points.values()
                 if any(t.status == "diverged" for t in p.replicates)}
     done = partial(Recommendation, excluded=excluded, objective=objective, points=points, diverged=diverged,

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from sweeper import tracking
 from sweeper.config import ReportConfig
 from sweeper.errors import first_line
-from sweeper.report import analysis, plots, reasons, snippets, points, sections
+from sweeper.report import analysis, branched, plots, reasons, snippets, points, sections
 from sweeper.report import html as html_report
 from sweeper.report.analysis import Recommendation, Trial
 from sweeper.report.critical_batch import CriticalBatch
@@ -85,28 +85,42 @@ def build(
     budget_gb = cfg.memory_budget_gb or _number(sweep.params.get("device_memory_budget_gb"))
     budget = budget_gb * 2**30 if budget_gb else None
     found = points.critical_batch(trials)
+    # sweep.strategy=branch: the branches' answer, whose critical batch size is the quality rule
+    answer = branched.read(tracker, parent_run_id) if sweep.params.get("strategy") == "branch" else None
 
     rec = analysis.recommend(trials, cfg.objective, cfg.min_accuracy, budget, cfg.max_accuracy_drop,
                              level=cfg.confidence, critical_batch=found, quality=cfg.quality,
-                             max_loss_rise=cfg.max_loss_rise)
+                             max_loss_rise=cfg.max_loss_rise,
+                             batch_limit=branched.flat(answer) if answer is not None else None)
     line = analysis.override_line(rec.best) if rec.best else None
     yaml_path = _write_text(os.path.join(folder, "recommendation.yaml"), analysis.recommendation_yaml(
         rec, cfg.objective, cfg.min_accuracy, budget, cfg.max_accuracy_drop, cfg.max_loss_rise))
     images = _draw_plots(folder, trials, cfg, sweep.params, budget, rec, found)
     text = recommendation_text(rec, line, found, points.single_context(trials))
+    extra: List[Any] = []
+    if answer is not None:
+        drawn = branched.plot(answer, os.path.join(folder, "critical_batch_over_training.png"),
+                              found.critical_batch_size if found else None, points.b_simple_mean(trials))
+        if drawn:
+            images["critical_batch_over_training"] = drawn
+        extra = [("Critical batch size over training (sweep.strategy=branch)", branched.words(answer)),
+                 ("Branches by checkpoint", branched.section_rows(answer))]
+        text += "\n" + branched.headline(answer).strip()
     # The parent's own figures: the frontier searches' (sweep.micro_batch_sizes=auto) and the smart
     # strategy's compute ledger.
     sweep_figures = tracker.sweep_metrics(parent_run_id)
     html = html_report.render(sweep.run_name, [_row(t) for t in sorted(trials, key=_speed, reverse=True)], images,
                               text, _settings_shown(parent_run_id, cfg, budget_gb, rec.quality),
-                              sections.sections(trials, found, {**sweep.params, **settings_params(cfg)},
-                                                sweep_figures))
+                              extra + sections.sections(trials, found, {**sweep.params, **settings_params(cfg)},
+                                                        sweep_figures))
     html_path = _write_text(os.path.join(folder, "report.html"), html)
     # The answer as settings for the trainer a team uses (Lightning, Hugging Face, DeepSpeed, Ray
     # Train, torchrun), beside the sweeper's own override line.
     with open(yaml_path) as f:
         pasteable = snippets.write_from_recommendation(f.read(), os.path.join(folder, "snippets"),
                                                        sweep.params.get("use_gpu") == "True")
+    if answer is not None:
+        pasteable += branched.snippets_for(answer, os.path.join(folder, "snippets"))
     if log:
         # Only the files written here: the folder may hold others (the frontier's, logged on their own).
         files = [yaml_path, html_path, *images.values()]

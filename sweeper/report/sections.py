@@ -29,7 +29,7 @@ def sections(trials: List[Trial], found: Optional[CriticalBatch], params: Dict[s
     """The page's sections between the recommendation and the plots (each left out when empty).
     `sweep_figures`: the parent run's metrics (the frontier searches', the compute ledger)."""
     return [
-        ("Compute spent (sweep.strategy=smart)", compute_words(sweep_figures)),
+        (f"Compute spent (sweep.strategy={params.get('strategy', 'smart')})", compute_words(sweep_figures)),
         ("Critical batch size", _critical_batch_words(trials, found, params)),
         ("Points (mean over seeds)", _point_rows(trials, judging(params, trials)[2])),
         ("LR multipliers per global batch", lr_rows(trials, *judging(params, trials))),
@@ -42,6 +42,13 @@ def compute_words(figures: Dict[str, float]) -> str:
     ('' for a grid sweep, which records no ledger)."""
     if "compute_point_seconds" not in figures:
         return ""
+    if "compute_trunk_point_seconds" in figures:  # sweep.strategy=branch
+        words = (f"The sweep spent {figures['compute_point_seconds']:.1f} point-seconds (each measurement run's wall "
+                 f"time in its worker): {figures.get('compute_throughput_point_seconds', 0.0):.1f} in the layouts' "
+                 f"throughput and memory runs, {figures['compute_trunk_point_seconds']:.1f} training the trunk and "
+                 f"{figures.get('compute_branch_point_seconds', 0.0):.1f} in {int(figures.get('branch_runs', 0))} "
+                 "branches.")
+        return words + _against_grid(figures)
     runs, classes = int(figures.get("smart_measurement_runs", 0)), int(figures.get("smart_accuracy_classes", 0))
     words = (f"The sweep spent {figures['compute_point_seconds']:.1f} point-seconds (each measurement run's wall "
              f"time in its worker): {figures.get('compute_throughput_point_seconds', 0.0):.1f} in the layouts' "
@@ -49,11 +56,19 @@ def compute_words(figures: Dict[str, float]) -> str:
              f"accuracy classes it kept and {figures.get('compute_stopped_point_seconds', 0.0):.1f} in classes "
              f"successive halving stopped early; {runs} measurement runs, "
              f"{int(figures.get('smart_classes_stopped', 0))} of {classes} accuracy classes stopped.")
-    if "full_grid_point_seconds_estimate" in figures:
-        words += (f" The whole grid would have spent ~{figures['full_grid_point_seconds_estimate']:.1f} "
-                  "point-seconds (estimated from the same runs: each point's budget at its layout's measured "
-                  f"step time, plus its evaluations): {figures['compute_fraction_of_full_grid']:.0%} of it.")
-    return words
+    if figures.get("smart_continued_runs"):
+        words += (f" {int(figures['smart_continued_runs'])} rung runs continued from the rung before's checkpoint, "
+                  f"sparing the {figures.get('compute_continuation_saved_point_seconds', 0.0):.1f} seconds of earlier "
+                  "rungs' steps that runs from step 0 would have trained again.")
+    return words + _against_grid(figures)
+
+
+def _against_grid(figures: Dict[str, float]) -> str:
+    if "full_grid_point_seconds_estimate" not in figures:
+        return ""
+    return (f" The whole grid would have spent ~{figures['full_grid_point_seconds_estimate']:.1f} "
+            "point-seconds (estimated from the same runs: each point's budget at its layout's measured "
+            f"step time, plus its evaluations): {figures['compute_fraction_of_full_grid']:.0%} of it.")
 
 
 def _critical_batch_words(trials: List[Trial], found: Optional[CriticalBatch], params: Dict[str, str]) -> str:

@@ -76,6 +76,9 @@ class PointSpec:
     start_from: Optional[str] = None
     # Save this run's training state into this folder at its end (None: no checkpoint).
     save_state_to: Optional[str] = None
+    # Save the training state on the way too: samples seen (from sample 0, at a step boundary of this run)
+    # -> the folder (sweep.strategy=branch: the trunk's checkpoints its branches start from).
+    save_states_at: Dict[int, str] = field(default_factory=dict)
     # train.batch_schedule: the spans after this spec's own (its point and steps are the first span's),
     # each continuing the one before at a layout of its global batch with its LR and its optimizer steps.
     later_spans: List["Span"] = field(default_factory=list)

@@ -72,6 +72,8 @@ class Training:
     seconds_before: float = 0.0  # training seconds before it (the time to target's clock goes on)
     loop_started: Optional[float] = None  # when its training loop began (the time to target's clock)
     read_seconds: Optional[float] = None
+    # spec.save_states_at: (samples seen, the Snapshot written, or why it was not) for each one saved so far
+    saved_on_the_way: List[Any] = field(default_factory=list)
 
     @property
     def samples_seen(self) -> int:

@@ -170,7 +170,7 @@ def _train_span(spec: PointSpec, ctx: WorkerContext, device: Optional[telemetry.
         profiler.stop()
     train_seconds = time.perf_counter() - train_start
     # Saved at the step boundary the loop ended on, before the final evaluation draws from torch's RNG.
-    saved = _save_state(run) if spec.save_state_to and diverged is None else None
+    saved = _save_state(run, spec.save_state_to) if spec.save_state_to and diverged is None else None
     handed = _capture(run) if hand_over and diverged is None else None
     result = _result(run, clock, breakdown, train_seconds, loop_started, progress, diverged)
     _state_figures(result, run, saved)
@@ -183,10 +183,10 @@ def _capture(run: Training):
     return capture(run)
 
 
-def _save_state(run: Training):
-    """Rank 0 writes the training state into spec.save_state_to (DDP keeps every rank's alike). A write
-    that fails (a full disk, an unwritable path) is the checkpoint's error, recorded on the point: raising
-    on rank 0 alone would leave the other ranks waiting in the result's collectives."""
+def _save_state(run: Training, folder: str):
+    """Rank 0 writes the training state into `folder` (DDP keeps every rank's alike). A write that fails
+    (a full disk, an unwritable path) is the checkpoint's error, recorded on the point: raising on rank 0
+    alone would leave the other ranks waiting in the result's collectives."""
     from sweeper.worker import state
     from sweeper.worker.step import capture
 
@@ -194,7 +194,7 @@ def _save_state(run: Training):
     if run.ctx.rank != 0:
         return snapshot
     try:
-        return state.write(snapshot, run.spec.save_state_to)
+        return state.write(snapshot, folder)
     except (OSError, RuntimeError) as exc:
         return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
@@ -209,6 +209,13 @@ def _state_figures(result: PointResult, run: Training, saved) -> None:
     elif saved is not None:
         result.state.update(dict(saved_state_path=spec.save_state_to, checkpoint_samples=saved.position.samples_seen,
                                  checkpoint_write_seconds=saved.write_seconds, checkpoint_bytes=saved.bytes))
+    if run.saved_on_the_way:  # spec.save_states_at: where each was written, or why not
+        errors = [f"at {at}: {s}" for at, s in run.saved_on_the_way if isinstance(s, str)]
+        written = [(at, s) for at, s in run.saved_on_the_way if not isinstance(s, str)]
+        result.state.update(dict(saved_at_samples=[float(at) for at, _ in written],
+                                 saved_write_seconds=[s.write_seconds for _, s in written if s.write_seconds is not None]))
+        if errors:
+            result.state.checkpoint_error = "; ".join(errors)
 
 
 def _loop(run: Training, roles: List[timing.StepRole], clock: Clock, profiler: "_Profiling", progress: Progress,
@@ -238,6 +245,11 @@ def _loop(run: Training, roles: List[timing.StepRole], clock: Clock, profiler: "
             progress.instrumented_seconds += time.perf_counter() - began
             progress.instrumented_steps += 1
         clock.after_step()
+        at = run.start_samples + (step + 1) * run.spec.point.global_batch_size
+        if at in run.spec.save_states_at and step + 1 < len(roles):
+            began = time.perf_counter()
+            run.saved_on_the_way.append((at, _save_state(run, run.spec.save_states_at[at])))
+            clock.leave_out(time.perf_counter() - began)
         if progress.due(step + 1) and step + 1 < len(roles) and _has_accuracy(run):
             clock.leave_out(_evaluate(run, progress, since))
             if progress.stop:

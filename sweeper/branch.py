@@ -1,0 +1,205 @@
+"""sweep.strategy=branch, the arithmetic: where the trunk saves its state, how long a branch trains, the
+local critical batch size from a trunk's and its branches' losses on the same samples, the batch-size
+schedule it implies, and the wall time that schedule and the best constant layout are predicted to take.
+
+Pure functions on plain values (standard library), tested on fixed loss curves. The driver runs what they
+decide (sweeper/driver/branch.py); docs/strategy.md tells the whole story.
+
+The measurement (Merrill et al. 2025, arXiv:2505.23971): from a checkpoint of a trunk trained at global
+batch B, branch to a larger global batch G with the LR scaled by the run's rule, for a short window of
+samples; the branch reads the very samples the trunk reads over that window (the sample stream goes on
+from the checkpoint's position whatever the layout), so the two losses are paired. The local critical
+batch size is the largest G whose loss at the window's end stays within a tolerance of the trunk's,
+every smaller G staying within too; it lies between that G and the next one tried.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+# The share of the window whose losses are compared: its second half, after a branch's first steps at a
+# new LR and global batch (AdamW's second moments were estimated at the trunk's batch: a brief spike is
+# expected there, and is not what the branch is judged on).
+TAIL = 0.5
+
+
+def positions(fractions: Sequence[float], budget: int, base: int, window: int) -> List[int]:
+    """The trunk's checkpoints in samples: each fraction of the `budget` rounded down to whole trunk steps
+    (`base` samples each), at least one step in, at most a window before the budget's end (a branch must
+    fit in the budget), without repeats, in order."""
+    last = (budget - window) // base * base
+    out = sorted({min(max(base, int(f * budget) // base * base), last) for f in fractions})
+    return [s for s in out if 0 < s <= last]
+
+
+def window_samples(window: Optional[int], budget: int, batches: Sequence[int]) -> int:
+    """branch.window in samples (null: a twentieth of the budget, at least two steps of the largest global
+    batch), rounded up to a multiple of every global batch compared, so each run ends on a whole step at
+    the same sample."""
+    step = 1
+    for b in batches:
+        step = step * b // math.gcd(step, b)
+    wanted = window if window is not None else max(budget // 20, 2 * max(batches))
+    return max(step, -(-wanted // step) * step)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A branch against its trunk over the tail of one window: each one's mean training loss over the same
+    samples, their difference (branch minus trunk: above zero, the larger batch lost ground) and the trunk's
+    own noise there (the standard error of its tail mean, from its per-step losses about their trend)."""
+
+    global_batch: int
+    trunk: float
+    branch: float
+    noise: float
+    steps: int  # the trunk's steps in the tail
+
+    @property
+    def difference(self) -> float:
+        return self.branch - self.trunk
+
+
+def tail_mean(losses: Sequence[float], step_samples: int, start: int, end: int) -> Tuple[List[float], float]:
+    """The losses of the steps that read samples [start, end) of a run whose step i reads
+    [i * step_samples, (i + 1) * step_samples) after its checkpoint, and their mean (nan when a loss is
+    not finite or a step is missing: a run that did not get there)."""
+    first, stop = start // step_samples, end // step_samples
+    part = list(losses[first:stop])
+    if len(part) < stop - first or not part or not all(math.isfinite(v) for v in part):
+        return part, math.nan
+    return part, statistics.fmean(part)
+
+
+def compare(trunk_losses: Sequence[float], base: int, branch_losses: Sequence[float], global_batch: int,
+            window: int) -> Comparison:
+    """The branch at `global_batch` against the trunk (steps of `base` samples), both counted from the
+    checkpoint, over the last TAIL of `window` samples."""
+    start = window - int(window * TAIL) // global_batch * global_batch
+    start = min(start, window - global_batch)
+    trunk_part, trunk = tail_mean(trunk_losses, base, start, window)
+    _, branch = tail_mean(branch_losses, global_batch, start, window)
+    return Comparison(global_batch, trunk, branch, trend_noise(trunk_part), len(trunk_part))
+
+
+def trend_noise(values: Sequence[float]) -> float:
+    """The standard error of the mean of `values` about their straight-line trend (a falling loss is no
+    noise): sqrt(residual variance / n), with n - 2 degrees of freedom; nan below three values."""
+    n = len(values)
+    if n < 3 or not all(math.isfinite(v) for v in values):
+        return math.nan
+    xs = range(n)
+    mx, my = (n - 1) / 2, statistics.fmean(values)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, values)) / sxx
+    residual = sum((y - my - slope * (x - mx)) ** 2 for x, y in zip(xs, values))
+    return math.sqrt(residual / (n - 2) / n)
+
+
+@dataclass(frozen=True)
+class Local:
+    """The local critical batch size at one checkpoint: `low` is the largest global batch whose branch
+    stayed within the tolerance (every smaller one too; the trunk's own when none did), `high` the next
+    one tried (None: every branch stayed within, the critical batch size is at least `low`)."""
+
+    samples: int
+    low: int
+    high: Optional[int]
+    tolerance: float
+    differences: Dict[int, float]  # global batch -> branch minus trunk, over seeds
+
+    @property
+    def bounded(self) -> bool:
+        return self.high is not None
+
+
+def tolerance(comparisons: Sequence[Comparison], z: float, fixed: Optional[float]) -> float:
+    """The loss rise a branch may show and still count as keeping up: `fixed` (branch.tolerance) when
+    set, else z x the trunk's own noise over the window's tail, pooled over the seeds' trunks (the root
+    mean square of their standard errors over sqrt(seeds)): a measured quantity, not a bare constant."""
+    if fixed is not None:
+        return fixed
+    noises = [c.noise for c in comparisons if math.isfinite(c.noise)]
+    if not noises:
+        return math.nan
+    return z * math.sqrt(statistics.fmean(n * n for n in noises) / len(noises))
+
+
+def local_critical(samples: int, base: int, by_seed: Sequence[Dict[int, Comparison]], z: float,
+                   fixed: Optional[float] = None) -> Local:
+    """The local critical batch size at the checkpoint `samples` from each seed's comparisons (global batch
+    -> Comparison): a global batch keeps up when its difference, averaged over the seeds that measured it,
+    is finite and at most the tolerance; the answer is the largest one such that it and every smaller one
+    keep up (a larger one that keeps up after a smaller one did not is noise, not a critical batch)."""
+    batches = sorted({g for seed in by_seed for g in seed})
+    trunk_noise = [seed[g] for seed in by_seed for g in seed]
+    tol = tolerance(trunk_noise, z, fixed)
+    differences: Dict[int, float] = {}
+    low, high = base, None
+    for g in batches:
+        diffs = [seed[g].difference for seed in by_seed if g in seed]
+        differences[g] = statistics.fmean(diffs) if diffs and all(math.isfinite(d) for d in diffs) else math.nan
+    for g in batches:
+        if high is None and math.isfinite(differences[g]) and math.isfinite(tol) and differences[g] <= tol:
+            low = g
+        elif high is None:
+            high = g
+    return Local(samples, low, high, tol, differences)
+
+
+def flattened(locals_: Sequence[Local]) -> Optional[Local]:
+    """Where the critical batch size flattens: the last checkpoint's (it only grows during training; a
+    later checkpoint that measured less than an earlier one is read as the noise it is by the schedule)."""
+    return locals_[-1] if locals_ else None
+
+
+def schedule(locals_: Sequence[Local], base: int, batches: Sequence[int]) -> List[Tuple[int, int]]:
+    """The batch-size schedule [(samples seen, global batch), ...] from (0, base): from each checkpoint on,
+    the largest of `batches` at or below every later checkpoint's critical batch size (so the batch never
+    exceeds a critical batch size measured after it, and never shrinks), each change moved to the first
+    step boundary of the span before it; spans of one global batch merged."""
+    out = [(0, base)]
+    for i, local in enumerate(locals_):
+        ceiling = min(later.low for later in locals_[i:])
+        fitting = [b for b in batches if base <= b <= ceiling]
+        g = max(fitting) if fitting else base
+        start, current = out[-1]
+        if g <= current:
+            continue
+        at = -(-local.samples // current) * current
+        out.append((max(at, start + current), g))
+    return out
+
+
+def samples_factor(global_batch: int, base: int, critical: float) -> float:
+    """How many samples a stretch of training takes at `global_batch` for what it takes at `base`, with the
+    critical batch size `critical` (McCandlish et al. 2018's E = E_min (1 + B / B_crit))."""
+    return (1 + global_batch / critical) / (1 + base / critical)
+
+
+def predicted_seconds(spans: Sequence[Tuple[int, int]], budget: int, locals_: Sequence[Local], base: int,
+                      rate: Dict[int, float]) -> Tuple[float, int]:
+    """The predicted wall seconds (and samples) to the trunk's final loss when training follows `spans`
+    [(samples of the trunk's progress, global batch), ...] at `rate[global batch]` samples/s: each stretch
+    of the trunk's progress between checkpoints costs its samples x samples_factor at the stretch's
+    critical batch size (the next checkpoint's measurement for the stretch before the first, the
+    checkpoint's own after it: B_crit read as the largest batch that kept up, its lower bound)."""
+    edges = [0] + [c.samples for c in locals_] + [budget]
+    crit = [locals_[0].low] + [c.low for c in locals_] if locals_ else [base]
+    seconds, samples = 0.0, 0.0
+    for (a, b), critical in zip(zip(edges, edges[1:]), crit):
+        for start, end, g in _pieces(spans, budget):
+            lo, hi = max(a, start), min(b, end)
+            if hi > lo:
+                cost = (hi - lo) * samples_factor(g, base, max(critical, base))
+                samples += cost
+                seconds += cost / rate[g]
+    return seconds, int(round(samples))
+
+
+def _pieces(spans: Sequence[Tuple[int, int]], budget: int) -> List[Tuple[int, int, int]]:
+    starts = [s for s, _ in spans] + [budget]
+    return [(starts[i], starts[i + 1], g) for i, (_, g) in enumerate(spans) if starts[i + 1] > starts[i]]

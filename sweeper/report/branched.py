@@ -1,0 +1,193 @@
+"""sweep.strategy=branch in the report: the branches' answer (branch/answer.json on the parent run, written by
+sweeper/driver/branch.py) as a section, a plot of the critical batch size over training, the limit it puts
+on which points may be recommended, and the schedule as paste-able code."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+ANSWER = "branch/answer.json"
+
+
+def read(tracker: Any, run_id: str) -> Optional[Dict[str, Any]]:
+    """The sweep's branch answer, or None (not a branch sweep, or its trunk could not run)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            path = tracker.client.download_artifacts(run_id, ANSWER, tmp)
+        except Exception:  # noqa: BLE001 - MLflow raises its own errors for a missing artifact
+            return None
+        with open(path) as f:
+            return json.load(f)
+
+
+def flat(answer: Dict[str, Any]) -> Tuple[int, str]:
+    """The critical batch size where it flattens (the last checkpoint's) and the reason a point above it is
+    not recommended."""
+    checkpoints = answer["checkpoints"]
+    last = checkpoints[-1] if checkpoints else None
+    batch = int(last["critical_batch_size"]) if last else int(answer["base_global_batch"])
+    where = f" at {last['samples']} samples" if last else ""
+    return batch, (f"global batch above the critical batch size the branches measured where it flattens "
+                   f"({batch}{where}): a point there trains worse per sample than the trunk")
+
+
+def section_rows(answer: Dict[str, Any]) -> List[Dict[str, str]]:
+    """One row per checkpoint: the critical batch size's interval and each branch's loss difference."""
+    rows = []
+    for c in answer["checkpoints"]:
+        high = c.get("next_tried")
+        diffs = ", ".join(f"{g}: {d:+.4f}" for g, d in c["differences"].items())
+        rows.append({"samples seen": str(c["samples"]),
+                     "critical batch size": f"{c['critical_batch_size']} to {high}" if high else
+                     f">= {c['critical_batch_size']}",
+                     "tolerance": f"{c['tolerance']:.4f}",
+                     "branch loss - trunk loss, by global batch": diffs})
+    return rows
+
+
+def words(answer: Dict[str, Any]) -> str:
+    """The schedule, the constant layout, their predicted times and which one is the answer, in words."""
+    spans = answer["schedule"]
+    schedule = "; ".join(f"{g} from {s} samples ({layout})"
+                         for (s, g), layout in zip(spans, answer["schedule_layouts"]))
+    answer_is = "the schedule" if answer["recommend_schedule"] else f"the constant layout {answer['constant']}"
+    text = (f"Trunk at global batch {answer['base_global_batch']} over {answer['budget_samples']} samples; branches of "
+            f"{answer['window_samples']} samples to every larger global batch of the grid, each on its fastest "
+            f"measured layout, compared with the trunk on the same samples (the second half of the window). "
+            f"Schedule: {schedule}: predicted {answer['schedule_predicted_seconds']:.3g} s to the trunk's final loss. "
+            f"Best constant layout (the fastest at or below the critical batch size where it flattens): "
+            f"{answer['constant']}, global batch {answer['constant_global_batch']}: predicted "
+            f"{answer['constant_predicted_seconds']:.3g} s. The answer is {answer_is}: {answer['why']}. Predictions "
+            "take each stretch of the trunk's progress at E = E_min (1 + B / B_crit) samples (McCandlish et al. "
+            "2018) with B_crit the critical batch size measured there, at the layout's measured samples/s.")
+    if len(spans) > 1:
+        text += " As an override: " + override(spans) + "."
+    return text
+
+
+def headline(answer: Dict[str, Any]) -> str:
+    """What the recommendation's text adds for a branch sweep: the schedule when it is the answer."""
+    if not answer["recommend_schedule"]:
+        return (f" The branches measured a critical batch size of {flat(answer)[0]} where it flattens: no point "
+                "above it is recommended.")
+    return (f" The branches' answer is a batch-size schedule, predicted to reach the trunk's final loss in "
+            f"{answer['schedule_predicted_seconds']:.3g} s against {answer['constant_predicted_seconds']:.3g} s for "
+            f"the best constant layout: {override(answer['schedule'])}.")
+
+
+def snippets_for(answer: Dict[str, Any], folder: str) -> List[str]:
+    """snippets() at the micro-batch and workers of the schedule's first layout (a key like mb16-acc1-w1)."""
+    import re
+
+    found = re.match(r"mb(\d+)-acc\d+-w(\d+)", answer["schedule_layouts"][0] if answer["schedule_layouts"] else "")
+    return snippets(answer, int(found.group(1)), int(found.group(2)), folder) if found else []
+
+
+def override(spans: Sequence[Sequence[int]]) -> str:
+    return "train.batch_schedule=[" + ",".join(f"[{s},{g}]" for s, g in spans) + "]"
+
+
+def plot(answer: Dict[str, Any], path: str, grid_fit: Optional[float] = None, b_simple: Optional[float] = None
+         ) -> Optional[str]:
+    """The critical batch size at each checkpoint as a band from the largest global batch that kept up to the
+    next one tried, with the schedule's global batch as steps, and the grid fit's B_crit and the mean B_simple
+    as lines where the sweep has them."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    checkpoints = answer["checkpoints"]
+    if not checkpoints:
+        return None
+    fig = Figure(figsize=(8, 4.8), dpi=110, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.grid(True, color="0.9")
+    xs = [c["samples"] for c in checkpoints]
+    low = [c["critical_batch_size"] for c in checkpoints]
+    tried = max(max(low), *(c["next_tried"] or 0 for c in checkpoints))
+    high = [c["next_tried"] or tried * 2 for c in checkpoints]
+    ax.fill_between(xs, low, high, color="tab:blue", alpha=0.15, step=None, label="between: not yet tried")
+    ax.plot(xs, low, marker="o", color="tab:blue", label="critical batch size (largest that kept up)")
+    spans = answer["schedule"]
+    edges = [s for s, _ in spans] + [answer["budget_samples"]]
+    ax.step(edges, [g for _, g in spans] + [spans[-1][1]], where="post", color="tab:green", linestyle="--",
+            label="schedule")
+    if grid_fit:
+        ax.axhline(grid_fit, color="tab:orange", linestyle=":", label=f"grid fit B_crit {grid_fit:.0f}")
+    if b_simple:
+        ax.axhline(b_simple, color="tab:red", linestyle="-.", label=f"mean B_simple {b_simple:.0f}")
+    ax.set_yscale("log", base=2)
+    ax.set_title("Critical batch size over training (branches from the trunk)")
+    ax.set_xlabel("samples seen")
+    ax.set_ylabel("global batch size (log2)")
+    ax.legend(loc="upper left", fontsize="small")
+    fig.savefig(path)
+    return path
+
+
+def snippets(answer: Dict[str, Any], micro_batch: int, workers: int, folder: str) -> List[str]:
+    """The schedule as code that changes accumulation steps at sample counts, keeping the micro-batch and the
+    workers: a plain PyTorch loop fragment and a Lightning callback. [] for a single global batch."""
+    spans = answer["schedule"]
+    if len(spans) < 2:
+        return []
+    per_step = micro_batch * workers
+    table = ", ".join(f"({s}, {g // per_step})" for s, g in spans)
+    head = (f"# sweeper's batch-size schedule: global batch {' -> '.join(str(g) for _, g in spans)} at samples "
+            f"{', '.join(str(s) for s, _ in spans)},\n# micro-batch {micro_batch} x {workers} worker(s), "
+            "accumulation steps rising; scale the LR with the global batch as the sweep did.\n")
+    loop = head + f"""SCHEDULE = [{table}]  # (samples seen, accumulation steps)
+
+
+def accumulation_at(samples_seen):
+    return [acc for start, acc in SCHEDULE if start <= samples_seen][-1]
+
+
+samples_seen, micro_steps = 0, 0
+for x, y in loader:  # the loader yields micro-batches of {micro_batch}
+    accumulate = accumulation_at(samples_seen)
+    loss = loss_fn(model(x), y) / accumulate
+    loss.backward()
+    micro_steps += 1
+    if micro_steps == accumulate:
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        samples_seen += accumulate * {per_step}
+        micro_steps = 0
+"""
+    lightning = head + f"""import lightning as L
+
+SCHEDULE = [{table}]  # (samples seen, accumulation steps)
+
+
+class BatchSizeSchedule(L.Callback):
+    \"\"\"Sets Trainer.accumulate_grad_batches from SCHEDULE at each optimizer step's first micro-batch
+    (Lightning's GradientAccumulationScheduler changes it per epoch; this per sample count).\"\"\"
+
+    def __init__(self):
+        self.samples, self.micro = 0, 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if self.micro == 0:  # a step boundary: this step's accumulation
+            trainer.accumulate_grad_batches = [acc for start, acc in SCHEDULE if start <= self.samples][-1]
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.micro += 1
+        if self.micro == trainer.accumulate_grad_batches:
+            self.samples += self.micro * {per_step}
+            self.micro = 0
+
+
+trainer = L.Trainer(callbacks=[BatchSizeSchedule()])  # with your other Trainer arguments
+"""
+    os.makedirs(folder, exist_ok=True)
+    written = []
+    for name, text in (("schedule_pytorch.py", loop), ("schedule_lightning.py", lightning)):
+        path = os.path.join(folder, name)
+        with open(path, "w") as f:
+            f.write(text)
+        written.append(path)
+    return written

@@ -1,0 +1,100 @@
+"""sweep.strategy=branch: the local critical batch size from a trunk's and its branches' losses on the same
+samples (noise, a branch that never recovers, a spike that recovers), the schedule it implies and the
+predicted wall times; and through the CLI, a branch sweep."""
+
+import math
+import random
+
+import pytest
+
+from sweeper import branch as rule
+
+BASE, WINDOW = 16, 512
+
+
+def trunk_curve(start: float, steps: int, seed: int = 0, noise: float = 0.05):
+    """A falling loss with noise, one value per trunk step."""
+    rng = random.Random(seed)
+    return [start * math.exp(-i / 200) + rng.gauss(0, noise) for i in range(steps)]
+
+
+def branch_of(trunk, g, shift=0.0, spike=0.0, seed=1, noise=0.02):
+    """The branch at global batch g over the same samples: each step the mean of the trunk's losses on its
+    samples, plus a constant `shift` (lost ground) and a `spike` in its first steps that decays."""
+    rng = random.Random(seed)
+    per = g // BASE
+    out = []
+    for j in range(WINDOW // g):
+        mean = sum(trunk[j * per:(j + 1) * per]) / per
+        out.append(mean + shift + spike * math.exp(-j) + rng.gauss(0, noise))
+    return out
+
+
+def test_a_window_is_a_multiple_of_every_global_batch_and_checkpoints_are_whole_trunk_steps():
+    assert rule.window_samples(None, 2560, [16, 32, 64, 128, 256]) == 512  # two steps of 256
+    assert rule.window_samples(300, 100_000, [16, 48]) == 336  # lcm 48
+    assert rule.positions([0.05, 0.15, 0.5, 0.99], 2560, 16, 512) == [128, 384, 1280, 2048]
+    assert rule.positions([0.001], 2560, 16, 512) == [16]  # at least one trunk step in
+
+
+def test_branches_within_the_trunks_noise_keep_up_and_one_that_never_recovers_does_not():
+    trunk = trunk_curve(2.0, WINDOW // BASE + 8)
+    compared = {g: rule.compare(trunk, BASE, branch_of(trunk, g), g, WINDOW) for g in (32, 64)}
+    compared[128] = rule.compare(trunk, BASE, branch_of(trunk, 128, shift=0.3), 128, WINDOW)
+    compared[256] = rule.compare(trunk, BASE, branch_of(trunk, 256), 256, WINDOW)  # keeps up, after one that did not
+    local = rule.local_critical(1024, BASE, [compared], z=1.96)
+    assert 0 < local.tolerance < 0.3
+    assert (local.low, local.high) == (64, 128)  # 256 keeping up after 128 fell behind is noise
+    assert local.differences[128] == pytest.approx(0.3, abs=0.05)
+
+
+def test_a_spike_that_recovers_within_the_window_keeps_up():
+    trunk = trunk_curve(2.0, WINDOW // BASE)
+    compared = {64: rule.compare(trunk, BASE, branch_of(trunk, 64, spike=1.5), 64, WINDOW)}
+    assert rule.local_critical(1024, BASE, [compared], z=1.96).low == 64
+    # the same spike, never recovering
+    stuck = {64: rule.compare(trunk, BASE, branch_of(trunk, 64, shift=1.5), 64, WINDOW)}
+    assert rule.local_critical(1024, BASE, [stuck], z=1.96).low == BASE
+
+
+def test_a_branch_that_diverged_or_never_ran_does_not_keep_up():
+    trunk = trunk_curve(2.0, WINDOW // BASE)
+    bad = branch_of(trunk, 32)
+    bad[-1] = math.nan
+    compared = {32: rule.compare(trunk, BASE, bad, 32, WINDOW), 64: rule.compare(trunk, BASE, [], 64, WINDOW)}
+    local = rule.local_critical(1024, BASE, [compared], z=1.96)
+    assert (local.low, local.high) == (BASE, 32)
+
+
+def test_the_tolerance_is_the_trunks_own_noise_or_the_number_given():
+    quiet, loud = trunk_curve(2.0, 64, noise=0.01), trunk_curve(2.0, 64, noise=0.2)
+    assert rule.trend_noise(quiet[32:]) < rule.trend_noise(loud[32:]) / 5
+    assert rule.trend_noise([1.0, 0.9, 0.8, 0.7]) == pytest.approx(0.0, abs=1e-12)  # a straight fall is no noise
+    c = rule.compare(loud, BASE, branch_of(loud, 32), 32, WINDOW)
+    assert rule.tolerance([c], 2.0, None) == pytest.approx(2 * c.noise)
+    assert rule.tolerance([c], 2.0, 0.01) == 0.01
+
+
+def local(samples, low, high=None):
+    return rule.Local(samples, low, high, 0.05, {})
+
+
+def test_the_schedule_never_exceeds_a_later_critical_batch_size_and_changes_on_step_boundaries():
+    batches = [16, 32, 64, 128, 256]
+    rising = [local(100, 16, 32), local(500, 64, 128), local(1000, 128, 256), local(2000, 100, 256)]
+    # 128 at 1000 is capped by the 100 measured at 2000: 64 from 500 on; 100 -> 64 (the grid's, not above)
+    assert rule.schedule(rising, 16, batches) == [(0, 16), (512, 64)]
+    assert rule.schedule([local(200, 16, 32)], 16, batches) == [(0, 16)]  # no change to make
+    assert rule.schedule([local(100, 256)], 16, batches) == [(0, 16), (112, 256)]
+
+
+def test_the_constant_large_batch_pays_in_samples_where_it_is_above_the_critical_batch_size():
+    locals_ = [local(500, 64, 128), local(1000, 256)]
+    rates = {16: 100.0, 64: 300.0, 256: 400.0}
+    seconds, samples = rule.predicted_seconds([(0, 16)], 2000, locals_, 16, rates)
+    assert samples == 2000 and seconds == pytest.approx(20.0)  # the trunk itself: its own samples
+    const, const_samples = rule.predicted_seconds([(0, 256)], 2000, locals_, 16, rates)
+    assert const_samples > 2000  # 256 is above the 64 measured early: more samples for the same progress
+    sched, _ = rule.predicted_seconds([(0, 64), (1008, 256)], 2000, locals_, 16, rates)
+    assert sched < seconds
+    assert rule.samples_factor(16, 16, 64) == 1.0 and rule.samples_factor(128, 16, 64) == pytest.approx(3 / 1.25)
