@@ -325,3 +325,36 @@ def run_cli(
         timeout=timeout,
         env=merged,
     )
+
+
+def recorded(db: Path, prefix: str) -> int:
+    """How many complete child runs the MLflow store `db` holds whose key starts with `prefix` (0 while the
+    store does not exist yet), read without MLflow so a test can poll a running sweep's store."""
+    import sqlite3
+
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
+            return con.execute("select count(*) from tags where key='sweeper.trial_key' and value like ?",
+                               (prefix + "%",)).fetchone()[0]
+    except sqlite3.Error:
+        return 0
+
+
+def interrupt_once_recorded(args, cwd: Path, prefix: str, timeout: float = 300) -> str:
+    """Run `python -m sweeper *args` joining the session's Ray in `cwd`, send it SIGINT once a run keyed
+    `prefix`... is recorded, and return its output; asserts it ended as an interrupted sweep does (130)."""
+    import signal
+
+    args, env = joining_session_ray(args, {"PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    proc = subprocess.Popen([sys.executable, "-m", "sweeper", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + timeout
+    while recorded(cwd / "mlflow.db", prefix) < 1:
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        assert time.time() < deadline, f"no {prefix}... run recorded in time"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130, out[-3000:]
+    return out
+

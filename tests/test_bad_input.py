@@ -158,6 +158,16 @@ CASES = [
     (["smart.confidence=nan"], "smart.confidence"),
     (["smart.throughput_steps=0"], "smart.throughput_steps"),
     (["smart.batch_coupled=maybe"], "smart.batch_coupled"),
+    # sweep.strategy=branch
+    (["sweep.strategy=branch", "branch.at=[0,2]"], "branch.at"),
+    (["sweep.strategy=branch", "branch.at=0.5"], "branch.at"),
+    (["sweep.strategy=branch", "branch.window=-4"], "branch.window"),
+    (["sweep.strategy=branch", "branch.tolerance=nan"], "branch.tolerance"),
+    (["sweep.strategy=branch", "branch.lr_scaling=cubic"], "branch.lr_scaling"),
+    (["sweep.strategy=branch", "sweep.lr_multipliers=[1,2]"], "sweep.lr_multipliers"),
+    (["sweep.strategy=branch", "branch.base_global_batch=48"], "branch.base_global_batch"),
+    (["sweep.strategy=branch", "sweep.micro_batch_sizes=[16]", "sweep.accumulation_steps=[1]",
+      "sweep.num_workers=[1]"], "a global batch larger"),
     # the gradient noise scale
     (["gns.every_steps=0"], "gns.every_steps"),
     (["gns.ema_beta=1"], "gns.ema_beta"),

@@ -4,12 +4,7 @@ an interrupted smart sweep resumed mid-rung to a finished record."""
 
 import math
 import random
-import signal
 import statistics
-import sqlite3
-import subprocess
-import sys
-import time
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -23,7 +18,7 @@ from sweeper.config import DataConfig, ModelConfig, TrainConfig
 from sweeper.driver import smart as driver
 from sweeper.plan import GridPoint, replicate
 from sweeper.report import sections
-from tests.conftest import joining_session_ray, run_cli
+from tests.conftest import interrupt_once_recorded, recorded, run_cli
 from sweeper.schema import PointResult
 from sweeper.worker.spec import PointSpec
 
@@ -406,32 +401,13 @@ SMART = [
 ]
 
 
-def _recorded(db: Path, prefix: str) -> int:
-    try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
-            return con.execute("select count(*) from tags where key='sweeper.trial_key' and value like ?",
-                               (prefix + "%",)).fetchone()[0]
-    except sqlite3.Error:
-        return 0
-
-
 # Both the interrupted sweep and its resume join the session's Ray (a sweep interrupted on a cluster);
 # tests/test_faults.py interrupts sweeps that started their own. Interrupted once rung 2, whose runs continue
 # from rung 1's checkpoints, is under way: the resume continues the runs it lacks from those checkpoints.
 @pytest.mark.e2e
 def test_a_smart_sweep_interrupted_mid_rung_resumes_to_every_point_recorded_once(tmp_path):
-    args, env = joining_session_ray(SMART, {"PYTHONPATH": str(REPO)})
-    proc = subprocess.Popen([sys.executable, "-m", "sweeper", *args], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 300
-    while _recorded(tmp_path / "mlflow.db", "r2-") < 1:  # rung 2 under way: one of its runs recorded
-        assert proc.poll() is None, proc.stdout.read()[-3000:]
-        assert time.time() < deadline, "no rung-2 run recorded in time"
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
-    first = proc.communicate(timeout=120)[0]
-    assert proc.returncode == 130, first[-3000:]
-    held = _recorded(tmp_path / "mlflow.db", "r2-")
+    interrupt_once_recorded(SMART, tmp_path, "r2-")  # once rung 2 is under way
+    held = recorded(tmp_path / "mlflow.db", "r2-")
     results = tmp_path / ".sweeper" / "ray" / "results"
     kept = [p.name for p in results.glob("*/rungs/*")]
     assert len(kept) == 6 and all(k.startswith("r1-") for k in kept), kept  # the interrupted sweep keeps them

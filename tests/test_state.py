@@ -9,7 +9,7 @@ from sweeper.config import DataConfig, MeasureConfig, ModelConfig, OptimConfig, 
 from sweeper.data import GlobalBatchSampler
 from sweeper.plan import GridPoint
 from sweeper.worker import state
-from sweeper.worker.spec import PointSpec, WorkerContext
+from sweeper.worker.spec import PointSpec, Span, WorkerContext
 from sweeper.worker.train import train_point
 
 MLP = ModelConfig(name="mlp", depth=2, width=64, input_shape=[1, 8, 8])
@@ -108,7 +108,6 @@ def test_resnet18_with_batchnorm_continues_as_the_uninterrupted_run(tmp_path):
 def test_a_batch_schedule_is_a_run_at_16_then_a_continued_run_at_32_step_for_step(tmp_path):
     """train.batch_schedule [(0, 16), (N, 32)]: the first span at global batch 16 to N samples, then
     accumulation doubled at the same micro-batch, the LR that of global batch 32."""
-    from sweeper.worker.spec import Span
 
     torch.set_num_threads(1)
     at16, at32 = GridPoint(16, 1, 1), GridPoint(16, 2, 1)
@@ -186,6 +185,22 @@ def test_a_continued_runs_evaluations_and_time_to_target_count_from_the_points_s
     assert steps == [s for s, _ in straight.progress.val_accuracy_curve if s > 80] == [128, 160]
     assert after["samples_to_target"] == 128 and after["steps_to_target"] == 8
     assert after["time_to_target_seconds"] > 0
+
+
+def test_a_schedule_evaluates_in_every_span_and_times_the_target_where_it_is_first_reached():
+    from sweeper.config import EvalConfig
+
+    torch.set_num_threads(1)
+    every = EvalConfig(every_samples=64, target_accuracy=0.0)  # reached at the first evaluation
+    at16, at32 = GridPoint(16, 1, 1), GridPoint(16, 2, 1)
+    spec = PointSpec(**{**_spec(at16, 6, later_spans=[Span(96, at32, 0.004, 4)]).__dict__, "eval": every,
+                        "evaluate": True})
+    result = train_point(spec, WorkerContext())
+    samples = [s for s, _ in result.progress.val_loss_curve]
+    # on the cadence in each span (its own steps: the continued run's rule) and at each span's end
+    assert samples == [64, 96, 128, 192, 224] and result.progress.evaluations == 5
+    assert (result["samples_to_target"], result["steps_to_target"]) == (64, 4)  # in the first span
+    assert result.cost.optimizer_steps == 10
 
 
 def test_a_checkpoint_of_another_model_is_refused_before_ray_naming_the_field(tmp_path):

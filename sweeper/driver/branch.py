@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import statistics
 from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -50,6 +51,9 @@ class Answer:
     recommend_schedule: bool
     why: str
     rates: Dict[int, float] = field(default_factory=dict)
+    # the gradient noise scale over the same training: at each checkpoint, the mean B_simple its branches
+    # measured (a branch accumulates or spreads over workers: it has the micro-gradients the estimate needs)
+    b_simple: Dict[int, float] = field(default_factory=dict)
 
     def to_dict(self) -> Dict[str, object]:
         return {
@@ -61,6 +65,7 @@ class Answer:
             "schedule_predicted_seconds": self.schedule_seconds, "constant": self.constant,
             "constant_global_batch": self.constant_batch, "constant_predicted_seconds": self.constant_seconds,
             "recommend_schedule": self.recommend_schedule, "why": self.why,
+            "b_simple": [[samples, value] for samples, value in sorted(self.b_simple.items())],
         }
 
 
@@ -84,8 +89,8 @@ def with_lr_rule(cfg: SweeperConfig) -> SweeperConfig:
     if cfg.sweep.strategy != "branch":
         return cfg
     rule_ = branch_lr_rule(cfg)
-    if rule_ == cfg.train.lr_scaling:
-        return cfg
+    if rule_ == cfg.train.lr_scaling or rule_ not in ("none", "linear", "sqrt"):
+        return cfg  # nothing to change, or a value validation refuses
     try:
         base = cfg.branch.base_global_batch or min(
             m * a * w for m in cfg.sweep.micro_batch_sizes for a in cfg.sweep.accumulation_steps
@@ -152,6 +157,12 @@ def measure(cfg: SweeperConfig, s: Session, name: str, points: List[GridPoint], 
     budget = trunk_spec.steps * base
     window = rule.window_samples(cfg.branch.window, budget, [base, *larger])
     marks = rule.positions(cfg.branch.at, budget, base, window)
+    if not larger or not marks:
+        why = ("no layout of a larger global batch got through its throughput run" if not larger else
+               f"a branch of {window} samples fits in the budget of {budget} samples at none of branch.at")
+        console.warn(f"branch: nothing to branch to: {why}")
+        record_points(points, specs, throughput, {}, keep)
+        return ledger, None
     console.note(f"branch: trunk {trunk_layout.key} (global batch {base}) x {len(seeds)} seed(s), checkpoints at "
                  f"{', '.join(map(str, marks))} of {budget} samples; from each, branches to "
                  f"{', '.join(f'{b} ({fastest[b].key})' for b in larger)} for {window} samples each")
@@ -200,8 +211,8 @@ def run_rounds(cfg: SweeperConfig, s: Session, name: str, specs: Dict[GridPoint,
     folder = folder_of(s, name)
     base = trunk_layout.global_batch_size
     lr_rule = branch_lr_rule(cfg)
-    saves = {seed: {mark: os.path.join(folder, f"s{seed}", f"s{mark}") for mark in marks} for seed in seeds}
     units = {replace(trunk_layout, seed=seed): seed for seed in seeds}
+    saves = {seed: {mark: os.path.join(folder, unit.key, f"s{mark}") for mark in marks} for unit, seed in units.items()}
     # The trunk is the point's own run, light (its layout's throughput run measured throughput and memory),
     # evaluated as the point is; judged at its end as a point is (not partial).
     trunk_specs = {unit: replace(smart_driver.segment_spec(specs[unit], specs[unit].steps, False),
@@ -258,7 +269,7 @@ def decide(cfg: SweeperConfig, base: int, budget: int, window: int, marks: List[
     if not whole:
         console.warn("branch: no trunk trained its whole budget ok; no critical batch size to give")
         return None
-    z = __import__("statistics").NormalDist().inv_cdf(0.5 + cfg.branch.confidence / 2)
+    z = statistics.NormalDist().inv_cdf(0.5 + cfg.branch.confidence / 2)
     locals_: List[rule.Local] = []
     for k, mark in enumerate(marks, 1):
         by_seed = []
@@ -291,8 +302,15 @@ def decide(cfg: SweeperConfig, base: int, budget: int, window: int, marks: List[
         why = (f"a constant global batch of {constant_batch} is predicted to reach the trunk's final loss in "
                f"{constant_seconds:.3g} s, no slower than the schedule's {schedule_seconds:.3g} s: its faster steps "
                "outweigh the samples it loses early")
+    b_simple = {}
+    for k, mark in enumerate(marks, 1):
+        values = [r.noise.gns_b_simple_train_avg for (_, at, _), r in branches.items()
+                  if at == k and r.status == "ok" and r.noise.gns_b_simple_train_avg is not None
+                  and math.isfinite(r.noise.gns_b_simple_train_avg)]
+        if values:
+            b_simple[mark] = sum(values) / len(values)
     return Answer(base, budget, window, locals_, spans, [fastest[g].key for _, g in spans], schedule_seconds,
-                  fastest[constant_batch].key, constant_batch, constant_seconds, better, why, rates)
+                  fastest[constant_batch].key, constant_batch, constant_seconds, better, why, rates, b_simple)
 
 
 def record_points(points: List[GridPoint], specs: Dict[GridPoint, PointSpec], throughput: Dict[GridPoint, PointResult],

@@ -34,6 +34,16 @@ def flat(answer: Dict[str, Any]) -> Tuple[int, str]:
                    f"({batch}{where}): a point there trains worse per sample than the trunk")
 
 
+def limit(answer: Optional[Dict[str, Any]]) -> Tuple[int, str]:
+    """The quality rule of a branch sweep: no point above the flat critical batch size; without an answer (the
+    trunk diverged, failed or did not learn, or there was nothing to branch to), no point at all, since nothing
+    measured the quality of any."""
+    if answer is None:
+        return 0, ("no critical batch size was measured (the trunk did not train its budget ok, or nothing could "
+                   "branch: the sweep's log says which), so no point's quality was measured")
+    return flat(answer)
+
+
 def section_rows(answer: Dict[str, Any]) -> List[Dict[str, str]]:
     """One row per checkpoint: the critical batch size's interval and each branch's loss difference."""
     rows = []
@@ -63,6 +73,11 @@ def words(answer: Dict[str, Any]) -> str:
             f"{answer['constant_predicted_seconds']:.3g} s. The answer is {answer_is}: {answer['why']}. Predictions "
             "take each stretch of the trunk's progress at E = E_min (1 + B / B_crit) samples (McCandlish et al. "
             "2018) with B_crit the critical batch size measured there, at the layout's measured samples/s.")
+    over = answer.get("b_simple") or []
+    if over:
+        text += (" The gradient noise scale B_simple its branches measured at the checkpoints: "
+                 + ", ".join(f"{v:.1f} at {x}" for x, v in over) + " (a proxy that can sit far below the critical "
+                 "batch size measured directly).")
     if len(spans) > 1:
         text += " As an override: " + override(spans) + "."
     return text
@@ -93,8 +108,8 @@ def override(spans: Sequence[Sequence[int]]) -> str:
 def plot(answer: Dict[str, Any], path: str, grid_fit: Optional[float] = None, b_simple: Optional[float] = None
          ) -> Optional[str]:
     """The critical batch size at each checkpoint as a band from the largest global batch that kept up to the
-    next one tried, with the schedule's global batch as steps, and the grid fit's B_crit and the mean B_simple
-    as lines where the sweep has them."""
+    next one tried, with the schedule's global batch as steps, B_simple at each checkpoint (its branches'; the
+    sweep's mean as a line when they measured none) and the grid fit's B_crit as a line where one exists."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -117,7 +132,11 @@ def plot(answer: Dict[str, Any], path: str, grid_fit: Optional[float] = None, b_
             label="schedule")
     if grid_fit:
         ax.axhline(grid_fit, color="tab:orange", linestyle=":", label=f"grid fit B_crit {grid_fit:.0f}")
-    if b_simple:
+    over = answer.get("b_simple") or []
+    if over:
+        ax.plot([x for x, _ in over], [v for _, v in over], marker="s", color="tab:red", linestyle="-.",
+                label="B_simple (its branches' gradient noise scale)")
+    elif b_simple:
         ax.axhline(b_simple, color="tab:red", linestyle="-.", label=f"mean B_simple {b_simple:.0f}")
     ax.set_yscale("log", base=2)
     ax.set_title("Critical batch size over training (branches from the trunk)")

@@ -86,12 +86,13 @@ def build(
     budget = budget_gb * 2**30 if budget_gb else None
     found = points.critical_batch(trials)
     # sweep.strategy=branch: the branches' answer, whose critical batch size is the quality rule
-    answer = branched.read(tracker, parent_run_id) if sweep.params.get("strategy") == "branch" else None
+    is_branch = sweep.params.get("strategy") == "branch"
+    answer = branched.read(tracker, parent_run_id) if is_branch else None
 
     rec = analysis.recommend(trials, cfg.objective, cfg.min_accuracy, budget, cfg.max_accuracy_drop,
                              level=cfg.confidence, critical_batch=found, quality=cfg.quality,
                              max_loss_rise=cfg.max_loss_rise,
-                             batch_limit=branched.flat(answer) if answer is not None else None)
+                             batch_limit=branched.limit(answer) if is_branch else None)
     line = analysis.override_line(rec.best) if rec.best else None
     yaml_path = _write_text(os.path.join(folder, "recommendation.yaml"), analysis.recommendation_yaml(
         rec, cfg.objective, cfg.min_accuracy, budget, cfg.max_accuracy_drop, cfg.max_loss_rise))

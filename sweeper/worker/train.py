@@ -113,23 +113,27 @@ def _train_schedule(spec: PointSpec, ctx: WorkerContext, device: Optional[teleme
     seconds = 0.0
     start, result = None, None
     actual: List[Tuple[int, int]] = []  # (global batch, optimizer steps) each span did
+    earlier: List[PointResult] = []  # the spans before the last one run, for their evaluations
     for i, (_, point, lr, steps) in enumerate(spans):
         last = i == len(spans) - 1
         if i and deadline is not None:  # each span's deadline is projected from its own pace
             deadline.arm(spec.point.key)
         span = first if i == 0 else with_(first, point=point, lr=lr, steps=steps, start_from=None)
-        # Only the last span evaluates and is judged (did_not_learn, an unrecovered spike): the point's end.
-        span = with_(span, save_state_to=spec.save_state_to if last else None, partial=spec.partial or not last,
-                     evaluate=spec.evaluate and last)
+        # Every span evaluates on the point's cadence; only the last is judged (did_not_learn, an unrecovered
+        # spike): the point's end. A target reached stops the point in whichever span it is reached.
+        span = with_(span, save_state_to=spec.save_state_to if last else None, partial=spec.partial or not last)
         out = _train_span(span, ctx, device, splits, deadline, start, hand_over=not last)
         result, start = (out, None) if last else out
         losses += list(result["train_loss"] or [])
         seconds += result.cost.train_seconds or 0.0
         actual.append((point.global_batch_size, int(result.get("optimizer_steps") or 0)))
-        if result.status != "ok":
+        if result.status != "ok" or (not last and result.progress.reached_target and spec.eval.stop_at_target):
             break
+        if not last:
+            earlier.append(result)
     done = spans[:i + 1]
     samples = sum(batch * n for batch, n in actual)
+    _merge_evaluations(result, earlier)
     result.train_loss = losses
     result.update(dict(train_seconds=seconds, samples_seen=samples, optimizer_steps=sum(n for _, n in actual)))
     if models.positions(spec.model):
@@ -141,6 +145,23 @@ def _train_schedule(spec: PointSpec, ctx: WorkerContext, device: Optional[teleme
         schedule_steps=[float(n) for _, n in actual], schedule_lr=[float(lr) for _, _, lr, _ in done]))
     result.trial_key = spec.point.key
     return result
+
+
+def _merge_evaluations(result: PointResult, earlier: List[PointResult]) -> None:
+    """A schedule's evaluations as one run's: every span's curve in order, their count and seconds summed,
+    and the target where it was first reached (spans count their samples and steps from the point's start)."""
+    progress = result.progress
+    for name in ("val_accuracy_curve", "val_loss_curve"):
+        points = [pt for r in earlier for pt in (getattr(r.progress, name) or [])] + list(getattr(progress, name) or [])
+        setattr(progress, name, points or None)
+    if any(r.progress.evaluations for r in earlier):
+        progress.evaluations = sum(r.progress.evaluations or 0 for r in [*earlier, result])
+        progress.eval_seconds = sum(r.progress.eval_seconds or 0.0 for r in [*earlier, result])
+    reached = next((r for r in earlier if r.progress.reached_target), None)
+    if reached is not None:
+        for name in ("reached_target", "samples_to_target", "steps_to_target", "time_to_target_seconds",
+                     "eval_seconds_to_target"):
+            setattr(progress, name, getattr(reached.progress, name))
 
 
 def _train_span(spec: PointSpec, ctx: WorkerContext, device: Optional[telemetry.Device] = None,
