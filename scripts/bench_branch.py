@@ -2,7 +2,7 @@
 BatchNorm-free MLP that learns, with AdamW; ResNet-18/digits with SGD), one branch sweep, the grid with
 sweep.seeds=[0,1,2] (the answer that holds up), and the branches' schedule trained from scratch as one point.
 
-    python scripts/bench_branch.py [--out DIR] [--models mlp,resnet18] [--quick]
+    python scripts/bench_branch.py [--out DIR] [--models mlp,resnet18] [--quick] [--reuse]
 
 Prints, per model:
 - compute: the branch sweep's point-seconds over the 3-seed grid's (goal <= 35 %), and over the one-seed grid's
@@ -16,13 +16,15 @@ Prints, per model:
   trunk's layout: the trunk itself, trained again), goal >= 30 % fewer optimizer steps; and every constant global
   batch of the grid that reaches it (mean over its seeds), side by side; whether the recommendation (schedule or
   constant) was the faster one.
---quick: a tiny MLP with a short budget: checks the script runs.
+--quick: a tiny MLP with a short budget: checks the script runs. --reuse: keep the grid already run for the same
+target (the branch sweep and the schedule point run again).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -91,9 +93,10 @@ def agreement(branch_key: str, grid: Sweep) -> str:
     return f"disagree (grid picks {chosen['key']}; on {branch_key} it says: {why[:240]})"
 
 
-def compare(name: str, out: Path, overrides: List[str], quick: bool) -> Dict[str, object]:
+def compare(name: str, out: Path, overrides: List[str], reuse: bool) -> Dict[str, object]:
     figures: Dict[str, object] = {}
     b_folder = out / f"{name}-branch"
+    shutil.rmtree(b_folder, ignore_errors=True)
     b_wall = run_sweep(b_folder, [*overrides, "sweep.strategy=branch"])
     branch = Sweep(b_folder)
     answer = json.loads(branch.artifact("branch/answer.json"))
@@ -106,9 +109,16 @@ def compare(name: str, out: Path, overrides: List[str], quick: bool) -> Dict[str
           f"target val_loss {target:.4f} (+ tolerance {tol:.4f})", flush=True)
 
     g_folder = out / f"{name}-grid"
-    g_wall = run_sweep(g_folder, [*overrides, "sweep.seeds=[0,1,2]", f"eval.target_loss={target}",
-                                  f"eval.every_samples={every}", "report.objective=throughput"])
-    grid = Sweep(g_folder)
+    marker = g_folder / "target.json"
+    if reuse and marker.exists() and json.loads(marker.read_text()) == {"target": round(target, 6), "every": every}:
+        grid = Sweep(g_folder)  # --reuse: the grid this script ran before for the same target (the trunk is the same)
+        g_wall = grid.metrics["sweep_wall_seconds"]
+    else:
+        shutil.rmtree(g_folder, ignore_errors=True)
+        g_wall = run_sweep(g_folder, [*overrides, "sweep.seeds=[0,1,2]", f"eval.target_loss={target}",
+                                      f"eval.every_samples={every}", "report.objective=throughput"])
+        marker.write_text(json.dumps({"target": round(target, 6), "every": every}))
+        grid = Sweep(g_folder)
     points = grid.points()
     print(f"{name}_grid_wall_seconds: {g_wall:.0f}", flush=True)
 
@@ -157,6 +167,7 @@ def compare(name: str, out: Path, overrides: List[str], quick: bool) -> Dict[str
         mb, workers = (int(x) for x in _layout(answer["schedule_layouts"][0]))
         first_acc = schedule[0][1] // (mb * workers)
         s_folder = out / f"{name}-schedule"
+        shutil.rmtree(s_folder, ignore_errors=True)
         run_sweep(s_folder, [*overrides, f"sweep.micro_batch_sizes=[{mb}]", f"sweep.accumulation_steps=[{first_acc}]",
                              f"sweep.num_workers=[{workers}]", "sweep.seeds=[0]", f"eval.target_loss={target}",
                              f"eval.every_samples={every}",
@@ -200,13 +211,15 @@ def main() -> None:
     parser.add_argument("--out", default=".sweeper/bench_branch")
     parser.add_argument("--models", default="mlp,resnet18")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--reuse", action="store_true",
+                        help="keep a grid already under --out for the same target (the branch sweep runs again)")
     args = parser.parse_args()
     out = Path(args.out).resolve()
     cases = {"quick_mlp": QUICK} if args.quick else {name: [*GRID, *MODELS[name]] for name in args.models.split(",")}
     results = {}
     for name, overrides in cases.items():
         print(f"config_{name}: {' '.join(overrides)}", flush=True)
-        results[name] = compare(name, out, overrides, args.quick)
+        results[name] = compare(name, out, overrides, args.reuse)
     (out / "summary.json").write_text(json.dumps(results, indent=2, default=str))
     print("headline: " + "; ".join(f"{n} {r['ratio']:.1%} of the 3-seed grid's compute, {r['agreement']}"
                                   for n, r in results.items()))

@@ -150,21 +150,37 @@ def local_critical(samples: int, base: int, by_seed: Sequence[Dict[int, Comparis
     return Local(samples, low, high, tol, differences)
 
 
-def flattened(locals_: Sequence[Local]) -> Optional[Local]:
-    """Where the critical batch size flattens: the last checkpoint's (it only grows during training; a
-    later checkpoint that measured less than an earlier one is read as the noise it is by the schedule)."""
-    return locals_[-1] if locals_ else None
+def monotone(locals_: Sequence[Local]) -> List[float]:
+    """The critical batch size over training as it is known to behave, rising and never falling (Merrill et
+    al. 2025): the least-squares non-decreasing fit (pool adjacent violators) of the measured values in log2, so
+    one low reading between higher ones is read as the noise it is rather than holding the schedule down."""
+    blocks: List[List[float]] = []  # [sum of log2 values, count]
+    for c in locals_:
+        blocks.append([math.log2(c.low), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    out: List[float] = []
+    for total, count in blocks:
+        out += [2 ** (total / count)] * int(count)
+    return out
+
+
+def flat(locals_: Sequence[Local], base: int) -> float:
+    """Where the critical batch size flattens: the monotone fit at the last checkpoint (the trunk's own global
+    batch without checkpoints)."""
+    return monotone(locals_)[-1] if locals_ else float(base)
 
 
 def schedule(locals_: Sequence[Local], base: int, batches: Sequence[int]) -> List[Tuple[int, int]]:
-    """The batch-size schedule [(samples seen, global batch), ...] from (0, base): from each checkpoint on,
-    the largest of `batches` at or below every later checkpoint's critical batch size (so the batch never
-    exceeds a critical batch size measured after it, and never shrinks), each change moved to the first
-    step boundary of the span before it; spans of one global batch merged."""
+    """The batch-size schedule [(samples seen, global batch), ...] from (0, base): from each checkpoint on, the
+    largest of `batches` at or below the monotone fit of the critical batch size there (so the batch never
+    shrinks), each change moved to the first step boundary of the span before it; spans of one global batch
+    merged."""
     out = [(0, base)]
-    for i, local in enumerate(locals_):
-        ceiling = min(later.low for later in locals_[i:])
-        fitting = [b for b in batches if base <= b <= ceiling]
+    for local, fitted in zip(locals_, monotone(locals_)):
+        fitting = [b for b in batches if base <= b <= fitted + 1e-9]
         g = max(fitting) if fitting else base
         start, current = out[-1]
         if g <= current:
@@ -185,10 +201,11 @@ def predicted_seconds(spans: Sequence[Tuple[int, int]], budget: int, locals_: Se
     """The predicted wall seconds (and samples) to the trunk's final loss when training follows `spans`
     [(samples of the trunk's progress, global batch), ...] at `rate[global batch]` samples/s: each stretch
     of the trunk's progress between checkpoints costs its samples x samples_factor at the stretch's
-    critical batch size (the next checkpoint's measurement for the stretch before the first, the
-    checkpoint's own after it: B_crit read as the largest batch that kept up, its lower bound)."""
+    critical batch size (the monotone fit at the checkpoint the stretch starts from, the first checkpoint's for
+    the stretch before it: B_crit read from the largest batch that kept up, its lower bound)."""
     edges = [0] + [c.samples for c in locals_] + [budget]
-    crit = [locals_[0].low] + [c.low for c in locals_] if locals_ else [base]
+    fitted = monotone(locals_)
+    crit = [fitted[0]] + fitted if locals_ else [float(base)]
     seconds, samples = 0.0, 0.0
     for (a, b), critical in zip(zip(edges, edges[1:]), crit):
         for start, end, g in _pieces(spans, budget):

@@ -414,6 +414,11 @@ class ClusterConfig:
     num_cpus: Optional[int] = None
     # Ray's results and the local cluster's auth token go here, not into your home directory.
     ray_dir: str = ".sweeper/ray"
+    # Where training-state checkpoints go (train.save_state, smart's rungs, a branch sweep's trunk), as Ray
+    # Train's storage_path takes it: a folder every node reads (an NFS mount) or a URI (s3://bucket/path,
+    # gs://bucket/path, file:///path), under <storage_path>/<sweep>/. null: <ray_dir>/results/<sweep>/ (a local
+    # Ray; on a multi-node cluster set it, since a continued run may land on another node).
+    storage_path: Optional[str] = None
     # The local Ray's dashboard and its port (1..65535).
     include_dashboard: bool = True
     dashboard_port: int = 8265

@@ -85,10 +85,21 @@ def local(samples, low, high=None):
     return rule.Local(samples, low, high, 0.05, {})
 
 
-def test_the_schedule_never_exceeds_a_later_critical_batch_size_and_changes_on_step_boundaries():
+def test_the_critical_batch_size_is_read_as_rising_one_low_reading_is_noise():
+    readings = [local(560, 128), local(1712, 16), local(3440, 128), local(5744, 256), local(8624, 128)]
+    fitted = rule.monotone(readings)
+    assert fitted == sorted(fitted)  # never falls
+    assert fitted[0] == fitted[1] == pytest.approx(2 ** 5.5)  # 128 then 16: pooled in log2 (~45)
+    assert fitted[2] == 128 and fitted[3] == fitted[4] == pytest.approx(2 ** 7.5)  # 256 then 128: ~181
+    assert rule.flat(readings, 16) == pytest.approx(2 ** 7.5) and rule.flat([], 16) == 16.0
+    # each change on a step boundary of the span before it: 3440 is not a multiple of 32
+    assert rule.schedule(readings, 16, [16, 32, 64, 128, 256]) == [(0, 16), (560, 32), (3456, 128)]
+
+
+def test_the_schedule_follows_the_rising_fit_and_changes_on_step_boundaries():
     batches = [16, 32, 64, 128, 256]
     rising = [local(100, 16, 32), local(500, 64, 128), local(1000, 128, 256), local(2000, 100, 256)]
-    # 128 at 1000 is capped by the 100 measured at 2000: 64 from 500 on; 100 -> 64 (the grid's, not above)
+    # 128 then 100 pool to ~113: 64 from 500 on (the grid's largest at or below it)
     assert rule.schedule(rising, 16, batches) == [(0, 16), (512, 64)]
     assert rule.schedule([local(200, 16, 32)], 16, batches) == [(0, 16)]  # no change to make
     assert rule.schedule([local(100, 256)], 16, batches) == [(0, 16), (112, 256)]
@@ -121,15 +132,17 @@ BRANCH = [
 
 @pytest.mark.e2e
 def test_a_branch_sweep_interrupted_mid_branch_resumes_each_branch_once_and_answers(tmp_path):
-    interrupt_once_recorded(BRANCH, tmp_path, "branch-")  # once the trunk is recorded and its branches under way
+    # checkpoints on a URI, as on a cluster (s3://, gs:// take the same path): written locally, uploaded, fetched
+    args = [*BRANCH, f"cluster.storage_path=file://{tmp_path}/store"]
+    interrupt_once_recorded(args, tmp_path, "branch-")  # once the trunk is recorded and its branches under way
     held = recorded(tmp_path / "mlflow.db", "branch-")
-    results = tmp_path / ".sweeper" / "ray" / "results"
-    assert len(list(results.glob("*/trunk/*/s*"))) == 2  # the trunk's checkpoints, kept for the resume
+    store = tmp_path / "store"
+    assert len(list(store.glob("*/trunk/*/s*/meta.json"))) == 2  # the trunk's checkpoints, kept for the resume
 
-    again = run_cli(*BRANCH, "sweep.resume=true", cwd=tmp_path, env={"PYTHONPATH": str(REPO)}, timeout=400)
+    again = run_cli(*args, "sweep.resume=true", cwd=tmp_path, env={"PYTHONPATH": str(REPO)}, timeout=400)
     out = again.stdout + again.stderr
     assert again.returncode == 0, out[-3000:]
-    assert not list(results.glob("*/trunk"))  # every branch recorded: the checkpoints are deleted
+    assert not list(store.glob("*/trunk"))  # every branch recorded: the checkpoints are deleted
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("sweeper").experiment_id], max_results=1000)
     parent = next(r for r in runs if r.data.tags.get("sweeper.role") == "sweep")
@@ -149,6 +162,7 @@ def test_a_branch_sweep_interrupted_mid_branch_resumes_each_branch_once_and_answ
         tags, metrics = run.data.tags, run.data.metrics
         assert tags["sweeper.branch_trunk"] == trunk_key and tags["sweeper.status"] == "ok"
         assert int(metrics["branch_checkpoint_samples"]) in marks
+        assert tags["sweeper.continued_from"].startswith(f"file://{tmp_path}/store/")
         assert tags["sweeper.continued_from"].endswith(f"/s{int(metrics['branch_checkpoint_samples'])}")
         assert metrics["branch_global_batch"] in (32, 64)
         # the window's steps at the branch's own global batch, from the checkpoint on

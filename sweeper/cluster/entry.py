@@ -20,6 +20,7 @@ from ray import train, tune
 from ray.train.torch import TorchConfig, TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
+from sweeper.cluster import storage
 from sweeper.cluster.resources import Resources
 from sweeper.plan import GridPoint
 from sweeper.schema import PointResult
@@ -196,5 +197,13 @@ def point_worker(config: Dict[str, Any]) -> None:
             f"ended its worker group {state.ended_by[key]} times (a worker process died or a rank failed alone); "
             "not run again"
         )))
-    run_points(pending, ctx, state.report_point, group_start_time=config["group_start_time"],
-               threads=config["threads"])
+    # Checkpoints on a URI (cluster.storage_path): downloaded to start from, written locally, uploaded by rank 0.
+    staged = storage.Staged()
+    pending = [staged.local(spec) for spec in pending]
+
+    def report(result: PointResult) -> None:
+        if ctx.rank == 0:
+            staged.persist(result)
+        state.report_point(result)
+
+    run_points(pending, ctx, report, group_start_time=config["group_start_time"], threads=config["threads"])

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import statistics
 from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from sweeper import branch as rule, plan, smart
+from sweeper.cluster import storage
 from sweeper.config import SweeperConfig
 from sweeper.driver import console
 from sweeper.driver import smart as smart_driver
@@ -59,8 +59,10 @@ class Answer:
         return {
             "base_global_batch": self.base, "budget_samples": self.budget, "window_samples": self.window,
             "checkpoints": [{"samples": c.samples, "critical_batch_size": c.low, "next_tried": c.high,
-                             "tolerance": c.tolerance, "differences": {str(g): d for g, d in c.differences.items()}}
-                            for c in self.locals],
+                             "monotone_fit": fitted, "tolerance": c.tolerance,
+                             "differences": {str(g): d for g, d in c.differences.items()}}
+                            for c, fitted in zip(self.locals, rule.monotone(self.locals))],
+            "critical_batch_size_flat": rule.flat(self.locals, self.base),
             "schedule": [[s, g] for s, g in self.schedule], "schedule_layouts": self.schedule_layouts,
             "schedule_predicted_seconds": self.schedule_seconds, "constant": self.constant,
             "constant_global_batch": self.constant_batch, "constant_predicted_seconds": self.constant_seconds,
@@ -175,7 +177,7 @@ def measure(cfg: SweeperConfig, s: Session, name: str, points: List[GridPoint], 
                                                                 {"": [r for r in trunks.values() if r]})
     if answer is not None:
         log_answer(s, answer, name)
-    shutil.rmtree(folder_of(s, name), ignore_errors=True)
+    storage.delete(folder_of(cfg, s, name))
     return ledger, answer
 
 
@@ -189,8 +191,9 @@ def fastest_layouts(ok: Dict[GridPoint, PointResult]) -> Dict[int, GridPoint]:
     return out
 
 
-def folder_of(s: Session, name: str) -> str:
-    return os.path.join(s.cluster.results_dir, name, "trunk")
+def folder_of(cfg: SweeperConfig, s: Session, name: str) -> str:
+    """Where the trunks' checkpoints go: under cluster.storage_path, else beside the sweep's Ray results."""
+    return storage.join(storage.root(cfg.cluster.storage_path, s.cluster.results_dir, name), "trunk")
 
 
 def trunk_key(unit: GridPoint) -> str:
@@ -208,11 +211,11 @@ def run_rounds(cfg: SweeperConfig, s: Session, name: str, specs: Dict[GridPoint,
     """Two rounds: every seed's trunk over the whole budget, saving its state at each mark on the way; then
     every branch, from each mark a trunk saved, to each larger global batch. Returns each seed's trunk and
     each (seed, checkpoint number from 1, global batch)'s branch."""
-    folder = folder_of(s, name)
+    folder = folder_of(cfg, s, name)
     base = trunk_layout.global_batch_size
     lr_rule = branch_lr_rule(cfg)
     units = {replace(trunk_layout, seed=seed): seed for seed in seeds}
-    saves = {seed: {mark: os.path.join(folder, unit.key, f"s{mark}") for mark in marks} for unit, seed in units.items()}
+    saves = {seed: {mark: storage.join(folder, unit.key, f"s{mark}") for mark in marks} for unit, seed in units.items()}
     # The trunk is the point's own run, light (its layout's throughput run measured throughput and memory),
     # evaluated as the point is; judged at its end as a point is (not partial).
     trunk_specs = {unit: replace(smart_driver.segment_spec(specs[unit], specs[unit].steps, False),
@@ -285,14 +288,14 @@ def decide(cfg: SweeperConfig, base: int, budget: int, window: int, marks: List[
     rates = {g: ok[fastest[g]].throughput.samples_per_second for g in fastest}
     spans = rule.schedule(locals_, base, sorted(fastest))
     schedule_seconds, _ = rule.predicted_seconds(spans, budget, locals_, base, rates)
-    flat = locals_[-1].low if locals_ else base
+    flat = rule.flat(locals_, base)
     # the fastest layout whose global batch stays at or below the critical batch size where it flattens
     constant_batch = max((g for g in fastest if g <= flat), key=lambda g: rates[g])
     constant_spans = [(0, constant_batch)]
     constant_seconds, _ = rule.predicted_seconds(constant_spans, budget, locals_, base, rates)
     better = len(spans) > 1 and schedule_seconds < constant_seconds
     if len(spans) == 1:
-        why = (f"the critical batch size stayed at {flat} or above from the first checkpoint on: a constant global "
+        why = (f"the critical batch size stayed at {flat:.0f} or above from the first checkpoint on: a constant global "
                f"batch of {constant_batch} is the answer (no schedule to grow into)")
     elif better:
         why = (f"the schedule is predicted to reach the trunk's final loss in {schedule_seconds:.3g} s against "
@@ -351,7 +354,7 @@ def log_answer(s: Session, answer: Answer, name: str) -> None:
     upper = [(c.samples, float(c.high)) for c in answer.locals if c.high is not None]
     if upper:
         curves["critical_batch_size_branched_upper"] = upper
-    metrics = {"critical_batch_size_flat": float(answer.locals[-1].low) if answer.locals else float(answer.base)}
+    metrics = {"critical_batch_size_flat": rule.flat(answer.locals, answer.base)}
     if answer.schedule_seconds is not None:
         metrics["schedule_predicted_seconds"] = answer.schedule_seconds
     if answer.constant_seconds is not None:

@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from sweeper import data as data_mod
 from sweeper import models, plan, recipe, tracking
+from sweeper.cluster import storage
 from sweeper.cluster.connect import Cluster
 from sweeper.cluster.resources import capacity_problems
 from sweeper.config import (AUTO_NEEDS_BUDGET, SweeperConfig, budget_bytes, is_auto, normalize_batch_coupled,
@@ -57,6 +58,7 @@ def preflight(cfg: SweeperConfig) -> Tuple[Prepared, Dict[GridPoint, PointSpec]]
     problems = validate(cfg) + models.check(cfg.model, cfg.data.num_classes)
     problems += data_mod.check(cfg.data, cfg.model.context)
     problems += tracking.check(tracking_uri(cfg.tracking))
+    problems += [p for p in [storage.check(cfg.cluster.storage_path)] if p]
     if not problems:
         problems += check_recipe(cfg)
     auto = is_auto(cfg.sweep.micro_batch_sizes)
@@ -240,11 +242,14 @@ def start_meta(cfg: SweeperConfig, problems: List[str]) -> Optional[Dict[str, An
     from sweeper.worker import state
 
     try:
-        meta = state.read_meta(cfg.train.start_from)
+        where = cfg.train.start_from
+        if storage.is_uri(where):  # on cluster.storage_path's kind of storage: read here through Ray Train
+            where = storage.fetch(where, {})
+        meta = state.read_meta(where)
         if "identity" not in meta or "samples_seen" not in meta.get("position", {}):
             raise KeyError("its meta.json has no identity or position")
         return meta
-    except (ValueError, OSError, KeyError) as exc:
+    except Exception as exc:  # noqa: BLE001 - a missing, unreadable or foreign folder or URI: one line
         problems.append(f"train.start_from={cfg.train.start_from!r}: {first_line(exc)}; give a folder "
                         "train.save_state=true wrote (its path is the point's sweeper.checkpoint tag)")
         return None

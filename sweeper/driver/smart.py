@@ -17,15 +17,13 @@ repeating the earlier rungs' steps: docs/strategy.md).
 from __future__ import annotations
 
 import math
-import os
-import shutil
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from sweeper import smart
-from sweeper.cluster import runs
+from sweeper.cluster import runs, storage
 from sweeper.cluster.resources import concurrent_trials
 from sweeper.config import SweeperConfig
 from sweeper.driver import console
@@ -160,12 +158,12 @@ def run_rungs(cfg: SweeperConfig, s: Session, name: str, classes: List[AccuracyC
     # the training seconds its rungs have taken so far (what a run from step 0 would spend again)
     previous: Dict[GridPoint, PointResult] = {}
     trained: Dict[GridPoint, float] = defaultdict(float)
-    folder = rungs_folder(s, name)
+    folder = rungs_folder(cfg, s, name)
     for rung, fraction in enumerate(fractions, 1):
         last = rung == len(fractions)
         units = {replace(c.representative, seed=seed): c for c in alive for seed in seeds}
         unit_specs = {unit: rung_spec(specs[unit], fraction, previous.get(unit),
-                                      os.path.join(folder, rung_key(rung)(unit)) if not last else None)
+                                      storage.join(folder, rung_key(rung)(unit)) if not last else None)
                       if cfg.smart.continue_rungs else rung_spec(specs[unit], fraction) for unit in units}
         continuing = sum(spec.start_from is not None for spec in unit_specs.values())
         console.note(f"smart: rung {rung} of {len(fractions)}: {len(alive)} class(es) x {len(seeds)} seed(s) "
@@ -203,14 +201,14 @@ def run_rungs(cfg: SweeperConfig, s: Session, name: str, classes: List[AccuracyC
         alive = [c for c in alive if c.key in decision.keep]
     # Every class is recorded: its rungs' checkpoints have served (an interrupted sweep keeps them, for
     # sweep.resume to continue from).
-    shutil.rmtree(folder, ignore_errors=True)
+    storage.delete(folder)
     return accuracy_runs
 
 
-def rungs_folder(s: Session, name: str) -> str:
-    """Where the rungs' training-state checkpoints go: beside the sweep's Ray results (on a cluster,
-    cluster.ray_dir on storage every node reads, as for train.save_state)."""
-    return os.path.join(s.cluster.results_dir, name, "rungs")
+def rungs_folder(cfg: SweeperConfig, s: Session, name: str) -> str:
+    """Where the rungs' training-state checkpoints go: under cluster.storage_path, else beside the sweep's
+    Ray results (a continued run may land on another node: on a cluster, storage every node reads)."""
+    return storage.join(storage.root(cfg.cluster.storage_path, s.cluster.results_dir, name), "rungs")
 
 
 def throughput_key(point: GridPoint) -> str:

@@ -13,7 +13,7 @@ from dataclasses import asdict, replace
 from typing import Any, Dict, List, Tuple
 
 from sweeper import data as data_mod, models, plan, tracking
-from sweeper.cluster import runs
+from sweeper.cluster import runs, storage
 from sweeper.cluster.resources import Resources, concurrent_trials
 from sweeper.config import SweeperConfig
 from sweeper.driver import console, resume
@@ -148,8 +148,8 @@ def measure_grid(
         traces = os.path.join(s.cluster.results_dir, name, "profile")
         specs = {p: replace(spec, profile_dir=traces) for p, spec in specs.items()}
     if cfg.train.save_state:  # every point's training state at its end, where every node reads
-        folder = os.path.join(s.cluster.results_dir, name, "checkpoints")
-        specs = {p: replace(spec, save_state_to=os.path.join(folder, p.key)) for p, spec in specs.items()}
+        folder = storage.join(storage.root(cfg.cluster.storage_path, s.cluster.results_dir, name), "checkpoints")
+        specs = {p: replace(spec, save_state_to=storage.join(folder, p.key)) for p, spec in specs.items()}
     console.print_start(len(points), len(groups))
     rows: Rows = []
     recorded = set(done_keys)

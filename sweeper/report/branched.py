@@ -28,10 +28,12 @@ def flat(answer: Dict[str, Any]) -> Tuple[int, str]:
     not recommended."""
     checkpoints = answer["checkpoints"]
     last = checkpoints[-1] if checkpoints else None
-    batch = int(last["critical_batch_size"]) if last else int(answer["base_global_batch"])
+    batch = answer.get("critical_batch_size_flat") or (last["critical_batch_size"] if last else
+                                                      answer["base_global_batch"])
     where = f" at {last['samples']} samples" if last else ""
-    return batch, (f"global batch above the critical batch size the branches measured where it flattens "
-                   f"({batch}{where}): a point there trains worse per sample than the trunk")
+    return int(batch), (f"global batch above the critical batch size the branches measured where it flattens "
+                        f"({batch:.0f}{where}, the rising fit of the checkpoints' values): a point there trains worse "
+                        "per sample than the trunk")
 
 
 def limit(answer: Optional[Dict[str, Any]]) -> Tuple[int, str]:
@@ -53,6 +55,7 @@ def section_rows(answer: Dict[str, Any]) -> List[Dict[str, str]]:
         rows.append({"samples seen": str(c["samples"]),
                      "critical batch size": f"{c['critical_batch_size']} to {high}" if high else
                      f">= {c['critical_batch_size']}",
+                     "rising fit": f"{c['monotone_fit']:.0f}" if c.get("monotone_fit") else "-",
                      "tolerance": f"{c['tolerance']:.4f}",
                      "branch loss - trunk loss, by global batch": diffs})
     return rows
@@ -125,7 +128,9 @@ def plot(answer: Dict[str, Any], path: str, grid_fit: Optional[float] = None, b_
     tried = max(max(low), *(c["next_tried"] or 0 for c in checkpoints))
     high = [c["next_tried"] or tried * 2 for c in checkpoints]
     ax.fill_between(xs, low, high, color="tab:blue", alpha=0.15, step=None, label="between: not yet tried")
-    ax.plot(xs, low, marker="o", color="tab:blue", label="critical batch size (largest that kept up)")
+    ax.plot(xs, low, marker="o", color="tab:blue", linestyle="none", label="critical batch size (largest that kept up)")
+    if all(c.get("monotone_fit") for c in checkpoints):
+        ax.plot(xs, [c["monotone_fit"] for c in checkpoints], color="tab:blue", label="its rising fit")
     spans = answer["schedule"]
     edges = [s for s, _ in spans] + [answer["budget_samples"]]
     ax.step(edges, [g for _, g in spans] + [spans[-1][1]], where="post", color="tab:green", linestyle="--",
