@@ -2,7 +2,7 @@
 BatchNorm-free MLP that learns, with AdamW; ResNet-18/digits with SGD), one branch sweep, the grid with
 sweep.seeds=[0,1,2] (the answer that holds up), and the branches' schedule trained from scratch as one point.
 
-    python scripts/bench_branch.py [--out DIR] [--models mlp,resnet18] [--quick] [--reuse]
+    python scripts/bench_branch.py [--out DIR] [--models mlp,resnet18] [--quick] [--reuse] [--evaluations 40]
 
 Prints, per model:
 - compute: the branch sweep's point-seconds over the 3-seed grid's (goal <= 35 %), and over the one-seed grid's
@@ -93,7 +93,7 @@ def agreement(branch_key: str, grid: Sweep) -> str:
     return f"disagree (grid picks {chosen['key']}; on {branch_key} it says: {why[:240]})"
 
 
-def compare(name: str, out: Path, overrides: List[str], reuse: bool) -> Dict[str, object]:
+def compare(name: str, out: Path, overrides: List[str], reuse: bool, evaluations: int) -> Dict[str, object]:
     figures: Dict[str, object] = {}
     b_folder = out / f"{name}-branch"
     shutil.rmtree(b_folder, ignore_errors=True)
@@ -103,7 +103,7 @@ def compare(name: str, out: Path, overrides: List[str], reuse: bool) -> Dict[str
     trunk = branch.role("trunk")[0]
     tol = answer["checkpoints"][-1]["tolerance"] if answer["checkpoints"] else 0.0
     target = trunk.data.metrics["val_loss"] + tol
-    every = max(answer["budget_samples"] // 40, 1)
+    every = max(answer["budget_samples"] // evaluations, 1)
     print(f"{name}_branch_wall_seconds: {b_wall:.0f}")
     print(f"{name}_trunk: {trunk.data.tags['sweeper.trial_key']}, final val_loss {trunk.data.metrics['val_loss']:.4f}; "
           f"target val_loss {target:.4f} (+ tolerance {tol:.4f})", flush=True)
@@ -211,6 +211,9 @@ def main() -> None:
     parser.add_argument("--out", default=".sweeper/bench_branch")
     parser.add_argument("--models", default="mlp,resnet18")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--evaluations", type=int, default=40,
+                        help="evaluations over the budget, for the steps to the target (each costs a validation pass: "
+                             "ResNet-18's are dear, use ~10)")
     parser.add_argument("--reuse", action="store_true",
                         help="keep a grid already under --out for the same target (the branch sweep runs again)")
     args = parser.parse_args()
@@ -219,7 +222,7 @@ def main() -> None:
     results = {}
     for name, overrides in cases.items():
         print(f"config_{name}: {' '.join(overrides)}", flush=True)
-        results[name] = compare(name, out, overrides, args.reuse)
+        results[name] = compare(name, out, overrides, args.reuse, args.evaluations)
     (out / "summary.json").write_text(json.dumps(results, indent=2, default=str))
     print("headline: " + "; ".join(f"{n} {r['ratio']:.1%} of the 3-seed grid's compute, {r['agreement']}"
                                   for n, r in results.items()))

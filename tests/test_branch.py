@@ -188,3 +188,28 @@ def global_batch(key: str) -> int:
     """The global batch of the recommendation's point ("Train with mb32-acc2-w1 ...")."""
     m, a, w = map(int, re.search(r"Train with mb(\d+)-acc(\d+)-w(\d+)", key).groups())
     return m * a * w
+
+
+def test_the_schedule_snippets_change_accumulation_at_sample_counts(tmp_path):
+    import ast
+
+    import torch
+
+    answer = {"schedule": [[0, 16], [64, 32], [128, 64]], "schedule_layouts": ["mb16-acc1-w1", "mb16-acc2-w1",
+                                                                               "mb16-acc4-w1"]}
+    from sweeper.report import branched
+
+    written = branched.snippets_for(answer, str(tmp_path))
+    assert [Path(p).name for p in written] == ["schedule_pytorch.py", "schedule_lightning.py"]
+    ast.parse(Path(written[1]).read_text())  # Lightning is not installed here: it must at least parse
+    model = torch.nn.Linear(4, 2)
+    steps = []
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer.step = lambda: steps.append(1)  # count the optimizer steps the fragment takes
+    loader = [(torch.randn(16, 4), torch.randint(0, 2, (16,))) for _ in range(4 + 4 + 8)]
+    namespace = {"model": model, "optimizer": optimizer, "loader": loader,
+                 "loss_fn": torch.nn.functional.cross_entropy}
+    exec(compile(Path(written[0]).read_text(), "schedule_pytorch.py", "exec"), namespace)  # noqa: S102 - our own
+    # 64 samples at 16 (4 steps), 64 at 32 (2 steps), 128 at 64 (2 steps): every micro-batch used
+    assert len(steps) == 8 and namespace["samples_seen"] == 256
+    assert branched.snippets_for({"schedule": [[0, 16]], "schedule_layouts": ["mb16-acc1-w1"]}, str(tmp_path)) == []

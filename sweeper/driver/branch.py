@@ -295,8 +295,8 @@ def decide(cfg: SweeperConfig, base: int, budget: int, window: int, marks: List[
     constant_seconds, _ = rule.predicted_seconds(constant_spans, budget, locals_, base, rates)
     better = len(spans) > 1 and schedule_seconds < constant_seconds
     if len(spans) == 1:
-        why = (f"the critical batch size stayed at {flat:.0f} or above from the first checkpoint on: a constant global "
-               f"batch of {constant_batch} is the answer (no schedule to grow into)")
+        why = (f"the critical batch size never reached a global batch of the grid larger than the trunk's {base} (its "
+               f"rising fit ends at {flat:.0f}): a constant global batch of {constant_batch} is the answer")
     elif better:
         why = (f"the schedule is predicted to reach the trunk's final loss in {schedule_seconds:.3g} s against "
                f"{constant_seconds:.3g} s for a constant {constant_batch}: the constant batch trains its early "
