@@ -176,8 +176,8 @@ def flat(locals_: Sequence[Local], base: int) -> float:
 def schedule(locals_: Sequence[Local], base: int, batches: Sequence[int]) -> List[Tuple[int, int]]:
     """The batch-size schedule [(samples seen, global batch), ...] from (0, base): from each checkpoint on, the
     largest of `batches` at or below the monotone fit of the critical batch size there (so the batch never
-    shrinks), each change moved to the first step boundary of the span before it; spans of one global batch
-    merged."""
+    shrinks), each change moved to the first step boundary of the span before it (a whole number of its steps
+    after its start); spans of one global batch merged."""
     out = [(0, base)]
     for local, fitted in zip(locals_, monotone(locals_)):
         fitting = [b for b in batches if base <= b <= fitted + 1e-9]
@@ -185,8 +185,9 @@ def schedule(locals_: Sequence[Local], base: int, batches: Sequence[int]) -> Lis
         start, current = out[-1]
         if g <= current:
             continue
-        at = -(-local.samples // current) * current
-        out.append((max(at, start + current), g))
+        # a whole number of the span before's steps after its start (train.batch_schedule's rule)
+        at = start + max(1, -(-(local.samples - start) // current)) * current
+        out.append((at, g))
     return out
 
 

@@ -92,8 +92,9 @@ def test_the_critical_batch_size_is_read_as_rising_one_low_reading_is_noise():
     assert fitted[0] == fitted[1] == pytest.approx(2 ** 5.5)  # 128 then 16: pooled in log2 (~45)
     assert fitted[2] == 128 and fitted[3] == fitted[4] == pytest.approx(2 ** 7.5)  # 256 then 128: ~181
     assert rule.flat(readings, 16) == pytest.approx(2 ** 7.5) and rule.flat([], 16) == 16.0
-    # each change on a step boundary of the span before it: 3440 is not a multiple of 32
-    assert rule.schedule(readings, 16, [16, 32, 64, 128, 256]) == [(0, 16), (560, 32), (3456, 128)]
+    # each change a whole number of the span before's steps after its start (train.batch_schedule's rule)
+    assert rule.schedule(readings, 16, [16, 32, 64, 128, 256]) == [(0, 16), (560, 32), (3440, 128)]
+    assert rule.schedule([local(560, 32), local(3450, 128)], 16, [16, 32, 128]) == [(0, 16), (560, 32), (3472, 128)]
 
 
 def test_the_schedule_follows_the_rising_fit_and_changes_on_step_boundaries():
