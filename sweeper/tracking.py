@@ -522,8 +522,8 @@ class Tracker:
         self._log_params(self.parent_run_id, params)
 
     def _write_parent_metrics(self, metrics: Dict[str, float], curves: Optional[Dict[str, list]] = None) -> None:
-        self._log_metrics(self.parent_run_id, metrics, None,
-                          {name: [(int(step), float(v)) for step, v in pairs] for name, pairs in (curves or {}).items()})
+        curves = {name: [(int(step), float(v)) for step, v in pairs] for name, pairs in (curves or {}).items()}
+        self._log_metrics(self.parent_run_id, metrics, None, curves)
 
     def _write_artifacts(self, folder: str, path: str) -> None:
         self.client.log_artifacts(self.parent_run_id, folder, path)

@@ -50,7 +50,6 @@ class Answer:
     constant_seconds: Optional[float]
     recommend_schedule: bool
     why: str
-    rates: Dict[int, float] = field(default_factory=dict)
     # the gradient noise scale over the same training: at each checkpoint, the mean B_simple its branches
     # measured (a branch accumulates or spreads over workers: it has the micro-gradients the estimate needs)
     b_simple: Dict[int, float] = field(default_factory=dict)
@@ -313,7 +312,7 @@ def decide(cfg: SweeperConfig, base: int, budget: int, window: int, marks: List[
         if values:
             b_simple[mark] = sum(values) / len(values)
     return Answer(base, budget, window, locals_, spans, [fastest[g].key for _, g in spans], schedule_seconds,
-                  fastest[constant_batch].key, constant_batch, constant_seconds, better, why, rates, b_simple)
+                  fastest[constant_batch].key, constant_batch, constant_seconds, better, why, b_simple)
 
 
 def record_points(points: List[GridPoint], specs: Dict[GridPoint, PointSpec], throughput: Dict[GridPoint, PointResult],
@@ -325,17 +324,10 @@ def record_points(points: List[GridPoint], specs: Dict[GridPoint, PointSpec], th
         tp = throughput.get(smart.layout(point))
         if tp is None or tp.status != "ok":
             continue  # recorded already with its throughput run's status
-        out = PointResult(trial_key=point.key, device=tp.device)
-        for section in smart_driver.FROM_LAYOUT:
-            setattr(out, section, replace(getattr(tp, section)))
-        out.cost.startup_seconds = tp.cost.startup_seconds
-        out.provenance.throughput_from = smart_driver.throughput_key(smart.layout(point))
+        out = smart_driver.from_layout(point, tp)
         trunk = trunks.get(point.seed) if smart.layout(point) == trunk_layout else None
         if trunk is not None:
-            for section in smart_driver.FROM_REPRESENTATIVE:
-                setattr(out, section, replace(getattr(trunk, section)))
-            out.train_loss = trunk.train_loss
-            out.cost.optimizer_steps, out.cost.samples_seen = trunk.cost.optimizer_steps, trunk.cost.samples_seen
+            smart_driver.take_accuracy(out, trunk)
             out.provenance.accuracy_from = "trunk"
             out.status, out.error = trunk.status, trunk.error
         else:

@@ -266,17 +266,7 @@ def carried(previous: PointResult, result: PointResult) -> PointResult:
     seconds) stays its own: the ledger counts each run once."""
     out = PointResult.from_flat(result.to_flat())
     out.train_loss = list(previous.train_loss or []) + list(result.train_loss or [])
-    for curve in ("val_accuracy_curve", "val_loss_curve"):
-        before, after = getattr(previous.progress, curve), getattr(result.progress, curve)
-        if before or after:
-            setattr(out.progress, curve, list(before or []) + list(after or []))
-    if previous.progress.evaluations or result.progress.evaluations:
-        out.progress.evaluations = (previous.progress.evaluations or 0) + (result.progress.evaluations or 0)
-        out.progress.eval_seconds = (previous.progress.eval_seconds or 0.0) + (result.progress.eval_seconds or 0.0)
-    if previous.progress.reached_target:  # reached before this run: the first time it got there counts
-        for name in ("reached_target", "samples_to_target", "steps_to_target", "time_to_target_seconds",
-                     "eval_seconds_to_target"):
-            setattr(out.progress, name, getattr(previous.progress, name))
+    out.progress.follow([previous.progress])
     out.cost.optimizer_steps = (previous.cost.optimizer_steps or 0) + (result.cost.optimizer_steps or 0)
     out.cost.samples_seen = (previous.cost.samples_seen or 0) + (result.cost.samples_seen or 0)
     if result.cost.tokens_seen is not None:
@@ -395,19 +385,13 @@ def compose(point: GridPoint, tp: PointResult, unit: GridPoint, rep: Optional[Po
     """A point's record: throughput, memory, utilization, FLOPs and recipe from its layout's throughput
     run; accuracy, progress, divergence and noise scale from its class representative's run at its
     seed; the time to target from the representative's steps on this point's own step time."""
-    out = PointResult(trial_key=point.key, device=tp.device)
-    for section in FROM_LAYOUT:
-        setattr(out, section, replace(getattr(tp, section)))
-    out.cost.startup_seconds = tp.cost.startup_seconds  # the layout's fixed cost, measured in its run
+    out = from_layout(point, tp)
     prov = out.provenance
-    prov.throughput_from, prov.accuracy_class = throughput_key(smart.layout(point)), c.key
+    prov.accuracy_class = c.key
     if rep is None:
         out.status, out.error = "failed", f"its class representative's accuracy run ({unit.key}) never reported"
         return out
-    for section in FROM_REPRESENTATIVE:
-        setattr(out, section, replace(getattr(rep, section)))
-    out.train_loss = rep.train_loss
-    out.cost.optimizer_steps, out.cost.samples_seen = rep.cost.optimizer_steps, rep.cost.samples_seen
+    take_accuracy(out, rep)
     prov.accuracy_from = rung_key(rung)(unit)
     progress = out.progress
     if progress.steps_to_target is not None:
@@ -421,6 +405,26 @@ def compose(point: GridPoint, tp: PointResult, unit: GridPoint, rep: Optional[Po
         out.status, out.error = "stopped", f"stopped by successive halving at rung {rung}: {stopped}"
         prov.stopped_at_rung, prov.stopped_at_samples, prov.stopped_reason = rung, rep.cost.samples_seen, stopped
     return out
+
+
+def from_layout(point: GridPoint, tp: PointResult) -> PointResult:
+    """A point's record with its layout's throughput run's sections (throughput, memory, utilization, FLOPs,
+    recipe) and fixed cost, naming that run."""
+    out = PointResult(trial_key=point.key, device=tp.device)
+    for section in FROM_LAYOUT:
+        setattr(out, section, replace(getattr(tp, section)))
+    out.cost.startup_seconds = tp.cost.startup_seconds  # the layout's fixed cost, measured in its run
+    out.provenance.throughput_from = throughput_key(smart.layout(point))
+    return out
+
+
+def take_accuracy(out: PointResult, run: PointResult) -> None:
+    """`out` takes the quality side of the accuracy run `run` (accuracy, progress, divergence, noise scale, the
+    loss per step, its optimizer steps and samples)."""
+    for section in FROM_REPRESENTATIVE:
+        setattr(out, section, replace(getattr(run, section)))
+    out.train_loss = run.train_loss
+    out.cost.optimizer_steps, out.cost.samples_seen = run.cost.optimizer_steps, run.cost.samples_seen
 
 
 def layout_failure(point: GridPoint, measured: Optional[PointResult]) -> PointResult:

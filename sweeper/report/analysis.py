@@ -105,11 +105,8 @@ def recommend(
     max_drop = max_accuracy_drop if quality.is_accuracy else max_loss_rise
     points = summarize_all(trials, level)
     eligible, excluded = eligibility.eligible(list(points.values()), objective, min_accuracy, memory_budget_bytes,
-                                              level, quality.metric)
+                                              level, quality.metric, batch_limit)
     if batch_limit is not None:
-        limit, why = batch_limit
-        excluded.update({p.key: why for p in eligible if p.trial.global_batch_size > limit})
-        eligible = [p for p in eligible if p.trial.global_batch_size <= limit]
         max_drop = None  # one trunk measured the quality, not every point: the limit is the rule
     diverged = {p.key: eligibility.diverged_text(p) for p in points.values()
                 if any(t.status == "diverged" for t in p.replicates)}

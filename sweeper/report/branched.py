@@ -28,8 +28,7 @@ def flat(answer: Dict[str, Any]) -> Tuple[int, str]:
     not recommended."""
     checkpoints = answer["checkpoints"]
     last = checkpoints[-1] if checkpoints else None
-    batch = answer.get("critical_batch_size_flat") or (last["critical_batch_size"] if last else
-                                                      answer["base_global_batch"])
+    batch = answer["critical_batch_size_flat"]
     where = f" at {last['samples']} samples" if last else ""
     return int(batch), (f"global batch above the critical batch size the branches measured where it flattens "
                         f"({batch:.0f}{where}, the rising fit of the checkpoints' values): a point there trains worse "

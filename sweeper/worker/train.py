@@ -133,7 +133,7 @@ def _train_schedule(spec: PointSpec, ctx: WorkerContext, device: Optional[teleme
             earlier.append(result)
     done = spans[:i + 1]
     samples = sum(batch * n for batch, n in actual)
-    _merge_evaluations(result, earlier)
+    result.progress.follow([r.progress for r in earlier])
     result.train_loss = losses
     result.update(dict(train_seconds=seconds, samples_seen=samples, optimizer_steps=sum(n for _, n in actual)))
     if models.positions(spec.model):
@@ -145,23 +145,6 @@ def _train_schedule(spec: PointSpec, ctx: WorkerContext, device: Optional[teleme
         schedule_steps=[float(n) for _, n in actual], schedule_lr=[float(lr) for _, _, lr, _ in done]))
     result.trial_key = spec.point.key
     return result
-
-
-def _merge_evaluations(result: PointResult, earlier: List[PointResult]) -> None:
-    """A schedule's evaluations as one run's: every span's curve in order, their count and seconds summed,
-    and the target where it was first reached (spans count their samples and steps from the point's start)."""
-    progress = result.progress
-    for name in ("val_accuracy_curve", "val_loss_curve"):
-        points = [pt for r in earlier for pt in (getattr(r.progress, name) or [])] + list(getattr(progress, name) or [])
-        setattr(progress, name, points or None)
-    if any(r.progress.evaluations for r in earlier):
-        progress.evaluations = sum(r.progress.evaluations or 0 for r in [*earlier, result])
-        progress.eval_seconds = sum(r.progress.eval_seconds or 0.0 for r in [*earlier, result])
-    reached = next((r for r in earlier if r.progress.reached_target), None)
-    if reached is not None:
-        for name in ("reached_target", "samples_to_target", "steps_to_target", "time_to_target_seconds",
-                     "eval_seconds_to_target"):
-            setattr(progress, name, getattr(reached.progress, name))
 
 
 def _train_span(spec: PointSpec, ctx: WorkerContext, device: Optional[telemetry.Device] = None,
@@ -234,7 +217,8 @@ def _state_figures(result: PointResult, run: Training, saved) -> None:
         errors = [f"at {at}: {s}" for at, s in run.saved_on_the_way if isinstance(s, str)]
         written = [(at, s) for at, s in run.saved_on_the_way if not isinstance(s, str)]
         result.state.update(dict(saved_at_samples=[float(at) for at, _ in written],
-                                 saved_write_seconds=[s.write_seconds for _, s in written if s.write_seconds is not None]))
+                                 saved_write_seconds=[s.write_seconds for _, s in written
+                                                      if s.write_seconds is not None]))
         if errors:
             result.state.checkpoint_error = "; ".join(errors)
 
