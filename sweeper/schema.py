@@ -317,6 +317,13 @@ class NoiseScale(Record):
     gns_every_steps: Optional[int] = metric()  # one step in this many measured: the series' spacing
     gns_note: Optional[str] = tag("sweeper.gns")  # why there is no estimate
 
+    def follow(self, earlier: Sequence["NoiseScale"]) -> None:
+        """This run's per-step series as the last part of one run that `earlier` runs began (the moving
+        averages already went on from theirs: worker.state.History)."""
+        for name in ("gns_b_simple_ema", "gns_trace_sigma_per_step", "gns_grad_sq_norm_per_step"):
+            values = [v for e in earlier for v in (getattr(e, name) or [])] + list(getattr(self, name) or [])
+            setattr(self, name, values or None)
+
 
 @dataclass
 class Divergence(Record):
@@ -333,6 +340,15 @@ class Divergence(Record):
     spike_recovered_after_steps: Optional[int] = metric()
     spike_warning: Optional[str] = tag("sweeper.spike_warning")
     grad_norm: Optional[List[float]] = series()  # the whole gradient's norm at every step
+
+    def follow(self, earlier: Sequence["Divergence"], steps_before: int) -> None:
+        """This run as the last part of one run that `earlier` runs of `steps_before` steps began: its
+        steps counted from the first run's first step, the gradient's norm of every step."""
+        for name in ("diverged_at_step", "spike_at_step"):
+            if getattr(self, name) is not None:
+                setattr(self, name, getattr(self, name) + steps_before)
+        norms = [v for e in earlier for v in (e.grad_norm or [])] + list(self.grad_norm or [])
+        self.grad_norm = norms or None
 
 
 @dataclass

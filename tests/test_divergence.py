@@ -255,3 +255,20 @@ def test_layouts_of_one_global_batch_reach_the_target_at_the_same_sample_count()
         assert result.status == "ok" and result["reached_target"] == 1, (point.key, result.error)
         reached[point.key] = (result["samples_to_target"], result["val_accuracy_curve"][-1][1])
     assert len(set(reached.values())) == 1, reached  # the same samples and the same accuracy there
+
+
+def test_a_continued_run_is_judged_against_the_loss_the_point_started_from_and_names_its_own_step():
+    cfg = DivergenceConfig()
+    before = [2.3] + [2.3 - 0.1 * i for i in range(1, 20)] + [0.2] * 10  # the checkpoint's history: 30 steps
+    risen = [0.2] * 10 + [0.9] * 30  # 4.5x its running mean, still far under where the point started
+    # Alone, the continued run's own first loss would pass for the untrained one: a divergence it is not.
+    assert find_spike(risen, cfg) is not None
+    assert find_spike(before + risen, cfg, offset=len(before)) is None
+    blown = [0.2] * 10 + [5.0] * 30  # over where the point started: diverged, at this run's step 10
+    diverged = find_spike(before + blown, cfg, offset=len(before))
+    assert diverged.step == 10 and "before step 10 " in diverged.detail and "untrained loss (2.3)" in diverged.detail
+    # A spike the history already came back from is not this run's warning; one in this run is, at its own step.
+    bumped = before[:20] + [2.0] * 3 + before[23:]
+    assert recovered_spike(bumped + [0.2] * 30, cfg, offset=len(bumped)) is None
+    warned = recovered_spike(before + [0.2] * 10 + [3.0] * 3 + [0.2] * 20, cfg, offset=len(before))
+    assert warned is not None and warned.step == 10

@@ -212,3 +212,25 @@ def test_a_checkpoint_of_another_model_is_refused_before_ray_naming_the_field(tm
                          f"train.start_from={tmp_path / 's'}")
     assert problems == [f"train.start_from='{tmp_path / 's'}' was saved by another model.width 64 (this point: 128) "
                         "(mb16-acc1-w1): continue from a checkpoint of the same model, data, optimizer and seed"]
+
+
+def test_a_continued_run_carries_the_loss_history_and_the_noise_scales_moving_averages(tmp_path):
+    """The checkpoint holds every step's loss and noise estimates, so the continued run's divergence check
+    sees the point's untrained loss and its B_simple moving averages go on: the same as the run not split."""
+    torch.set_num_threads(1)
+    point = GridPoint(16, 2, 1)  # two micro-batches a step: the noise scale is measured
+    straight = train_point(_spec(point, 16), WorkerContext())
+    first = train_point(_spec(point, 7, save_state_to=str(tmp_path / "s")), WorkerContext())
+    history = state.read(str(tmp_path / "s")).history
+    assert history.losses == pytest.approx(first["train_loss"], rel=1e-12) and len(history.losses) == 7
+    assert [t for t, _ in history.noise] == pytest.approx(first["gns_trace_sigma_per_step"], rel=1e-12)
+    after = train_point(_spec(point, 9, start_from=str(tmp_path / "s")), WorkerContext())
+    assert after["gns_b_simple"] == pytest.approx(straight["gns_b_simple"], rel=1e-4)
+    assert after["gns_b_simple_ema"] == pytest.approx(straight["gns_b_simple_ema"][7:], rel=1e-4)
+    # Its own 9 estimates alone would give another ratio: the moving averages did go on from the first 7.
+    from sweeper.config import GnsConfig
+    from sweeper.worker import gns
+
+    own = [gns.Estimate(g2, t) for t, g2 in zip(after["gns_trace_sigma_per_step"], after["gns_grad_sq_norm_per_step"])]
+    assert len(own) == 9
+    assert gns.ema_ratio(own, GnsConfig().ema_beta)[-1] != pytest.approx(after["gns_b_simple"], rel=1e-2)

@@ -267,6 +267,8 @@ def carried(previous: PointResult, result: PointResult) -> PointResult:
     out = PointResult.from_flat(result.to_flat())
     out.train_loss = list(previous.train_loss or []) + list(result.train_loss or [])
     out.progress.follow([previous.progress])
+    out.noise.follow([previous.noise])
+    out.divergence.follow([previous.divergence], previous.cost.optimizer_steps or 0)
     out.cost.optimizer_steps = (previous.cost.optimizer_steps or 0) + (result.cost.optimizer_steps or 0)
     out.cost.samples_seen = (previous.cost.samples_seen or 0) + (result.cost.samples_seen or 0)
     if result.cost.tokens_seen is not None:

@@ -12,7 +12,7 @@ diverged. Ray Tune has mishandled NaN metrics for years; the status is decided h
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import NormalDist
 from typing import List, Optional, Sequence
 
@@ -77,7 +77,14 @@ def check(run: Training, cfg: DivergenceConfig, final: bool = False) -> Optional
     if int(first.item()) < done:
         step = int(first.item())
         return Diverged(step, NONFINITE, f"the loss or the gradient's norm was not finite at step {step}")
-    return find_spike(global_losses(run), cfg, final)
+    before = prior_losses(run)
+    return find_spike(before + global_losses(run), cfg, final, offset=len(before))
+
+
+def prior_losses(run: Training) -> List[float]:
+    """The global losses of the steps before a continued run (its checkpoint's history; [] for a run
+    from step 0): the untrained loss and the running mean go on from them."""
+    return list(run.history.losses) if run.history is not None else []
 
 
 def global_losses(run: Training) -> List[float]:
@@ -114,10 +121,13 @@ def spikes(losses: Sequence[float], cfg: DivergenceConfig) -> List[Spike]:
     return found
 
 
-def find_spike(losses: Sequence[float], cfg: DivergenceConfig, final: bool = True) -> Optional[Diverged]:
+def find_spike(losses: Sequence[float], cfg: DivergenceConfig, final: bool = True,
+               offset: int = 0) -> Optional[Diverged]:
     """The first spike (`spikes`) whose loss did not come back under its bar within `recover_steps`
     steps of its start, as a divergence. Before the end of training (`final` False) a spike still
-    over its bar with fewer than `recover_steps` steps after its start is not decided yet."""
+    over its bar with fewer than `recover_steps` steps after its start is not decided yet. `offset`:
+    how many of `losses` came before this run (a continued run's history); the step named is this
+    run's (0 for a spike that began before it and never came back)."""
     for spike in spikes(losses, cfg):
         if spike.recovered(cfg):
             continue
@@ -125,19 +135,23 @@ def find_spike(losses: Sequence[float], cfg: DivergenceConfig, final: bool = Tru
             return None
         where = ("by the end of training" if spike.recovered_after_steps is None
                  else f"for {spike.recovered_after_steps} steps")
-        return Diverged(spike.step, SPIKE, (
+        step = max(spike.step - offset, 0)
+        return Diverged(step, SPIKE, (
             f"the loss went over {cfg.spike_factor:g}x the mean of the {cfg.spike_window} steps before step "
-            f"{spike.step} ({spike.mean:.4g}) and over the untrained loss ({losses[0]:.4g}) and did not come back "
+            f"{step} ({spike.mean:.4g}) and over the untrained loss ({losses[0]:.4g}) and did not come back "
             f"under within {cfg.recover_steps} steps (it stayed over {where}; peak {spike.peak:.4g})"
         ))
     return None
 
 
-def recovered_spike(losses: Sequence[float], cfg: DivergenceConfig) -> Optional[Spike]:
-    """The first spike that came back under its bar within `recover_steps`: a warning, not a divergence."""
+def recovered_spike(losses: Sequence[float], cfg: DivergenceConfig, offset: int = 0) -> Optional[Spike]:
+    """The first spike that came back under its bar within `recover_steps`: a warning, not a divergence.
+    `offset`: how many of `losses` came before this run; only a spike that began in this run counts, its
+    step this run's."""
     if not cfg.check:
         return None
-    return next((s for s in spikes(losses, cfg) if s.recovered(cfg)), None)
+    found = next((s for s in spikes(losses, cfg) if s.recovered(cfg) and s.step >= offset), None)
+    return replace(found, step=found.step - offset) if found is not None and offset else found
 
 
 def spike_warning(spike: Spike, cfg: DivergenceConfig) -> str:

@@ -5,11 +5,13 @@ activation checkpointing's `.block.`, so a checkpoint is layout- and recipe-free
 (DDP replicates it whole on every rank, so rank 0's does not depend on the worker count), fp16's loss
 scale, torch's random state, and the position: samples seen (the stream is a function of it, so a run
 continued at another global batch sees no sample twice and skips none), optimizer steps, the LR warmup
-counted in samples. Written as plain tensors (`torch.load(weights_only=True)` reads them: a shared store
-should not unpickle code) and a JSON file. Knows torch only.
+counted in samples, the training time (the time to a target goes on), and the history a continued run's
+checks need: the global batch's loss at every step before (the divergence check's untrained loss and
+running mean) and the noise scale's per-step estimates (its moving averages go on). Written as plain
+tensors (`torch.load(weights_only=True)` reads them: a shared store should not unpickle code) and a JSON
+file. Knows torch only.
 
-Not yet carried (a continued run starts them afresh, issue 28): the per-step loss history, the noise
-scale's moving averages, the divergence window, the evaluation curve and the time-to-target clock.
+The evaluation curve is not in it: the driver holds the runs before and carries it (driver/smart.carried).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import json
 import os
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -41,6 +43,17 @@ class Position:
 
 
 @dataclass
+class History:
+    """The steps before a continued run, as its checks need them: the global batch's loss at each step
+    (worker.divergence: the untrained loss is the first, the running mean spans the checkpoint) and the
+    gradient noise scale's per-step estimates (tr Sigma, |G|^2) of the steps that measured it
+    (worker.gns: the moving averages go on; the estimates are unbiased at any layout)."""
+
+    losses: List[float] = field(default_factory=list)
+    noise: List[Tuple[float, float]] = field(default_factory=list)
+
+
+@dataclass
 class Snapshot:
     identity: Dict[str, Any]  # what must match to continue: model, data, optimizer, seed
     position: Position
@@ -52,6 +65,7 @@ class Snapshot:
     write_seconds: Optional[float] = None
     bytes: Optional[int] = None
     extra: Dict[str, Any] = field(default_factory=dict)
+    history: History = field(default_factory=History)
 
 
 def canonical_state(model: nn.Module) -> Dict[str, torch.Tensor]:
@@ -117,7 +131,7 @@ def write(snapshot: Snapshot, folder: str) -> Snapshot:
     torch.save({"scaler": snapshot.scaler, "rng": snapshot.rng, "cuda_rng": snapshot.cuda_rng},
                os.path.join(folder, EXTRA))
     meta = {"format": FORMAT, "identity": snapshot.identity, "position": asdict(snapshot.position),
-            "extra": snapshot.extra}
+            "extra": snapshot.extra, "history": asdict(snapshot.history)}
     with open(os.path.join(folder, META), "w") as f:
         json.dump(meta, f, indent=1, default=str)
     seconds = time.perf_counter() - began
@@ -144,8 +158,10 @@ def read(folder: str) -> Snapshot:
     def load(name: str) -> Any:  # to the host: a checkpoint saved on a GPU reads on any machine
         return torch.load(os.path.join(folder, name), weights_only=True, map_location="cpu")
     extra = load(EXTRA)
+    history = meta.get("history") or {}
     return Snapshot(meta["identity"], Position(**meta["position"]), load(WEIGHTS), load(OPTIMIZER),
-                    extra.get("scaler"), extra.get("rng"), extra.get("cuda_rng"), extra=meta.get("extra", {}))
+                    extra.get("scaler"), extra.get("rng"), extra.get("cuda_rng"), extra=meta.get("extra", {}),
+                    history=History(list(history.get("losses", [])), [tuple(e) for e in history.get("noise", [])]))
 
 
 def load_optimizer(optimizer: torch.optim.Optimizer, state: Dict[str, Any]) -> None:

@@ -72,6 +72,8 @@ class Training:
     seconds_before: float = 0.0  # training seconds before it (the time to target's clock goes on)
     loop_started: Optional[float] = None  # when its training loop began (the time to target's clock)
     read_seconds: Optional[float] = None
+    # The steps before a continued run (worker.state.History): its loss and noise-scale checks go on from them.
+    history: Any = None
     # spec.save_states_at: (samples seen, the Snapshot written, or why it was not) for each one saved so far
     saved_on_the_way: List[Any] = field(default_factory=list)
 
@@ -245,7 +247,8 @@ def setup(spec: PointSpec, ctx: WorkerContext, device: telemetry.Device, splits:
                     warmup=warmup, micro_grads=micro, start_samples=start_samples,
                     steps_before=start.position.optimizer_steps if start is not None else 0,
                     seconds_before=start.position.train_seconds if start is not None else 0.0,
-                    read_seconds=None if start is None else start.extra.get("read_seconds"))
+                    read_seconds=None if start is None else start.extra.get("read_seconds"),
+                    history=start.history if start is not None else state.History())
 
 
 def _read_start(spec: PointSpec):
@@ -264,8 +267,9 @@ def _read_start(spec: PointSpec):
     return start
 
 
-def capture(run: Training):
-    """This rank's training state at the step boundary it stands at (sweeper.worker.state.Snapshot)."""
+def capture(run: Training, history=None):
+    """This rank's training state at the step boundary it stands at (sweeper.worker.state.Snapshot), with
+    `history` (worker.state.History: every step's up to here, which the caller gathers across ranks)."""
     from sweeper.worker import state
 
     point = run.spec.point
@@ -279,4 +283,4 @@ def capture(run: Training):
     return state.Snapshot(state.identity(run.spec), position, state.canonical_state(run.model),
                           state.to_cpu(run.optimizer.state_dict()),
                           run.scaler.state_dict() if run.scaler is not None else None, torch.get_rng_state(),
-                          cuda_rng)
+                          cuda_rng, history=history if history is not None else state.History())

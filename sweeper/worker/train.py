@@ -134,6 +134,8 @@ def _train_schedule(spec: PointSpec, ctx: WorkerContext, device: Optional[teleme
     done = spans[:i + 1]
     samples = sum(batch * n for batch, n in actual)
     result.progress.follow([r.progress for r in earlier])
+    result.noise.follow([r.noise for r in earlier])
+    result.divergence.follow([r.divergence for r in earlier], sum(n for _, n in actual[:-1]))
     result.train_loss = losses
     result.update(dict(train_seconds=seconds, samples_seen=samples, optimizer_steps=sum(n for _, n in actual)))
     if models.positions(spec.model):
@@ -184,7 +186,20 @@ def _train_span(spec: PointSpec, ctx: WorkerContext, device: Optional[telemetry.
 def _capture(run: Training):
     from sweeper.worker.step import capture
 
-    return capture(run)
+    return capture(run, _history(run))
+
+
+def _history(run: Training):
+    """Every step's loss and noise estimates up to here, the steps before this run first (collectives:
+    every rank calls it), for the checkpoint a continued run goes on from."""
+    from sweeper.worker.state import History
+
+    noise = [(e.trace_sigma, e.grad_sq_norm) for e in _noise_estimates(run)]
+    return History(divergence.prior_losses(run) + divergence.global_losses(run), _prior_noise(run) + noise)
+
+
+def _prior_noise(run: Training) -> List[Tuple[float, float]]:
+    return list(run.history.noise) if run.history is not None else []
 
 
 def _save_state(run: Training, folder: str):
@@ -194,7 +209,7 @@ def _save_state(run: Training, folder: str):
     from sweeper.worker import state
     from sweeper.worker.step import capture
 
-    snapshot = capture(run)
+    snapshot = capture(run, _history(run))
     if run.ctx.rank != 0:
         return snapshot
     try:
@@ -347,19 +362,15 @@ def _noise_scale(result: PointResult, run: Training) -> None:
                                  "a point with accumulation or workers > 1 measures it")
         return
     run.micro_grads.remove()
-    done, k = run.steps_done, point.accumulation_steps * point.num_workers
-    small = run.micro_grads.mean_sq(run.ctx, k, done, run.scale_values()[:done] if run.scaler is not None else None)
-    big = (run.grad_norms[:done] ** 2).cpu().tolist()
-    measured = run.micro_grads.measured(done)  # gns.every_steps: the steps whose micro-gradients were read
-    small, big = [small[i] for i in measured], [big[i] for i in measured]
     n = len(run.splits.train)
-    steps = [gns.estimate(s, g, point.micro_batch_size, point.global_batch_size, n) for s, g in zip(small, big)]
-    steps = [e for e in steps if math.isfinite(e.grad_sq_norm) and math.isfinite(e.trace_sigma)]
+    steps = _noise_estimates(run)
     if not steps:
         result.noise.gns_note = "no estimate: no step had finite gradients"
         return
-    # The decay per optimizer step stays gns.ema_beta when only one step in every_steps is measured.
-    ema = gns.ema_ratio(steps, spec.gns.ema_beta ** spec.gns.every_steps)
+    # The decay per optimizer step stays gns.ema_beta when only one step in every_steps is measured. A
+    # continued run's moving averages go on from the steps before it (its checkpoint's history).
+    before = [gns.Estimate(g2, trace) for trace, g2 in _prior_noise(run)]
+    ema = gns.ema_ratio(before + steps, spec.gns.ema_beta ** spec.gns.every_steps)[len(before):]
     trace = sum(e.trace_sigma for e in steps) / len(steps)
     g2 = sum(e.grad_sq_norm for e in steps) / len(steps)
     if not math.isfinite(ema[-1]) or g2 <= 0:
@@ -373,6 +384,22 @@ def _noise_scale(result: PointResult, run: Training) -> None:
         gns_trace_sigma=trace, gns_grad_sq_norm=g2, gns_small_batch=point.micro_batch_size,
         gns_big_batch=point.global_batch_size, gns_train_samples=n, gns_every_steps=spec.gns.every_steps,
     ))
+
+
+def _noise_estimates(run: Training) -> List[gns.Estimate]:
+    """This run's per-step noise estimates so far, the finite ones (one all-reduce: every rank calls it);
+    [] when it measures none (one micro-batch per step, or gns.enabled false)."""
+    if run.micro_grads is None:
+        return []
+    point = run.spec.point
+    done, k = run.steps_done, point.accumulation_steps * point.num_workers
+    small = run.micro_grads.mean_sq(run.ctx, k, done, run.scale_values()[:done] if run.scaler is not None else None)
+    big = (run.grad_norms[:done] ** 2).cpu().tolist()
+    measured = run.micro_grads.measured(done)  # gns.every_steps: the steps whose micro-gradients were read
+    small, big = [small[i] for i in measured], [big[i] for i in measured]
+    n = len(run.splits.train)
+    steps = [gns.estimate(s, g, point.micro_batch_size, point.global_batch_size, n) for s, g in zip(small, big)]
+    return [e for e in steps if math.isfinite(e.grad_sq_norm) and math.isfinite(e.trace_sigma)]
 
 
 def _recipe(result: PointResult, run: Training, clock: "Clock", loop_started: float) -> None:
@@ -523,8 +550,8 @@ def _divergence(result: PointResult, run: Training, diverged: Optional[Diverged]
     spec = run.spec
     if run.grad_norms is not None:
         result.divergence.grad_norm = run.grad_norms[: run.steps_done].cpu().tolist()
-    losses = result["train_loss"] or []
-    spike = divergence.recovered_spike(losses, spec.divergence)
+    before = divergence.prior_losses(run)
+    spike = divergence.recovered_spike(before + list(result["train_loss"] or []), spec.divergence, len(before))
     if spike is not None:
         result.divergence.update(dict(
             spike_at_step=spike.step, spike_peak_over_mean=spike.peak_over_mean,
