@@ -188,10 +188,12 @@ def test_a_killed_sweep_resumes_under_the_same_run_without_rerunning_what_was_re
     assert parents[0].data.metrics["num_trials_ok"] == 3
 
 
-def test_resume_with_nothing_to_resume_is_a_clean_error(tmp_path):
-    result = run_cli(*TINY_MLP, *COMMON, "sweep.resume=true", cwd=tmp_path, timeout=300)
+def test_resume_with_nothing_to_resume_is_a_clean_error_before_ray_starts(tmp_path):
+    # Without cluster.address: the sweep would start a local Ray of its own, in .sweeper/ray.
+    result = run_cli(*TINY_MLP, *COMMON, "sweep.resume=true", cwd=tmp_path, timeout=300, own_ray=True)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith("error: sweep.resume=true: no unfinished sweep")
+    assert not (tmp_path / ".sweeper" / "ray").exists()  # refused before Ray started
 
 
 POINT_KEYS = Counter({"mb8-acc1-w1": 1, "mb16-acc1-w1": 1, "mb32-acc1-w1": 1})

@@ -151,10 +151,11 @@ def _init(cfg: ClusterConfig) -> Any:
         ]) from None
 
 
-def can_resume(cluster: Cluster, experiment: str) -> bool:
+def can_resume(results_dir: str, experiment: str) -> bool:
+    """Whether Ray Tune can restore `experiment` from its folder under `results_dir` (no Ray needed)."""
     from ray import tune
 
-    return tune.Tuner.can_restore(os.path.join(cluster.results_dir, experiment))
+    return tune.Tuner.can_restore(os.path.join(results_dir, experiment))
 
 
 def shutdown() -> None:

@@ -13,7 +13,6 @@ import yaml
 from sweeper import tracking
 from sweeper.cluster import connect
 from sweeper.config import SweeperConfig
-from sweeper.driver.skeleton import Session
 from sweeper.errors import ConfigError
 
 # Keys that may differ between a sweep and its resume: how to resume it, where Ray runs, and the
@@ -61,47 +60,54 @@ def differences(recorded_yaml: str, resolved_yaml: str) -> List[str]:
             if before.get(k) != now.get(k)]
 
 
-def find_interrupted(cfg: SweeperConfig, session: Session, resolved_yaml: str) -> Tuple[str, str]:
+def results_dir(cfg: SweeperConfig) -> str:
+    """Where the sweep's Ray Tune experiments are (cluster.connect makes the same folder)."""
+    return os.path.join(os.path.abspath(cfg.cluster.ray_dir), "results")
+
+
+def find_interrupted(cfg: SweeperConfig, tracker: tracking.Tracker, resolved_yaml: str) -> Tuple[str, str]:
     """The latest sweep of this model and dataset that did not finish, with a Ray Tune experiment to
     restore and a parent run in MLflow, checked to be the same sweep: (experiment name, parent run
-    id). Reads only: a refused resume leaves every record as it was."""
+    id). Reads only, and needs no Ray: a refused resume is one line before Ray starts, and leaves every
+    record as it was."""
     prefix = f"sweep-{cfg.model.name}-{cfg.data.name}-"
-    folder = session.cluster.results_dir
+    folder = results_dir(cfg)
     names = sorted(
-        (n for n in os.listdir(folder) if n.startswith(prefix) and n[len(prefix):].replace("-", "").isdigit()),
+        (n for n in (os.listdir(folder) if os.path.isdir(folder) else [])
+         if n.startswith(prefix) and n[len(prefix):].replace("-", "").isdigit()),
         reverse=True,
     )
     finished = []
     for name in names:
-        run = session.tracker.find_sweep(name)
+        run = tracker.find_sweep(name)
         if run is None:
             continue
         if run.info.status == "FINISHED":
             finished.append(name)
             continue
-        _check_resumable(session, name, run, resolved_yaml)
+        _check_resumable(tracker, folder, name, run, resolved_yaml)
         return name, run.info.run_id
     done = f" (the latest, {finished[0]}, finished)" if finished else ""
     raise ConfigError([
         f"sweep.resume=true: no unfinished sweep of {cfg.model.name} on {cfg.data.name} under {folder} with its "
-        f"run in {tracking.redact(session.uri)}{done}; drop sweep.resume to start one"
+        f"run in {tracking.redact(tracker.uri)}{done}; drop sweep.resume to start one"
     ])
 
 
-def _check_resumable(session: Session, name: str, run: Any, resolved_yaml: str) -> None:
+def _check_resumable(tracker: tracking.Tracker, folder: str, name: str, run: Any, resolved_yaml: str) -> None:
     if run.data.tags.get("sweeper.resume_format") != tracking.RESUME_FORMAT:
         raise ConfigError([
             f"sweep.resume=true: {name} was started by an older sweeper whose Ray Tune state this one cannot "
             "restore; its recorded points stay in MLflow: drop sweep.resume to start a new sweep"
         ])
-    if not connect.can_resume(session.cluster, name):
+    if not connect.can_resume(folder, name):
         raise ConfigError([
-            f"sweep.resume=true: {name} has no Ray Tune state under {session.cluster.results_dir} to restore "
+            f"sweep.resume=true: {name} has no Ray Tune state under {folder} to restore "
             "(another cluster.ray_dir?); drop sweep.resume to start a new sweep"
         ])
     if run.data.tags.get("sweeper.config_hash") == config_hash(resolved_yaml):
         return
-    recorded = session.tracker.recorded_config(run.info.run_id)
+    recorded = tracker.recorded_config(run.info.run_id)
     changed = differences(recorded, resolved_yaml) if recorded is not None else ["its config.yaml is missing"]
     if not changed:
         return  # recorded before the hash was (or with a hash of another sweeper version): the same config

@@ -66,11 +66,12 @@ class Session:
 
 
 @contextlib.contextmanager
-def session(cfg: SweeperConfig, phases: Phases, sizing: List[GridPoint]) -> Iterator[Session]:
-    """Ray started (or joined) and the store opened, worker resources sized for `sizing`'s largest
-    point; MLflow's system-metrics monitor watches the parent run from its start. However the sweep
-    ends, its parent run is ended (KILLED when interrupted, FAILED on a crash), the monitor stopped
-    and Ray shut down."""
+def session(cfg: SweeperConfig, phases: Phases, sizing: List[GridPoint],
+            tracker: Optional[tracking.Tracker] = None) -> Iterator[Session]:
+    """Ray started (or joined) and the store opened (or `tracker`, opened before Ray), worker resources
+    sized for `sizing`'s largest point; MLflow's system-metrics monitor watches the parent run from its
+    start. However the sweep ends, its parent run is ended (KILLED when interrupted, FAILED on a crash),
+    the monitor stopped and Ray shut down."""
     uri = tracking_uri(cfg.tracking)
     signals = Signals()
     signals.install()
@@ -80,8 +81,11 @@ def session(cfg: SweeperConfig, phases: Phases, sizing: List[GridPoint]) -> Iter
     s: Optional[Session] = None
     try:
         monitor = tracking.Monitor.for_driver(on_cluster=cfg.cluster.address is not None)
-        s = Session(cluster, tracking.Tracker(uri, cfg.tracking.experiment_name, monitor=monitor),
-                    plan_resources(cfg.cluster, cluster, sizing), uri)
+        if tracker is None:
+            tracker = tracking.Tracker(uri, cfg.tracking.experiment_name, monitor=monitor)
+        else:
+            tracker.monitor = monitor
+        s = Session(cluster, tracker, plan_resources(cfg.cluster, cluster, sizing), uri)
         yield s
     except BaseException as exc:
         stop = interruption(exc)

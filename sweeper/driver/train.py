@@ -10,12 +10,12 @@ import os
 import time
 from collections import Counter
 from dataclasses import asdict, replace
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from sweeper import data as data_mod, models, plan, tracking
 from sweeper.cluster import runs, storage
 from sweeper.cluster.resources import Resources, concurrent_trials
-from sweeper.config import SweeperConfig
+from sweeper.config import SweeperConfig, tracking_uri
 from sweeper.driver import console, resume
 from sweeper.driver import branch as branch_driver
 from sweeper.driver import smart as smart_driver
@@ -40,10 +40,14 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
     prepared, specs = preflight(cfg)
     phases("setup")
     sizing = prepared.points or [GridPoint(1, 1, w) for w in cfg.sweep.num_workers]
-    with session(cfg, phases, sizing) as s:
+    tracker, interrupted = None, None
+    if cfg.sweep.resume:  # the sweep to resume found and checked before Ray starts: a refusal costs no Ray
+        tracker = tracking.Tracker(tracking_uri(cfg.tracking), cfg.tracking.experiment_name)
+        interrupted = resume.find_interrupted(cfg, tracker, resolved_yaml)
+    with session(cfg, phases, sizing, tracker) as s:
         if prepared.auto and cfg.device.memory_budget_gb is None and not s.resources.use_gpu:
             raise ConfigError([NEEDS_BUDGET])  # a cluster without GPUs
-        name, parent, done_keys = open_sweep(cfg, s, prepared.auto, resolved_yaml)
+        name, parent, done_keys = open_sweep(cfg, s, prepared.auto, resolved_yaml, interrupted)
         s.tracker.dataset = dataset_record(cfg, prepared)
         phases("tracking")
         console.print_where(s.uri, s.cluster.dashboard_url, s.cluster.token_path, s.cluster.results_dir)
@@ -96,12 +100,13 @@ def recorded_statuses(s: Session, parent: str, rows: Rows) -> Counter:
         return Counter(result.status for _, result in rows)
 
 
-def open_sweep(cfg: SweeperConfig, s: Session, auto: bool, resolved_yaml: str) -> Tuple[str, str, frozenset]:
-    """The sweep's name, its parent run (a new one, or the unfinished one sweep.resume finds and
-    checks) and the keys of the points it already holds complete (failed ones left out with
-    sweep.retry_failed, so they are measured again)."""
-    if cfg.sweep.resume:
-        name, parent = resume.find_interrupted(cfg, s, resolved_yaml)
+def open_sweep(cfg: SweeperConfig, s: Session, auto: bool, resolved_yaml: str,
+               interrupted: Optional[Tuple[str, str]] = None) -> Tuple[str, str, frozenset]:
+    """The sweep's name, its parent run (a new one, or `interrupted`: the unfinished one sweep.resume
+    found and checked, as (name, parent run id)) and the keys of the points it already holds complete
+    (failed ones left out with sweep.retry_failed, so they are measured again)."""
+    if interrupted is not None:
+        name, parent = interrupted
         replayed, half_written = s.tracker.resume_sweep(parent)
         done = set(s.tracker.recorded_keys()) - (set(s.tracker.failed_keys()) if cfg.sweep.retry_failed else set())
         console.print_resume(name, len(done), replayed, half_written)
