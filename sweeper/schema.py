@@ -283,21 +283,6 @@ class Progress(Record):
     time_to_target_seconds: Optional[float] = metric()  # from the first step, evaluations included
     eval_seconds_to_target: Optional[float] = metric()  # the evaluations' share of it
 
-    def follow(self, earlier: Sequence["Progress"]) -> None:
-        """This run's evaluations as the last part of one run that `earlier` runs began (a continued run, a
-        schedule's spans): their curves first, counts and seconds summed, the target where first reached."""
-        for name in ("val_accuracy_curve", "val_loss_curve"):
-            points = [pt for e in earlier for pt in (getattr(e, name) or [])] + list(getattr(self, name) or [])
-            setattr(self, name, points or None)
-        if any(e.evaluations for e in earlier):
-            self.evaluations = sum(e.evaluations or 0 for e in [*earlier, self])
-            self.eval_seconds = sum(e.eval_seconds or 0.0 for e in [*earlier, self])
-        reached = next((e for e in earlier if e.reached_target), None)
-        if reached is not None:
-            for name in ("reached_target", "samples_to_target", "steps_to_target", "time_to_target_seconds",
-                         "eval_seconds_to_target"):
-                setattr(self, name, getattr(reached, name))
-
 
 @dataclass
 class NoiseScale(Record):

@@ -239,24 +239,25 @@ def test_a_rung_continues_from_the_rung_befores_checkpoint_and_trains_only_the_s
 def test_a_continued_rung_run_is_recorded_as_one_run_from_step_0():
     before = PointResult(status="ok", train_loss=[2.3, 2.0, 1.8])
     before.cost.update(dict(optimizer_steps=3, samples_seen=48, train_seconds=1.0, trial_seconds=4.0))
-    before.progress.update(dict(val_loss_curve=[(48, 1.9)], val_accuracy_curve=[(48, 0.3)], evaluations=1,
-                                eval_seconds=0.5))
+    before.noise.update(dict(gns_b_simple_ema=[5.0, 6.0, 7.0], gns_trace_sigma_per_step=[1.0, 1.0, 1.0]))
+    before.divergence.grad_norm = [3.0, 2.0, 1.0]
     after = PointResult(status="ok", train_loss=[1.5, 1.2])
     after.cost.update(dict(optimizer_steps=2, samples_seen=64, train_seconds=0.8, trial_seconds=3.0))
-    after.progress.update(dict(val_loss_curve=[(112, 1.1)], val_accuracy_curve=[(112, 0.6)], evaluations=1,
-                               eval_seconds=0.4))
+    # its evaluations came with the checkpoint (worker.state.History): the worker recorded the point's curve
+    after.progress.update(dict(val_loss_curve=[(48, 1.9), (112, 1.1)], evaluations=2, eval_seconds=0.9))
+    after.noise.update(dict(gns_b_simple_ema=[7.5, 8.0], gns_trace_sigma_per_step=[2.0, 2.0]))
+    after.divergence.update(dict(grad_norm=[0.9, 0.8], spike_at_step=1))
     after.state.continued_from = "/ckpt/r1-x"
     out = driver.carried(before, after)
     assert out.train_loss == [2.3, 2.0, 1.8, 1.5, 1.2]
-    assert out.progress.val_loss_curve == [(48, 1.9), (112, 1.1)] and out.progress.evaluations == 2
-    assert out.progress.eval_seconds == pytest.approx(0.9)
+    assert out.progress.val_loss_curve == [(48, 1.9), (112, 1.1)] and out.progress.evaluations == 2  # not twice
+    assert out.noise.gns_b_simple_ema == [5.0, 6.0, 7.0, 7.5, 8.0] and len(out.noise.gns_trace_sigma_per_step) == 5
+    assert out.divergence.grad_norm == [3.0, 2.0, 1.0, 0.9, 0.8]
+    assert out.divergence.spike_at_step == 4  # its own step 1, counted from the point's first
     assert (out.cost.optimizer_steps, out.cost.samples_seen) == (5, 112)
     # what this run spent stays its own: the ledger counts each run once
     assert (out.cost.train_seconds, out.cost.trial_seconds) == (0.8, 3.0)
     assert out.state.continued_from == "/ckpt/r1-x" and after.train_loss == [1.5, 1.2]
-    # the target reached in the rung before is where it was first reached
-    before.progress.update(dict(reached_target=1, steps_to_target=2, samples_to_target=32))
-    assert driver.carried(before, after).progress.steps_to_target == 2
 
 
 def test_the_ledger_counts_what_continuing_saved():

@@ -168,9 +168,10 @@ def test_a_checkpoint_that_cannot_be_written_is_the_points_recorded_error_not_it
     assert result.tags()["sweeper.checkpoint_error"].startswith(("FileExistsError", "NotADirectoryError"))
 
 
-def test_a_continued_runs_evaluations_and_time_to_target_count_from_the_points_start(tmp_path):
-    """The curve's samples, the evaluation cadence and the target's samples and steps go on from the
-    checkpoint: a continued run evaluates where the uninterrupted one does."""
+def test_a_continued_run_records_the_points_evaluations_and_keeps_a_target_reached_before(tmp_path):
+    """The checkpoint holds the evaluations and the target's figures: the continued run's curve is the
+    point's (the first run's, then its own on the uninterrupted run's cadence), and a target reached before
+    the checkpoint keeps the samples, steps and seconds it was reached at."""
     from sweeper.config import EvalConfig
 
     torch.set_num_threads(1)
@@ -179,12 +180,23 @@ def test_a_continued_runs_evaluations_and_time_to_target_count_from_the_points_s
     def with_eval(steps, **extra):
         return PointSpec(**{**_spec(GridPoint(16, 1, 1), steps, **extra).__dict__, "eval": every, "evaluate": True})
     straight = train_point(with_eval(10), WorkerContext())
-    train_point(with_eval(5, save_state_to=str(tmp_path / "s")), WorkerContext())
+    first = train_point(with_eval(5, save_state_to=str(tmp_path / "s")), WorkerContext())
     after = train_point(with_eval(5, start_from=str(tmp_path / "s")), WorkerContext())
-    steps = [s for s, _ in after.progress.val_accuracy_curve]
-    assert steps == [s for s, _ in straight.progress.val_accuracy_curve if s > 80] == [128, 160]
-    assert after["samples_to_target"] == 128 and after["steps_to_target"] == 8
-    assert after["time_to_target_seconds"] > 0
+    samples = [s for s, _ in after.progress.val_accuracy_curve]
+    # the first run's (on the cadence, then at its end: 80), then where the uninterrupted run evaluates
+    assert samples == [64, 80, 128, 160] and after.progress.evaluations == 4
+    assert samples[2:] == [s for s, _ in straight.progress.val_accuracy_curve if s > 80]
+    assert after.progress.val_loss_curve[:2] == first.progress.val_loss_curve
+    assert after["eval_seconds"] > first["eval_seconds"]
+    assert (after["samples_to_target"], after["steps_to_target"]) == (64, 4) == (
+        straight["samples_to_target"], straight["steps_to_target"])
+    assert after["time_to_target_seconds"] == first["time_to_target_seconds"] > 0
+    # A run that continues it again without evaluating saves the point's evaluations on, unchanged.
+    quiet = PointSpec(**{**with_eval(2, start_from=str(tmp_path / "s"), save_state_to=str(tmp_path / "t")).__dict__,
+                         "evaluate": False})
+    train_point(quiet, WorkerContext())
+    kept = state.read(str(tmp_path / "t")).history
+    assert [e[0] for e in kept.evaluations] == [64, 80] and kept.target["samples_to_target"] == 64
 
 
 def test_a_schedule_evaluates_in_every_span_and_times_the_target_where_it_is_first_reached():

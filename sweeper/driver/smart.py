@@ -261,12 +261,12 @@ def segment_spec(spec: PointSpec, total_steps: int, partial: bool, previous: Opt
 
 
 def carried(previous: PointResult, result: PointResult) -> PointResult:
-    """A continued rung run's result as one run from step 0: the rung before's loss per step and
-    evaluations first, its optimizer steps and samples counted in. Its own cost (train and trial
+    """A continued rung run's result as one run from step 0: the rung before's loss per step, noise-scale
+    series and gradient norms first, its optimizer steps and samples counted in (its evaluations and target
+    came with the checkpoint: worker.state.History). Its own cost (train and trial
     seconds) stays its own: the ledger counts each run once."""
     out = PointResult.from_flat(result.to_flat())
     out.train_loss = list(previous.train_loss or []) + list(result.train_loss or [])
-    out.progress.follow([previous.progress])
     out.noise.follow([previous.noise])
     out.divergence.follow([previous.divergence], previous.cost.optimizer_steps or 0)
     out.cost.optimizer_steps = (previous.cost.optimizer_steps or 0) + (result.cost.optimizer_steps or 0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -106,12 +106,24 @@ class Progress:
     start_samples: int = 0
     start_steps: int = 0
     start_seconds: float = 0.0
+    # The target's figures (steps_to_target, samples_to_target, time_to_target_seconds,
+    # eval_seconds_to_target) when it was reached before this run, in the checkpoint it continues.
+    reached_before: Optional[Dict[str, float]] = None
+    carried: bool = False  # whether `carry` took a checkpoint's evaluations in
 
     @classmethod
     def of(cls, spec: PointSpec) -> "Progress":
         g, every = spec.point.global_batch_size, spec.eval.every_samples
         return cls(math.ceil(every / g) if every else None, g, spec.eval.target_accuracy, spec.eval.target_loss,
                    spec.eval.stop_at_target)
+
+    def carry(self, history: Any) -> None:
+        """Go on from a checkpoint's evaluations (worker.state.History): its curve and seconds first, and
+        its target's figures if it was reached before."""
+        self.curve = [tuple(e) for e in history.evaluations] + self.curve
+        self.seconds += history.eval_seconds
+        self.reached_before = history.target
+        self.carried = True
 
     @property
     def has_target(self) -> bool:

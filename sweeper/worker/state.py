@@ -6,12 +6,15 @@ activation checkpointing's `.block.`, so a checkpoint is layout- and recipe-free
 scale, torch's random state, and the position: samples seen (the stream is a function of it, so a run
 continued at another global batch sees no sample twice and skips none), optimizer steps, the LR warmup
 counted in samples, the training time (the time to a target goes on), and the history a continued run's
-checks need: the global batch's loss at every step before (the divergence check's untrained loss and
-running mean) and the noise scale's per-step estimates (its moving averages go on). Written as plain
+checks and record need: the global batch's loss at every step before (the divergence check's untrained
+loss and running mean), the noise scale's per-step estimates (its moving averages go on), and the
+evaluation curve with the target's figures (History). Written as plain
 tensors (`torch.load(weights_only=True)` reads them: a shared store should not unpickle code) and a JSON
 file. Knows torch only.
 
-The evaluation curve is not in it: the driver holds the runs before and carries it (driver/smart.carried).
+A run continued from it that evaluates records the evaluations before it first (worker.train); the per-step
+series (loss, noise scale, gradient norm) stay each run's own, stitched by whoever holds the runs before
+(driver/smart.carried, a schedule's spans).
 """
 
 from __future__ import annotations
@@ -44,13 +47,19 @@ class Position:
 
 @dataclass
 class History:
-    """The steps before a continued run, as its checks need them: the global batch's loss at each step
-    (worker.divergence: the untrained loss is the first, the running mean spans the checkpoint) and the
-    gradient noise scale's per-step estimates (tr Sigma, |G|^2) of the steps that measured it
-    (worker.gns: the moving averages go on; the estimates are unbiased at any layout)."""
+    """The steps before a continued run: the global batch's loss at each step (worker.divergence: the
+    untrained loss is the first, the running mean spans the checkpoint), the gradient noise scale's
+    per-step estimates (tr Sigma, |G|^2) of the steps that measured it (worker.gns: the moving averages
+    go on; the estimates are unbiased at any layout), and the evaluations (samples seen, accuracy, loss),
+    the seconds they took and the target's figures if it was reached (steps_to_target, samples_to_target,
+    time_to_target_seconds, eval_seconds_to_target): a continued run's curve and time to target are the
+    point's."""
 
     losses: List[float] = field(default_factory=list)
     noise: List[Tuple[float, float]] = field(default_factory=list)
+    evaluations: List[Tuple[int, float, float]] = field(default_factory=list)
+    eval_seconds: float = 0.0
+    target: Optional[Dict[str, float]] = None
 
 
 @dataclass
@@ -139,6 +148,16 @@ def write(snapshot: Snapshot, folder: str) -> Snapshot:
     return Snapshot(**{**snapshot.__dict__, "write_seconds": seconds, "bytes": size})
 
 
+def write_history(history: History, folder: str) -> None:
+    """A written snapshot's history replaced (its evaluations grew after the state was taken)."""
+    path = os.path.join(folder, META)
+    with open(path) as f:
+        meta = json.load(f)
+    meta["history"] = asdict(history)
+    with open(path, "w") as f:
+        json.dump(meta, f, indent=1, default=str)
+
+
 def read_meta(folder: str) -> Dict[str, Any]:
     """A checkpoint's identity and position (meta.json) without its tensors; ValueError naming the folder
     when it is not one."""
@@ -161,7 +180,9 @@ def read(folder: str) -> Snapshot:
     history = meta.get("history") or {}
     return Snapshot(meta["identity"], Position(**meta["position"]), load(WEIGHTS), load(OPTIMIZER),
                     extra.get("scaler"), extra.get("rng"), extra.get("cuda_rng"), extra=meta.get("extra", {}),
-                    history=History(list(history.get("losses", [])), [tuple(e) for e in history.get("noise", [])]))
+                    history=History(list(history.get("losses", [])), [tuple(e) for e in history.get("noise", [])],
+                                    [tuple(e) for e in history.get("evaluations", [])],
+                                    history.get("eval_seconds", 0.0), history.get("target")))
 
 
 def load_optimizer(optimizer: torch.optim.Optimizer, state: Dict[str, Any]) -> None:

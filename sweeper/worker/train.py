@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -133,7 +133,6 @@ def _train_schedule(spec: PointSpec, ctx: WorkerContext, device: Optional[teleme
             earlier.append(result)
     done = spans[:i + 1]
     samples = sum(batch * n for batch, n in actual)
-    result.progress.follow([r.progress for r in earlier])
     result.noise.follow([r.noise for r in earlier])
     result.divergence.follow([r.divergence for r in earlier], sum(n for _, n in actual[:-1]))
     result.train_loss = losses
@@ -166,6 +165,8 @@ def _train_span(spec: PointSpec, ctx: WorkerContext, device: Optional[telemetry.
     progress = Progress.of(spec)
     progress.start_samples, progress.start_steps = run.start_samples, run.steps_before
     progress.start_seconds = run.seconds_before
+    if _has_accuracy(run):  # a run that evaluates records the point's evaluations before it first
+        progress.carry(run.history)
     train_start, loop_started = time.perf_counter(), time.time()
     run.loop_started = loop_started
     run.model.train()
@@ -176,40 +177,68 @@ def _train_span(spec: PointSpec, ctx: WorkerContext, device: Optional[telemetry.
         profiler.stop()
     train_seconds = time.perf_counter() - train_start
     # Saved at the step boundary the loop ended on, before the final evaluation draws from torch's RNG.
-    saved = _save_state(run, spec.save_state_to) if spec.save_state_to and diverged is None else None
-    handed = _capture(run) if hand_over and diverged is None else None
+    saved = _save_state(run, spec.save_state_to, progress, clock) if spec.save_state_to and diverged is None else None
+    handed = _capture(run, progress, clock) if hand_over and diverged is None else None
     result = _result(run, clock, breakdown, train_seconds, loop_started, progress, diverged)
+    _with_final_evaluation(run, progress, result, saved, handed)
     _state_figures(result, run, saved)
     return (result, handed) if hand_over else result
 
 
-def _capture(run: Training):
+def _with_final_evaluation(run: Training, progress: Progress, result: PointResult, saved, handed) -> None:
+    """The run's final evaluation (after the state was taken: it draws from torch's RNG, which the state
+    must hold as the training left it) added to the history of the state saved and handed over, so the
+    run that goes on from it records it as the point's."""
+    from sweeper.worker import state
+
+    snapshots = [s for s in (saved, handed) if isinstance(s, state.Snapshot)]
+    if not snapshots or not progress.curve:
+        return
+    before = run.history if run.history is not None and not progress.carried else state.History()
+    target = progress.reached_before or before.target
+    if target is None and result.progress.reached_target:
+        target = {name: result.progress.get(name) for name in
+                  ("steps_to_target", "samples_to_target", "time_to_target_seconds", "eval_seconds_to_target")}
+    for snapshot in snapshots:
+        snapshot.history.evaluations = list(before.evaluations) + list(progress.curve)
+        snapshot.history.eval_seconds = before.eval_seconds + progress.seconds
+        snapshot.history.target = target
+    if isinstance(saved, state.Snapshot) and run.ctx.rank == 0:
+        state.write_history(saved.history, run.spec.save_state_to)
+
+
+def _capture(run: Training, progress: Progress, clock: Clock):
     from sweeper.worker.step import capture
 
-    return capture(run, _history(run))
+    return capture(run, _history(run, progress, clock))
 
 
-def _history(run: Training):
-    """Every step's loss and noise estimates up to here, the steps before this run first (collectives:
-    every rank calls it), for the checkpoint a continued run goes on from."""
+def _history(run: Training, progress: Progress, clock: Clock):
+    """Everything up to here the next run goes on from: each step's loss and noise estimates, the steps
+    before this run first (collectives: every rank calls it), the evaluations and the target's figures."""
     from sweeper.worker.state import History
 
     noise = [(e.trace_sigma, e.grad_sq_norm) for e in _noise_estimates(run)]
-    return History(divergence.prior_losses(run) + divergence.global_losses(run), _prior_noise(run) + noise)
+    before = run.history if run.history is not None and not progress.carried else History()
+    target = progress.reached_before or before.target
+    if target is None and progress.reached is not None:
+        target = _target_figures(progress, _step_time_so_far(run, clock))
+    return History(divergence.prior_losses(run) + divergence.global_losses(run), _prior_noise(run) + noise,
+                   list(before.evaluations) + list(progress.curve), before.eval_seconds + progress.seconds, target)
 
 
 def _prior_noise(run: Training) -> List[Tuple[float, float]]:
     return list(run.history.noise) if run.history is not None else []
 
 
-def _save_state(run: Training, folder: str):
+def _save_state(run: Training, folder: str, progress: Progress, clock: Clock):
     """Rank 0 writes the training state into `folder` (DDP keeps every rank's alike). A write that fails
     (a full disk, an unwritable path) is the checkpoint's error, recorded on the point: raising on rank 0
     alone would leave the other ranks waiting in the result's collectives."""
     from sweeper.worker import state
     from sweeper.worker.step import capture
 
-    snapshot = capture(run, _history(run))
+    snapshot = capture(run, _history(run, progress, clock))
     if run.ctx.rank != 0:
         return snapshot
     try:
@@ -265,15 +294,19 @@ def _loop(run: Training, roles: List[timing.StepRole], clock: Clock, profiler: "
             progress.instrumented_seconds += time.perf_counter() - began
             progress.instrumented_steps += 1
         clock.after_step()
+        stop = False
+        if progress.due(step + 1) and step + 1 < len(roles) and _has_accuracy(run):
+            clock.leave_out(_evaluate(run, progress, since))
+            stop = progress.stop
+        # Saved after an evaluation due at the same step, which the checkpoint then holds (the uninterrupted
+        # run evaluates there too: the random state saved is the one it goes on with).
         at = run.start_samples + (step + 1) * run.spec.point.global_batch_size
         if at in run.spec.save_states_at and step + 1 < len(roles):
             began = time.perf_counter()
-            run.saved_on_the_way.append((at, _save_state(run, run.spec.save_states_at[at])))
+            run.saved_on_the_way.append((at, _save_state(run, run.spec.save_states_at[at], progress, clock)))
             clock.leave_out(time.perf_counter() - began)
-        if progress.due(step + 1) and step + 1 < len(roles) and _has_accuracy(run):
-            clock.leave_out(_evaluate(run, progress, since))
-            if progress.stop:
-                return breakdown, None
+        if stop:
+            return breakdown, None
         if role.closes_window is not None:
             clock.close(role.closes_window)
             if diverged := divergence.check(run, check):
@@ -532,16 +565,36 @@ def _progress(result: PointResult, progress: Progress) -> None:
         eval_seconds=progress.seconds,
     ))
     if progress.has_target:
-        result.progress.reached_target = int(progress.reached is not None)
-    if progress.reached is not None:
-        steps, seconds, evaluating, instrumented, count = progress.reached
-        step_time = result.throughput.step_time_seconds
-        if step_time is not None:  # the instrumentation's excess over as many plain steps
-            seconds -= max(0.0, instrumented - count * step_time)
-        # Samples: the steps before this run at their own global batches (start_samples), then this run's.
-        samples = progress.start_samples + (steps - progress.start_steps) * progress.samples_per_step
-        result.progress.update(dict(steps_to_target=steps, samples_to_target=samples,
-                                    time_to_target_seconds=seconds, eval_seconds_to_target=evaluating))
+        result.progress.reached_target = int(progress.reached_before is not None or progress.reached is not None)
+    target = progress.reached_before or _target_figures(progress, result.throughput.step_time_seconds)
+    if target is not None:
+        result.progress.update(target)
+
+
+def _target_figures(progress: Progress, step_time: Optional[float]) -> Optional[Dict[str, float]]:
+    """Steps, samples, seconds and evaluating seconds to the target this run reached (None: not reached),
+    the instrumented steps' excess over as many plain steps (at `step_time`) taken out of the seconds."""
+    if progress.reached is None:
+        return None
+    steps, seconds, evaluating, instrumented, count = progress.reached
+    if step_time is not None:
+        seconds -= max(0.0, instrumented - count * step_time)
+    # Samples: the steps before this run at their own global batches (start_samples), then this run's.
+    samples = progress.start_samples + (steps - progress.start_steps) * progress.samples_per_step
+    return dict(steps_to_target=steps, samples_to_target=samples, time_to_target_seconds=seconds,
+                eval_seconds_to_target=evaluating)
+
+
+def _step_time_so_far(run: Training, clock: Clock) -> Optional[float]:
+    """This rank's step time over the windows timed so far (a checkpoint's target figures), or None."""
+    if not clock.closed:
+        return None
+    cfg, spec = run.spec.measure, run.spec
+    bounds = timing.window_bounds(spec.steps, spec.first_timed_step, cfg.windows)
+    tp = timing.summarize([clock.window_seconds[i] for i in clock.closed],
+                          [bounds[i][1] - bounds[i][0] for i in clock.closed], spec.point.global_batch_size,
+                          cfg.stable_windows, cfg.stability_tolerance)
+    return tp.step_time_seconds
 
 
 def _divergence(result: PointResult, run: Training, diverged: Optional[Diverged]) -> None:
