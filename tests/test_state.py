@@ -191,6 +191,10 @@ def test_a_continued_run_records_the_points_evaluations_and_keeps_a_target_reach
     assert (after["samples_to_target"], after["steps_to_target"]) == (64, 4) == (
         straight["samples_to_target"], straight["steps_to_target"])
     assert after["time_to_target_seconds"] == first["time_to_target_seconds"] > 0
+    # Continued towards another target, the figures of the first do not count.
+    other = train_point(PointSpec(**{**with_eval(5, start_from=str(tmp_path / "s")).__dict__,
+                                     "eval": EvalConfig(every_samples=64, target_accuracy=1.01)}), WorkerContext())
+    assert other["reached_target"] == 0 and "samples_to_target" not in other
     # A run that continues it again without evaluating saves the point's evaluations on, unchanged.
     quiet = PointSpec(**{**with_eval(2, start_from=str(tmp_path / "s"), save_state_to=str(tmp_path / "t")).__dict__,
                          "evaluate": False})

@@ -122,8 +122,13 @@ class Progress:
         its target's figures if it was reached before."""
         self.curve = [tuple(e) for e in history.evaluations] + self.curve
         self.seconds += history.eval_seconds
-        self.reached_before = history.target
+        self.reached_before = history.target if list(history.target_of or []) == self.target_of else None
         self.carried = True
+
+    @property
+    def target_of(self) -> List[Optional[float]]:
+        """What the target is (accuracy, loss): a checkpoint's figures count only for the same target."""
+        return [self.target_accuracy, self.target_loss]
 
     @property
     def has_target(self) -> bool:

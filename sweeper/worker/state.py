@@ -60,6 +60,7 @@ class History:
     evaluations: List[Tuple[int, float, float]] = field(default_factory=list)
     eval_seconds: float = 0.0
     target: Optional[Dict[str, float]] = None
+    target_of: Optional[List[Optional[float]]] = None  # the target (accuracy, loss) those figures are for
 
 
 @dataclass
@@ -182,7 +183,8 @@ def read(folder: str) -> Snapshot:
                     extra.get("scaler"), extra.get("rng"), extra.get("cuda_rng"), extra=meta.get("extra", {}),
                     history=History(list(history.get("losses", [])), [tuple(e) for e in history.get("noise", [])],
                                     [tuple(e) for e in history.get("evaluations", [])],
-                                    history.get("eval_seconds", 0.0), history.get("target")))
+                                    history.get("eval_seconds", 0.0), history.get("target"),
+                                    history.get("target_of")))
 
 
 def load_optimizer(optimizer: torch.optim.Optimizer, state: Dict[str, Any]) -> None:

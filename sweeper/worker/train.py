@@ -194,17 +194,30 @@ def _with_final_evaluation(run: Training, progress: Progress, result: PointResul
     snapshots = [s for s in (saved, handed) if isinstance(s, state.Snapshot)]
     if not snapshots or not progress.curve:
         return
-    before = run.history if run.history is not None and not progress.carried else state.History()
-    target = progress.reached_before or before.target
-    if target is None and result.progress.reached_target:
-        target = {name: result.progress.get(name) for name in
-                  ("steps_to_target", "samples_to_target", "time_to_target_seconds", "eval_seconds_to_target")}
+    reached = None
+    if result.progress.reached_target:
+        reached = {name: result.progress.get(name) for name in TARGET_FIGURES}
+    evaluations, seconds, target = _evaluation_history(run, progress, reached)
     for snapshot in snapshots:
-        snapshot.history.evaluations = list(before.evaluations) + list(progress.curve)
-        snapshot.history.eval_seconds = before.eval_seconds + progress.seconds
-        snapshot.history.target = target
+        snapshot.history.evaluations, snapshot.history.eval_seconds = evaluations, seconds
+        snapshot.history.target, snapshot.history.target_of = target, progress.target_of
     if isinstance(saved, state.Snapshot) and run.ctx.rank == 0:
         state.write_history(saved.history, run.spec.save_state_to)
+
+
+TARGET_FIGURES = ("steps_to_target", "samples_to_target", "time_to_target_seconds", "eval_seconds_to_target")
+
+
+def _evaluation_history(run: Training, progress: Progress, reached: Optional[Dict[str, float]]):
+    """(evaluations, their seconds, the target's figures) of the point up to here: the checkpoint's this run
+    went on from first (unless it took them in already: Progress.carry), then its own; the target where first
+    reached (`reached`: this run's figures, if it reached it)."""
+    from sweeper.worker.state import History
+
+    before = run.history if run.history is not None and not progress.carried else History()
+    target = progress.reached_before or (before.target if before.target_of == progress.target_of else None)
+    return (list(before.evaluations) + list(progress.curve), before.eval_seconds + progress.seconds,
+            target or reached)
 
 
 def _capture(run: Training, progress: Progress, clock: Clock):
@@ -219,12 +232,10 @@ def _history(run: Training, progress: Progress, clock: Clock):
     from sweeper.worker.state import History
 
     noise = [(e.trace_sigma, e.grad_sq_norm) for e in _noise_estimates(run)]
-    before = run.history if run.history is not None and not progress.carried else History()
-    target = progress.reached_before or before.target
-    if target is None and progress.reached is not None:
-        target = _target_figures(progress, _step_time_so_far(run, clock))
+    evaluations, seconds, target = _evaluation_history(run, progress,
+                                                       _target_figures(progress, _step_time_so_far(run, clock)))
     return History(divergence.prior_losses(run) + divergence.global_losses(run), _prior_noise(run) + noise,
-                   list(before.evaluations) + list(progress.curve), before.eval_seconds + progress.seconds, target)
+                   evaluations, seconds, target, progress.target_of)
 
 
 def _prior_noise(run: Training) -> List[Tuple[float, float]]:
@@ -481,17 +492,12 @@ def _throughput(result: PointResult, run: Training, clock: Clock) -> None:
     """Throughput of the timed windows, paced by the slowest rank, and the phases of a step."""
     if not clock.closed:
         return
-    cfg, device, spec = run.spec.measure, run.device, run.spec
-    bounds = timing.window_bounds(spec.steps, spec.first_timed_step, cfg.windows)
-    steps_per_window = [bounds[i][1] - bounds[i][0] for i in clock.closed]
+    device, spec = run.device, run.spec
     # The slowest rank sets the pace of a data-parallel step.
     seconds = torch.tensor([clock.window_seconds[i] for i in clock.closed], dtype=torch.float64,
                            device=device.torch_device)
     comm.all_reduce(seconds, run.ctx, dist.ReduceOp.MAX)
-    tp = timing.summarize(
-        seconds.cpu().tolist(), steps_per_window, run.spec.point.global_batch_size,
-        cfg.stable_windows, cfg.stability_tolerance,
-    )
+    tp = _windows(run, clock, seconds.cpu().tolist())
     result.throughput.update(dict(
         samples_per_second=tp.samples_per_second,
         samples_per_second_cv=tp.samples_per_second_cv,
@@ -589,12 +595,15 @@ def _step_time_so_far(run: Training, clock: Clock) -> Optional[float]:
     """This rank's step time over the windows timed so far (a checkpoint's target figures), or None."""
     if not clock.closed:
         return None
+    return _windows(run, clock, [clock.window_seconds[i] for i in clock.closed]).step_time_seconds
+
+
+def _windows(run: Training, clock: Clock, seconds: List[float]):
+    """The closed windows' summary (timing.summarize) from their `seconds`."""
     cfg, spec = run.spec.measure, run.spec
     bounds = timing.window_bounds(spec.steps, spec.first_timed_step, cfg.windows)
-    tp = timing.summarize([clock.window_seconds[i] for i in clock.closed],
-                          [bounds[i][1] - bounds[i][0] for i in clock.closed], spec.point.global_batch_size,
-                          cfg.stable_windows, cfg.stability_tolerance)
-    return tp.step_time_seconds
+    return timing.summarize(seconds, [bounds[i][1] - bounds[i][0] for i in clock.closed],
+                            spec.point.global_batch_size, cfg.stable_windows, cfg.stability_tolerance)
 
 
 def _divergence(result: PointResult, run: Training, diverged: Optional[Diverged]) -> None:
