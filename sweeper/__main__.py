@@ -7,10 +7,12 @@ sweep's run ends KILLED). A multirun (`-m`) exits with its worst job's status; a
 
 from __future__ import annotations
 
+import atexit
 import os
 import shlex
 import signal
 import sys
+import threading
 import traceback
 from typing import Dict, List, Optional
 
@@ -141,5 +143,29 @@ def main() -> None:
     sys.exit(max((status for status in _jobs if status is not None), default=EXIT_OK))
 
 
+def cli() -> None:
+    """The `sweeper` command and `python -m sweeper`: main(), then the process ends as soon as what it
+    wrote is on disk. Past the last atexit handler (MLflow's, Ray's, logging's), tearing down the
+    interpreter's modules (torch, Ray's and gRPC's C++ state) takes 2-4 s here and writes nothing."""
+    try:
+        main()
+    except SystemExit as done:
+        status = done.code
+    else:
+        status = EXIT_OK
+    if not isinstance(status, int):  # as Python does: None is 0; anything else is printed, status 1
+        if status is not None:
+            print(status, file=sys.stderr)
+        status = EXIT_OK if status is None else 1
+    # What a normal exit does before the teardown: wait for non-daemon threads, run the atexit handlers.
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 if __name__ == "__main__":
-    main()
+    cli()

@@ -132,16 +132,25 @@ def test_a_two_worker_trial_spans_two_nodes_of_a_ray_cluster(tmp_path):
     assert m["samples_per_second"] > 0 and "val_accuracy" in m
 
 
+# A group of one worker runs in its Tune trial's process (Tune restarts it); a larger one is a Ray Train
+# worker group (Ray Train restarts it). Both go on from the points they had reported. Two workers
+# take half the micro-batch, so the points last as long (a few seconds: the kill lands mid-point).
+KILLED_WORKER = {1: ("ray::ImplicitFunc", [8, 16, 32]), 2: ("RayTrainWorker", [4, 8, 16])}
+
+
 @pytest.mark.own_ray
-def test_a_worker_killed_mid_trial_is_restarted_and_each_point_recorded_once(tmp_path):
-    proc = _start(tmp_path, *SLEEPY, *COMMON, *THREE_POINTS, own_ray=True)
+@pytest.mark.parametrize("workers", sorted(KILLED_WORKER))
+def test_a_worker_killed_mid_trial_is_restarted_and_each_point_recorded_once(tmp_path, workers):
+    process, sizes = KILLED_WORKER[workers]
+    points = [f"sweep.micro_batch_sizes={sizes}".replace(" ", ""), "sweep.accumulation_steps=[1]",
+              f"sweep.num_workers=[{workers}]"]
+    proc = _start(tmp_path, *SLEEPY, *COMMON, *points, own_ray=True)
     try:
         _wait_for_trials(tmp_path, proc, 1)  # the first point is recorded: the group is on the second
         # Only this sweep's workers (its local Ray descends from its driver): other Rays may run here.
-        workers = [p for p in psutil.Process(proc.pid).children(recursive=True)
-                   if "RayTrainWorker" in " ".join(p.cmdline())]
-        assert workers, "no Ray Train worker process found"
-        for worker in workers:
+        found = [p for p in psutil.Process(proc.pid).children(recursive=True) if process in " ".join(p.cmdline())]
+        assert len(found) == workers, f"{workers} worker process(es) expected, found {found}"
+        for worker in found:
             worker.send_signal(signal.SIGKILL)
         output, _ = proc.communicate(timeout=600)
     finally:
@@ -149,14 +158,15 @@ def test_a_worker_killed_mid_trial_is_restarted_and_each_point_recorded_once(tmp
             proc.kill()
     assert proc.returncode == 0, output[-3000:]
     _, trials = _runs(tmp_path)
+    first, running, last = (f"mb{m}-acc1-w{workers}" for m in sizes)
     keys = Counter(t.data.tags["sweeper.trial_key"] for t in trials)
-    assert keys == Counter({"mb8-acc1-w1": 1, "mb16-acc1-w1": 1, "mb32-acc1-w1": 1})  # none twice, none lost
+    assert keys == Counter({first: 1, running: 1, last: 1})  # none twice, none lost
     by_key = {t.data.tags["sweeper.trial_key"]: t for t in trials}
     assert all(t.data.tags["sweeper.status"] == "ok" for t in trials)
-    assert by_key["mb8-acc1-w1"].data.metrics["worker_group_restarts"] == 0
+    assert by_key[first].data.metrics["worker_group_restarts"] == 0
     # The point that was running when its worker died was measured again after the restart.
-    assert by_key["mb16-acc1-w1"].data.metrics["worker_group_restarts"] == 1
-    assert by_key["mb32-acc1-w1"].data.metrics["worker_group_restarts"] == 1
+    assert by_key[running].data.metrics["worker_group_restarts"] == 1
+    assert by_key[last].data.metrics["worker_group_restarts"] == 1
 
 
 def test_a_killed_sweep_resumes_under_the_same_run_without_rerunning_what_was_recorded(tmp_path):

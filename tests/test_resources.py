@@ -3,7 +3,10 @@
 import pytest
 
 from sweeper.cluster.connect import Cluster
-from sweeper.cluster.resources import concurrent_trials, plan_resources
+from dataclasses import replace
+
+from sweeper.cluster.resources import concurrent_trials, plan_resources, trial_resources
+from sweeper.cluster.runs import GROUP_ERROR, PointSink
 from sweeper.config import ClusterConfig
 from sweeper.errors import ConfigError
 from sweeper.plan import GridPoint
@@ -20,6 +23,35 @@ def test_auto_share_fits_driver_plus_largest_trial_on_two_cores():
     r = plan_resources(ClusterConfig(), cluster(2), POINTS)
     assert r.cpus_per_trial + 2 * r.cpus_per_worker <= 2
     assert r.cpus_per_worker == pytest.approx(0.99) and r.threads_per_worker == 1 and not r.use_gpu
+
+
+def test_a_group_of_one_worker_reserves_its_worker_in_its_trial_and_a_larger_one_only_its_driver():
+    r = plan_resources(ClusterConfig(), cluster(2), POINTS)
+    # One worker runs in its trial's process: the trial holds the worker's share (and its GPU).
+    assert trial_resources(r, 1) == {"CPU": pytest.approx(r.cpus_per_trial + r.cpus_per_worker)}
+    assert trial_resources(replace(r, use_gpu=True), 1)["GPU"] == 1
+    # Ray Train places a larger group's workers itself; the trial holds its driver's share.
+    assert trial_resources(r, 2) == {"CPU": r.cpus_per_trial}
+
+
+def test_a_worker_group_that_failed_for_good_fails_its_points_as_an_errored_trial_does():
+    group = [GridPoint(8, 1, 2), GridPoint(16, 1, 2), GridPoint(32, 1, 2)]
+    config = {"points": [p.as_dict() for p in group]}
+    for ending in ("result", "error"):
+        recorded = []
+        sink = PointSink(lambda points: None, lambda point, result, into=recorded: into.append((point.key, result)),
+                         frozenset())
+        sink.started("t1", config)
+        sink.result("t1", config, {"trial_key": "mb8-acc1-w2", "status": "ok"})
+        oom = "Traceback ...\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+        if ending == "result":  # Ray Train gave up: the trial's last result, then the trial completes
+            sink.result("t1", config, {GROUP_ERROR: f"WorkerGroupError: Training failed\n{oom}"})
+            sink.ended("t1", config, None)
+        else:  # the trial's own process died: Tune's error
+            sink.ended("t1", config, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+        assert [(key, r.status) for key, r in recorded] == [("mb8-acc1-w2", "ok"), ("mb16-acc1-w2", "oom")]
+        assert recorded[1][1].error.startswith("torch.OutOfMemoryError")
+        assert [p.key for p in sink.not_attempted] == ["mb32-acc1-w2"]  # run again in a fresh group
 
 
 def test_one_cpu_per_worker_on_two_cores_with_two_workers_is_refused():

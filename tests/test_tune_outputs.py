@@ -27,9 +27,9 @@ def report(config):
 
 class Collect(Sink):
     results, errors = [], []
-    def result(self, trial_id, config, result):
+    def on_result(self, trial_id, config, result):
         self.results.append(result["value"])
-    def ended(self, trial_id, config, error):
+    def on_end(self, trial_id, config, error):
         if error:
             self.errors.append(error)
 

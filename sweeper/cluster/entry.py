@@ -21,7 +21,8 @@ from ray.train.torch import TorchConfig, TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
 from sweeper.cluster import storage
-from sweeper.cluster.resources import Resources
+from sweeper.cluster.resources import Resources, in_trial
+from sweeper.cluster.runs import GROUP_ERROR
 from sweeper.plan import GridPoint
 from sweeper.schema import PointResult
 from sweeper.worker.spec import WorkerContext
@@ -40,26 +41,28 @@ def group_trial(
     run_suffix: str = "",
 ) -> None:
     """The Tune function trainable of a worker group: one TorchTrainer whose workers measure the
-    group's points in turn (Train V2 cannot be passed to a Tuner directly). Each point's result
-    reaches Tune through `TuneReportCallback`, so the driver records it as soon as it is measured."""
+    group's points in turn (Train V2 cannot be passed to a Tuner directly), or, for a group of one
+    worker, that worker's function in this process (`in_trial`). Each point's result reaches Tune as it
+    is measured (through `TuneReportCallback` from a TorchTrainer), so the driver records it at once."""
     start = time.time()
     points = [GridPoint(**p) for p in config["points"]]
     group_specs = [replace(specs[p], use_gpu=resources.use_gpu) for p in points if p.key not in done_keys]
     if not group_specs:
         return  # everything in this group was recorded before the sweep was interrupted
-    _fit(
-        point_worker,
-        {"specs": group_specs, "threads": resources.threads_per_worker, "group_start_time": start},
-        # Sized to the group's largest point; smaller points use its first ranks.
-        max(s.point.num_workers for s in group_specs),
-        resources,
-        f"{experiment}-{points[0].key}-x{len(points)}{run_suffix}",
-        storage_path,
-    )
+    loop_config = {"specs": group_specs, "threads": resources.threads_per_worker, "group_start_time": start}
+    if in_trial(max(p.num_workers for p in points)):  # as its trial's resources were reserved (runs.py)
+        point_worker({**loop_config, "in_trial": True})
+        return
+    # Sized to the group's largest point; smaller points use its first ranks.
+    _fit(point_worker, loop_config, max(s.point.num_workers for s in group_specs), resources,
+         f"{experiment}-{points[0].key}-x{len(points)}{run_suffix}", storage_path)
 
 
 def frontier_trial(config: Dict[str, Any], fspecs, resources: Resources, storage_path: str, experiment: str) -> None:
     fspec = fspecs[config["search"]]
+    if in_trial(fspec.num_workers):
+        frontier_worker({"fspec": fspec, "threads": resources.threads_per_worker, "in_trial": True})
+        return
     _fit(
         frontier_worker,
         {"fspec": fspec, "threads": resources.threads_per_worker},
@@ -121,10 +124,23 @@ def _fit(worker: Callable, loop_config: Dict[str, Any], num_workers: int, resour
             callbacks=[TuneReportCallback()],
         ),
     )
-    trainer.fit()
+    try:
+        trainer.fit()
+    except Exception as exc:  # noqa: BLE001 - relayed whole: the driver's sink turns it into the points' status
+        # Ray Train restarted the group cluster.max_failures times already: the trial ends with the
+        # error as its last result, not as a failure Tune would retry (Tune retries the trials whose
+        # own process died, such as a group that runs in its trial: in_trial).
+        tune.report({GROUP_ERROR: f"{type(exc).__name__}: {exc}"})
 
 
-def _context() -> WorkerContext:
+def _api(config: Dict[str, Any]):
+    """Where a worker's reports and checkpoints go: Ray Train's, or the Tune trial's (in_trial)."""
+    return tune if config.get("in_trial") else train
+
+
+def _context(config: Dict[str, Any]) -> WorkerContext:
+    if config.get("in_trial"):
+        return WorkerContext(rank=0, world_size=1, local_rank=0, node=ray.get_runtime_context().get_node_id())
     ctx = train.get_context()
     return WorkerContext(
         rank=ctx.get_world_rank(),
@@ -138,19 +154,20 @@ def frontier_worker(config: Dict[str, Any]) -> None:
     from sweeper.worker.probes import run_frontier
 
     torch.set_num_threads(config["threads"])
-    run_frontier(config["fspec"], _context(), report=lambda r: train.report(r.to_flat()), threads=config["threads"])
+    api = _api(config)
+    run_frontier(config["fspec"], _context(config), report=lambda r: api.report(r.to_flat()), threads=config["threads"])
 
 
 class _GroupState:
     """The points a worker group has reported, kept in Ray Train checkpoints, so a group restarted
     after a worker died goes on from the next point instead of measuring them again."""
 
-    def __init__(self, rank: int):
-        self.rank = rank
+    def __init__(self, rank: int, api):
+        self.rank, self.api = rank, api
         self.done: List[str] = []
         self.ended_by: Dict[str, int] = {}  # points that were running when the group died, and how often
         self.restarts = 0
-        checkpoint = train.get_checkpoint()
+        checkpoint = api.get_checkpoint()
         self.restarted = checkpoint is not None
         if checkpoint is not None:
             with checkpoint.as_directory() as folder, open(os.path.join(folder, STATE_FILE)) as f:
@@ -166,8 +183,8 @@ class _GroupState:
             if self.rank == 0:  # one copy of the state is enough
                 with open(os.path.join(folder, STATE_FILE), "w") as f:
                     json.dump({"done": self.done, "ended_by": self.ended_by, "restarts": self.restarts}, f)
-                checkpoint = train.Checkpoint.from_directory(folder)
-            train.report(result, checkpoint=checkpoint)
+                checkpoint = self.api.Checkpoint.from_directory(folder)
+            self.api.report(result, checkpoint=checkpoint)
 
     def report_point(self, result: PointResult) -> None:
         self.done.append(result.trial_key)
@@ -180,8 +197,8 @@ def point_worker(config: Dict[str, Any]) -> None:
     from sweeper.worker.points import run_points
 
     torch.set_num_threads(config["threads"])
-    ctx = _context()
-    state = _GroupState(ctx.rank)
+    ctx = _context(config)
+    state = _GroupState(ctx.rank, _api(config))
     pending = [s for s in config["specs"] if s.point.key not in state.done]
     if state.restarted and pending:
         # Points run in order: the first pending one was running when the group died.

@@ -7,7 +7,7 @@ Ray (the sweep's run functions in cluster.runs do so inside their bodies).
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Union
 
 from ray import tune
 from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY
@@ -61,15 +61,17 @@ def launch(
     experiment: str,
     trainable: Callable[..., None],
     parameters: Dict[str, Any],
-    resources: Dict[str, float],
+    resources: Union[Dict[str, float], Callable[[Dict[str, Any]], Dict[str, float]]],
     param_space: Dict[str, Any],
     storage_path: str,
     sink: Sink,
     max_concurrent_trials: int = 1,
     restore: bool = False,
+    max_failures: int = 0,
 ) -> None:
     """Run `trainable` as one Tune trial per value of `param_space`'s grid (or restore the experiment
-    of that name and run its unfinished and errored trials), each reserving `resources`; every trial
+    of that name and run its unfinished and errored trials), each reserving `resources` (or
+    `resources(config)` of its entry of the param space); every trial
     event reaches `sink` in this process. Actors are reused between trials: all ask for the same
     resources, and reuse saves a process start and its imports (torch) for every trial after the first."""
     wrapped = tune.with_resources(tune.with_parameters(trainable, **parameters), resources)
@@ -85,7 +87,8 @@ def launch(
                 param_space=param_space,
                 tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent_trials, reuse_actors=True),
                 run_config=tune.RunConfig(
-                    name=experiment, storage_path=storage_path, callbacks=[Relay(experiment)], verbose=0
+                    name=experiment, storage_path=storage_path, callbacks=[Relay(experiment)], verbose=0,
+                    failure_config=tune.FailureConfig(max_failures=max_failures),
                 ),
             )
         tuner.fit()

@@ -30,6 +30,21 @@ class Resources:
     health_check_seconds: float
 
 
+def in_trial(num_workers: int) -> bool:
+    """Whether a worker group of `num_workers` runs in its Tune trial's own process instead of a Ray Train
+    worker group: a single worker needs no process group, and a Train run of one worker costs a
+    controller and a worker process (~15 s here) before its first step."""
+    return num_workers == 1
+
+
+def trial_resources(resources: "Resources", num_workers: int) -> dict:
+    """What a Tune trial of a worker group reserves: its driver's share, and the worker's own
+    resources when the worker runs in the trial (in_trial); Ray Train reserves a group's workers."""
+    if not in_trial(num_workers):
+        return {"CPU": resources.cpus_per_trial}
+    return {"CPU": resources.cpus_per_trial + resources.cpus_per_worker, **({"GPU": 1} if resources.use_gpu else {})}
+
+
 def plan_resources(cfg: ClusterConfig, cluster: Cluster, points: List[GridPoint]) -> Resources:
     """Per-worker resources for the largest worker group, or a ConfigError instead of Ray's silent hang (a
     trial that asks for more than the cluster can place stays PENDING/RUNNING forever: Ray Train V2

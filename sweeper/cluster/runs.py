@@ -12,8 +12,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 from sweeper.cluster.connect import Cluster
-from sweeper.cluster.resources import Resources
-from sweeper.errors import is_oom_text
+from sweeper.cluster.resources import Resources, trial_resources
+from sweeper.errors import is_oom_text, last_line
 from sweeper.plan import GridPoint
 from sweeper.schema import FrontierResult, InferenceResult, PointResult
 
@@ -23,16 +23,36 @@ if TYPE_CHECKING:  # torch is imported by the workers, not by the driver's Ray l
 
 PointCallback = Callable[[GridPoint, PointResult], None]
 
+# A trial's last result when its Ray Train worker group failed for good (entry._fit): the trial ends
+# without an error of its own, so Tune does not retry what Ray Train already restarted.
+GROUP_ERROR = "worker_group_error"
+
 
 class Sink:
     """The driver-side receiver of one Tune experiment's trial events (see cluster.launch.Relay).
-    `config` is the trial's entry of the param space; `result` has Tune's own fields removed."""
+    `config` is the trial's entry of the param space; `result` has Tune's own fields removed.
+
+    `on_result` and `on_end` are what a subclass implements; a worker group's failure reported as a
+    result (GROUP_ERROR) reaches `on_end` as the trial's error."""
+
+    def __init__(self) -> None:
+        self._group_errors: Dict[str, str] = {}
 
     def started(self, trial_id: str, config: Dict[str, Any]) -> None: ...
 
-    def result(self, trial_id: str, config: Dict[str, Any], result: Dict[str, Any]) -> None: ...
+    def result(self, trial_id: str, config: Dict[str, Any], result: Dict[str, Any]) -> None:
+        if GROUP_ERROR in result:
+            self._group_errors[trial_id] = last_line(str(result[GROUP_ERROR]))
+        else:
+            self.on_result(trial_id, config, result)
 
     def ended(self, trial_id: str, config: Dict[str, Any], error: Optional[str]) -> None:
+        group_error = self._group_errors.pop(trial_id, None)
+        self.on_end(trial_id, config, error if error is not None else group_error)
+
+    def on_result(self, trial_id: str, config: Dict[str, Any], result: Dict[str, Any]) -> None: ...
+
+    def on_end(self, trial_id: str, config: Dict[str, Any], error: Optional[str]) -> None:
         """The trial finished (error None) or failed (the last line of its error)."""
 
 
@@ -40,6 +60,7 @@ class PointSink(Sink):
     """Grid points, one result each, whatever happens to their worker group."""
 
     def __init__(self, on_group_start: Callable[[List[GridPoint]], None], on_point: PointCallback, skip: frozenset):
+        super().__init__()
         self.on_group_start, self.on_point = on_group_start, on_point
         self.skip = skip  # recorded before a resume: not measured, not reported
         self.reported: Dict[str, set] = {}
@@ -48,14 +69,14 @@ class PointSink(Sink):
     def started(self, trial_id, config):
         self.on_group_start(_points(config))
 
-    def result(self, trial_id, config, result):
+    def on_result(self, trial_id, config, result):
         by_key = {p.key: p for p in _points(config)}
         if result.get("trial_key") not in by_key:
             return  # the worker group's own start-up report
         self.reported.setdefault(trial_id, set()).add(result["trial_key"])
         self.on_point(by_key[result["trial_key"]], PointResult.from_flat(result))
 
-    def ended(self, trial_id, config, error):
+    def on_end(self, trial_id, config, error):
         unreported = self._unreported(trial_id, config)
         if error is None:
             for point in unreported:
@@ -128,12 +149,15 @@ def run_points(
             # killed driver never recorded, and only what MLflow holds counts as done.
             run_suffix=f"-resumed{int(time.time())}" if resume else "",
         ),
-        {"CPU": resources.cpus_per_trial},
+        lambda config: trial_resources(resources, max(p["num_workers"] for p in config["points"])),
         {"points": _grid([[p.as_dict() for p in group] for group in groups])},
         cluster.results_dir,
         sink,
         max_concurrent_trials=max_concurrent_trials,
         restore=resume,
+        # A group that runs in its trial's process (resources.in_trial) restarts as its trial, from the
+        # trial's checkpoint of the points done; a Ray Train group's own restarts end in a result.
+        max_failures=resources.max_failures,
     )
     return sink.not_attempted
 
@@ -143,10 +167,11 @@ class FrontierSink(Sink):
     reaches the caller with its search's template point (workers and recipe)."""
 
     def __init__(self, searches: List[GridPoint], on_probe, on_frontier):
+        super().__init__()
         self.searches, self.on_probe, self.on_frontier = searches, on_probe, on_frontier
         self.ended_searches: set = set()
 
-    def result(self, trial_id, config, result):
+    def on_result(self, trial_id, config, result):
         search, key = self.searches[config["search"]], str(result.get("trial_key", ""))
         if key.startswith("frontier-"):
             self.ended_searches.add(config["search"])
@@ -154,7 +179,7 @@ class FrontierSink(Sink):
         elif key.startswith("probe"):
             self.on_probe(search, PointResult.from_flat(result))
 
-    def ended(self, trial_id, config, error):
+    def on_end(self, trial_id, config, error):
         if error is not None and config["search"] not in self.ended_searches:
             failed = FrontierResult(status="failed", error=f"the frontier search failed: {error}")
             self.on_frontier(self.searches[config["search"]], failed)
@@ -180,10 +205,11 @@ def run_frontiers(
         experiment,
         entry.frontier_trial,
         dict(fspecs=fspecs, resources=resources, storage_path=cluster.results_dir, experiment=experiment),
-        {"CPU": resources.cpus_per_trial},
+        lambda config: trial_resources(resources, fspecs[config["search"]].num_workers),
         {"search": _grid(list(range(len(fspecs))))},
         cluster.results_dir,
         FrontierSink([f.template.point for f in fspecs], on_probe, on_frontier),
+        max_failures=resources.max_failures,
     )
 
 
@@ -192,17 +218,18 @@ class InferenceSink(Sink):
     trial never reached are recorded failed."""
 
     def __init__(self, groups: List[List["InferenceSpec"]], on_result, on_device):
+        super().__init__()
         self.groups, self.on_result, self.on_device = groups, on_result, on_device
         self.reported: Dict[str, int] = {}
 
-    def result(self, trial_id, config, result):
+    def on_result(self, trial_id, config, result):
         if result.get("role") == "device":
             self.on_device(result)
         elif result.get("trial_key"):
             self.reported[trial_id] = self.reported.get(trial_id, 0) + 1
             self.on_result(InferenceResult.from_flat(result))
 
-    def ended(self, trial_id, config, error):
+    def on_end(self, trial_id, config, error):
         if error is None:
             return
         for spec in self.groups[config["group"]][self.reported.get(trial_id, 0):]:

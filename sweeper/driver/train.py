@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from sweeper import data as data_mod, models, plan, tracking
 from sweeper.cluster import runs, storage
 from sweeper.cluster.resources import Resources, concurrent_trials
+from sweeper.cluster.resources import in_trial as resources_in_trial
 from sweeper.config import SweeperConfig, tracking_uri
 from sweeper.driver import console, resume
 from sweeper.driver import branch as branch_driver
@@ -155,7 +156,14 @@ def measure_grid(
     if cfg.train.save_state:  # every point's training state at its end, where every node reads
         folder = storage.join(storage.root(cfg.cluster.storage_path, s.cluster.results_dir, name), "checkpoints")
         specs = {p: replace(spec, save_state_to=storage.join(folder, p.key)) for p, spec in specs.items()}
-    console.print_start(len(points), len(groups))
+    in_trial = sum(resources_in_trial(max(p.num_workers for p in g)) for g in groups)
+    if in_trial == len(groups):
+        console.print_start(len(points), len(groups), "worker group(s) of one worker, each in its Ray Tune trial")
+    elif in_trial:
+        console.print_start(len(points), len(groups), f"worker group(s) ({in_trial} of one worker in its Ray Tune "
+                                                      "trial, the others Ray Train's)")
+    else:
+        console.print_start(len(points), len(groups))
     rows: Rows = []
     recorded = set(done_keys)
     with console.progress() as bar:

@@ -99,9 +99,10 @@ def startup_split(group_start: float, process_start: Optional[float], entered: f
     """A worker group's start-up, from the Tune trial's start to a worker ready to train, in its
     parts (wall-clock seconds; the clocks are one machine's when the trial and rank 0 share a node):
     launch, the Ray Train controller and worker actors up to the worker's process (0 when Ray reused
-    a process it had started before the trial); init, that process's imports (torch, Ray Train)
-    and Ray Train's process-group setup, up to the training function; setup, the group's own
-    work: the dataset, the peak FLOP/s measurement, the sub-groups."""
+    a process it had started before the trial, and for a worker that runs in its trial's process);
+    init, that process's imports (torch, Ray Train) and Ray Train's process-group setup, up to the
+    training function; setup, the group's own work: the dataset, the peak FLOP/s measurement, the
+    sub-groups."""
     launched = min(max(process_start, group_start), entered) if process_start is not None else group_start
     split = {
         "worker_group_startup_seconds": ready - group_start,
