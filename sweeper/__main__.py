@@ -157,10 +157,9 @@ def cli() -> None:
         if status is not None:
             print(status, file=sys.stderr)
         status = EXIT_OK if status is None else 1
-    # What a normal exit does before the teardown: wait for non-daemon threads, run the atexit handlers.
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
+    # What a normal exit does before the teardown, in its order: threading's own exit hooks (they stop
+    # the thread pools of concurrent.futures), joining the non-daemon threads, the atexit handlers.
+    threading._shutdown()
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()

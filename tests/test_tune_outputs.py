@@ -27,9 +27,9 @@ def report(config):
 
 class Collect(Sink):
     results, errors = [], []
-    def on_result(self, trial_id, config, result):
+    def trial_result(self, trial_id, config, result):
         self.results.append(result["value"])
-    def on_end(self, trial_id, config, error):
+    def trial_ended(self, trial_id, config, error):
         if error:
             self.errors.append(error)
 

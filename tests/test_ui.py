@@ -64,7 +64,10 @@ def server(tmp_path_factory):
             time.sleep(1)
         # A Ray of its own: a driver that joined a cluster names MLflow's system metrics by its host
         # (system/<host>/...), and these tests read the local names.
-        sweep = run_cli(*TINY, f"tracking.uri={url}", cwd=folder, timeout=600, own_ray=True)
+        # A sample every 2 s (MLflow's own override of the monitor's 10 s): the UI draws a chart of a
+        # system metric from two samples, and this sweep lasts ~15 s.
+        sweep = run_cli(*TINY, f"tracking.uri={url}", cwd=folder, timeout=600, own_ray=True,
+                        env={"MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "2"})
         assert sweep.returncode == 0, sweep.stdout[-3000:] + sweep.stderr[-3000:]
         yield url
     finally:

@@ -32,8 +32,8 @@ class Sink:
     """The driver-side receiver of one Tune experiment's trial events (see cluster.launch.Relay).
     `config` is the trial's entry of the param space; `result` has Tune's own fields removed.
 
-    `on_result` and `on_end` are what a subclass implements; a worker group's failure reported as a
-    result (GROUP_ERROR) reaches `on_end` as the trial's error."""
+    `trial_result` and `trial_ended` are what a subclass implements; a worker group's failure reported as a
+    result (GROUP_ERROR) reaches `trial_ended` as the trial's error."""
 
     def __init__(self) -> None:
         self._group_errors: Dict[str, str] = {}
@@ -44,15 +44,15 @@ class Sink:
         if GROUP_ERROR in result:
             self._group_errors[trial_id] = last_line(str(result[GROUP_ERROR]))
         else:
-            self.on_result(trial_id, config, result)
+            self.trial_result(trial_id, config, result)
 
     def ended(self, trial_id: str, config: Dict[str, Any], error: Optional[str]) -> None:
         group_error = self._group_errors.pop(trial_id, None)
-        self.on_end(trial_id, config, error if error is not None else group_error)
+        self.trial_ended(trial_id, config, error if error is not None else group_error)
 
-    def on_result(self, trial_id: str, config: Dict[str, Any], result: Dict[str, Any]) -> None: ...
+    def trial_result(self, trial_id: str, config: Dict[str, Any], result: Dict[str, Any]) -> None: ...
 
-    def on_end(self, trial_id: str, config: Dict[str, Any], error: Optional[str]) -> None:
+    def trial_ended(self, trial_id: str, config: Dict[str, Any], error: Optional[str]) -> None:
         """The trial finished (error None) or failed (the last line of its error)."""
 
 
@@ -69,14 +69,14 @@ class PointSink(Sink):
     def started(self, trial_id, config):
         self.on_group_start(_points(config))
 
-    def on_result(self, trial_id, config, result):
+    def trial_result(self, trial_id, config, result):
         by_key = {p.key: p for p in _points(config)}
         if result.get("trial_key") not in by_key:
             return  # the worker group's own start-up report
         self.reported.setdefault(trial_id, set()).add(result["trial_key"])
         self.on_point(by_key[result["trial_key"]], PointResult.from_flat(result))
 
-    def on_end(self, trial_id, config, error):
+    def trial_ended(self, trial_id, config, error):
         unreported = self._unreported(trial_id, config)
         if error is None:
             for point in unreported:
@@ -171,7 +171,7 @@ class FrontierSink(Sink):
         self.searches, self.on_probe, self.on_frontier = searches, on_probe, on_frontier
         self.ended_searches: set = set()
 
-    def on_result(self, trial_id, config, result):
+    def trial_result(self, trial_id, config, result):
         search, key = self.searches[config["search"]], str(result.get("trial_key", ""))
         if key.startswith("frontier-"):
             self.ended_searches.add(config["search"])
@@ -179,7 +179,7 @@ class FrontierSink(Sink):
         elif key.startswith("probe"):
             self.on_probe(search, PointResult.from_flat(result))
 
-    def on_end(self, trial_id, config, error):
+    def trial_ended(self, trial_id, config, error):
         if error is not None and config["search"] not in self.ended_searches:
             failed = FrontierResult(status="failed", error=f"the frontier search failed: {error}")
             self.on_frontier(self.searches[config["search"]], failed)
@@ -222,14 +222,14 @@ class InferenceSink(Sink):
         self.groups, self.on_result, self.on_device = groups, on_result, on_device
         self.reported: Dict[str, int] = {}
 
-    def on_result(self, trial_id, config, result):
+    def trial_result(self, trial_id, config, result):
         if result.get("role") == "device":
             self.on_device(result)
         elif result.get("trial_key"):
             self.reported[trial_id] = self.reported.get(trial_id, 0) + 1
             self.on_result(InferenceResult.from_flat(result))
 
-    def on_end(self, trial_id, config, error):
+    def trial_ended(self, trial_id, config, error):
         if error is None:
             return
         for spec in self.groups[config["group"]][self.reported.get(trial_id, 0):]:
