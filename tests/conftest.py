@@ -9,6 +9,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 from hydra import compose, initialize_config_module
@@ -285,6 +286,7 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    ZYGOTE.stop()
     SESSION_RAY.stop()
 
 
@@ -312,11 +314,17 @@ def run_cli(
 ) -> subprocess.CompletedProcess:
     """`python -m sweeper *args` in cwd. It joins the session's Ray (cluster.address=...) unless
     own_ray is true or args already name a cluster.address: tests of Ray's start-up, of a two-node
-    cluster, of faults that kill Ray's processes and of the dashboard start their own."""
+    cluster, of faults that kill Ray's processes and of the dashboard start their own.
+
+    A run that joins the session's Ray is a process forked from the session's ZYGOTE, which has
+    imported what the CLI imports (~10 s of every run here) and nothing else: Ray, which reads its
+    settings when imported, is imported by the run itself, as in a fresh `python -m sweeper`."""
     merged = {**os.environ, **(env or {})}
     args = list(args)
     if not own_ray and not any(a.startswith(("cluster.address=", "+cluster.address=")) for a in args):
         args, merged = joining_session_ray(args, env)
+        if not os.environ.get("SWEEPER_TEST_NO_ZYGOTE"):
+            return ZYGOTE.run(args, cwd, merged, timeout)
     return subprocess.run(
         [sys.executable, "-m", "sweeper", *args],
         cwd=cwd,
@@ -325,6 +333,165 @@ def run_cli(
         timeout=timeout,
         env=merged,
     )
+
+
+class Zygote:
+    """A Python process that has imported the CLI's modules and forks one child per run: the child
+    takes the run's working folder, environment, sys.path (as `python -m` builds it) and argv, and
+    runs `sweeper.__main__.cli()`, its output in files the caller reads. One thread, no Ray, nothing
+    run: what a child inherits is what a fresh interpreter would have after the same imports."""
+
+    def __init__(self):
+        self._proc = None
+        self._running: Optional[ZygoteChild] = None
+
+    def run(self, args, cwd: Path, env: dict, timeout: float) -> subprocess.CompletedProcess:
+        """`python -m sweeper *args` to its end, as subprocess.run(capture_output=True, text=True)."""
+        with tempfile.TemporaryDirectory() as folder:
+            out, err = Path(folder) / "stdout", Path(folder) / "stderr"
+            child = self.spawn(args, cwd, env, out, err)
+            try:
+                status = child.wait(timeout)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+                raise
+            return subprocess.CompletedProcess(child.args, status, out.read_text(), err.read_text())
+
+    def spawn(self, args, cwd: Path, env: dict, out: Path, err: Optional[Path] = None) -> "ZygoteChild":
+        """`python -m sweeper *args` started, its stdout in `out` and its stderr in `err` (None: in
+        `out` too, as Popen's stderr=STDOUT); one run at a time (the zygote waits for its child)."""
+        import json
+
+        if self._proc is None or self._proc.poll() is not None:
+            self._proc = subprocess.Popen([sys.executable, "-c", ZYGOTE_SCRIPT], stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
+        assert self._running is None or self._running.poll() is not None, "the zygote runs one sweep at a time"
+        request = {"args": list(args), "cwd": str(cwd), "env": env, "out": str(out), "err": str(err or out)}
+        self._proc.stdin.write(json.dumps(request) + "\n")
+        self._proc.stdin.flush()
+        self._running = ZygoteChild(["python", "-m", "sweeper", *args], self._reply()["pid"], out,
+                                    lambda: self._reply()["status"])
+        return self._running
+
+    def _reply(self) -> dict:
+        """The zygote's next reply (a line of its own; anything an import printed is passed over)."""
+        import json
+
+        while True:
+            line = self._proc.stdout.readline()
+            if not line:
+                raise RuntimeError("the test session's zygote process ended")
+            if line.startswith("zygote: "):
+                return json.loads(line[len("zygote: "):])
+
+    def stop(self) -> None:
+        if self._running is not None and self._running.poll() is None:
+            self._running.kill()
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        self._proc = None
+
+
+class ZygoteChild:
+    """A run forked from the zygote, used as the tests use subprocess.Popen(stdout=PIPE,
+    stderr=STDOUT, text=True): pid, poll, wait, send_signal, kill, communicate, returncode and
+    stdout.read() (its output so far)."""
+
+    def __init__(self, args, pid: int, out: Path, status):
+        import threading
+
+        self.args, self.pid, self.returncode, self._out = args, pid, None, out
+        self._ended = threading.Event()
+
+        def wait_for_status():
+            self.returncode = status()
+            self._ended.set()
+
+        threading.Thread(target=wait_for_status, daemon=True).start()
+
+    @property
+    def stdout(self):
+        return self
+
+    def read(self) -> str:
+        return self._out.read_text() if self._out.exists() else ""
+
+    def poll(self) -> Optional[int]:
+        return self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        if not self._ended.wait(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        import signal
+
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, timeout: Optional[float] = None):
+        self.wait(timeout)
+        return self.read(), None
+
+
+# The zygote: imports, then for each request line forks a child and reports its pid, then its exit status.
+ZYGOTE_SCRIPT = """
+import json, os, sys, traceback
+import sweeper.__main__ as cli
+import sweeper.driver.train, sweeper.driver.inference  # noqa: F401 - what every run imports
+import mlflow  # noqa: F401
+base_path = [p for p in sys.path if p not in ("", os.getcwd())]
+for line in sys.stdin:
+    request = json.loads(line)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            out = os.open(request["out"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            err = os.open(request["err"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.dup2(out, 1)
+            os.dup2(err if request["err"] != request["out"] else out, 2)
+            os.chdir(request["cwd"])
+            os.environ.clear()
+            os.environ.update(request["env"])
+            extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
+            sys.path[:] = [request["cwd"], *extra, *[p for p in base_path if p not in extra]]
+            sys.argv = [cli.__file__, *request["args"]]
+            cli.cli()
+        except BaseException:
+            traceback.print_exc()
+            sys.stderr.flush()
+            os._exit(1)
+        os._exit(0)
+    print("zygote: " + json.dumps({"pid": pid}), flush=True)
+    _, status = os.waitpid(pid, 0)
+    print("zygote: " + json.dumps({"status": os.waitstatus_to_exitcode(status)}), flush=True)
+"""
+
+if __name__ == "tests.conftest":
+    ZYGOTE = Zygote()
+else:
+    from tests.conftest import ZYGOTE  # noqa: E402 - one zygote for both names of this file
+
+
+def joined_process(args, cwd: Path, env=None):
+    """`python -m sweeper *args` started in `cwd`, joining the session's Ray, to be signalled or killed:
+    a Popen-like process (stdout and stderr together), forked from the zygote (see run_cli)."""
+    args, merged = joining_session_ray(args, env)
+    if os.environ.get("SWEEPER_TEST_NO_ZYGOTE"):
+        return subprocess.Popen([sys.executable, "-m", "sweeper", *args], cwd=cwd, env=merged,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = Path(tempfile.mkdtemp(prefix="sweeper-run-")) / "output"
+    return ZYGOTE.spawn(args, cwd, merged, out)
 
 
 def recorded(db: Path, prefix: str) -> int:
@@ -345,9 +512,7 @@ def interrupt_once_recorded(args, cwd: Path, prefix: str, timeout: float = 300) 
     `prefix`... is recorded, and return its output; asserts it ended as an interrupted sweep does (130)."""
     import signal
 
-    args, env = joining_session_ray(args, {"PYTHONPATH": str(Path(__file__).resolve().parents[1])})
-    proc = subprocess.Popen([sys.executable, "-m", "sweeper", *args], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = joined_process(args, cwd, {"PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     deadline = time.time() + timeout
     while recorded(cwd / "mlflow.db", prefix) < 1:
         assert proc.poll() is None, proc.stdout.read()[-3000:]

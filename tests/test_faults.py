@@ -17,7 +17,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import joining_session_ray, run_cli
+from tests.conftest import joined_process, run_cli
 
 # Tests of a Ray the sweep started itself start their own (marked own_ray): a worker killed under its
 # driver, a two-node cluster, signals to a driver that must also stop its Ray (SIGTERM, a second
@@ -62,10 +62,9 @@ def _nothing_running(tmp_path, uri=None):
 def _start(tmp_path, *overrides, own_ray=True):
     """The sweep as a process of its own, to signal or kill. Its own Ray by default (these tests kill
     Ray's processes or the driver that started them); own_ray=False joins the session's."""
-    if own_ray:
-        args, env = list(overrides), {**os.environ, **ENV}
-    else:
-        args, env = joining_session_ray(overrides, ENV)
+    if not own_ray:
+        return joined_process(overrides, tmp_path, ENV)
+    args, env = list(overrides), {**os.environ, **ENV}
     return subprocess.Popen(
         [sys.executable, "-m", "sweeper", *args],
         cwd=tmp_path,
