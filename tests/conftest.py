@@ -364,8 +364,11 @@ class Zygote:
         import json
 
         if self._proc is None or self._proc.poll() is not None:
+            # The session's environment, not this run's: the zygote's sys.path (PYTHONPATH) is every
+            # later child's base, and must not keep one test's folder on it.
             self._proc = subprocess.Popen([sys.executable, "-c", ZYGOTE_SCRIPT], stdin=subprocess.PIPE,
-                                          stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
+                                          stdout=subprocess.PIPE, text=True, cwd=REPO,
+                                          env={**os.environ, **SESSION_RAY.env()})
         assert self._running is None or self._running.poll() is not None, "the zygote runs one sweep at a time"
         request = {"args": list(args), "cwd": str(cwd), "env": env, "out": str(out), "err": str(err or out)}
         self._proc.stdin.write(json.dumps(request) + "\n")

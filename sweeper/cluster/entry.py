@@ -159,8 +159,9 @@ def frontier_worker(config: Dict[str, Any]) -> None:
 
 
 class _GroupState:
-    """The points a worker group has reported, kept in Ray Train checkpoints, so a group restarted
-    after a worker died goes on from the next point instead of measuring them again."""
+    """The points a worker group has reported, kept in its checkpoints (Ray Train's, or the Tune
+    trial's for a group that runs in its trial: `api`), so a group restarted after a worker died goes
+    on from the next point instead of measuring them again."""
 
     def __init__(self, rank: int, api):
         self.rank, self.api = rank, api

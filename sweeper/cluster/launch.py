@@ -71,9 +71,9 @@ def launch(
 ) -> None:
     """Run `trainable` as one Tune trial per value of `param_space`'s grid (or restore the experiment
     of that name and run its unfinished and errored trials), each reserving `resources` (or
-    `resources(config)` of its entry of the param space); every trial
-    event reaches `sink` in this process. Actors are reused between trials: all ask for the same
-    resources, and reuse saves a process start and its imports (torch) for every trial after the first."""
+    `resources(config)` of its entry of the param space); every trial event reaches `sink` in this
+    process. Actors are reused between trials that ask for the same resources: reuse saves a process
+    start and its imports (torch) for every such trial after the first."""
     wrapped = tune.with_resources(tune.with_parameters(trainable, **parameters), resources)
     _SINKS[experiment] = sink
     try:

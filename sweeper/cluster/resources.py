@@ -37,7 +37,7 @@ def in_trial(num_workers: int) -> bool:
     return num_workers == 1
 
 
-def trial_resources(resources: "Resources", num_workers: int) -> dict:
+def trial_resources(resources: Resources, num_workers: int) -> dict:
     """What a Tune trial of a worker group reserves: its driver's share, and the worker's own
     resources when the worker runs in the trial (in_trial); Ray Train reserves a group's workers."""
     if not in_trial(num_workers):
