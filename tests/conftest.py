@@ -118,15 +118,12 @@ class SessionRay:
             time.sleep(0.5)
         raise AssertionError(f"the session Ray still holds CPUs {timeout:.0f} s after a sweep ended")
 
-    def stop(self, force: bool = False) -> None:
-        """Ends only this Ray's processes (`ray stop` would end every Ray of this user on the machine)."""
-        if self.folder is None or (self.address is None and not force):
-            return
+    def processes(self) -> list:
+        """This Ray's processes (psutil), and no other Ray's on the machine."""
         import psutil
 
-        if self._probe is not None:
-            self._probe.kill()
-            self._probe.wait()
+        if self.folder is None:
+            return []
         mine = []
         # Its processes name its folder, or (the Ray client server, orphaned once `ray start` exits)
         # its GCS port.
@@ -145,6 +142,18 @@ class SessionRay:
                 mine += [c for c in proc.children(recursive=True) if c not in mine]
             except psutil.Error:
                 pass
+        return mine
+
+    def stop(self, force: bool = False) -> None:
+        """Ends only this Ray's processes (`ray stop` would end every Ray of this user on the machine)."""
+        if self.folder is None or (self.address is None and not force):
+            return
+        import psutil
+
+        if self._probe is not None:
+            self._probe.kill()
+            self._probe.wait()
+        mine = self.processes()
         for proc in mine:
             try:
                 proc.terminate()
@@ -288,6 +297,58 @@ def pytest_runtest_protocol(item, nextitem):
 def pytest_sessionfinish(session, exitstatus):
     ZYGOTE.stop()
     SESSION_RAY.stop()
+    STORE_TEMPLATE.remove()
+
+
+class StoreTemplate:
+    """An empty MLflow SQLite store, made once per test session, that a test's store starts as.
+
+    MLflow creates a SQLite store by running its schema migrations, ~4 s here for every sweep and
+    every tracker on a new path; copying the migrated file takes milliseconds and gives the store
+    MLflow itself would have made (same tables, same schema version, the Default experiment). A
+    store's creation is still tested where it is the subject: two processes creating one at once
+    (test_record), and a newcomer's first run (test_first_run), which start from no file."""
+
+    def __init__(self):
+        self.folder = None
+
+    def path(self) -> Path:
+        if self.folder is None:
+            from mlflow.tracking import MlflowClient
+
+            self.folder = Path(tempfile.mkdtemp(prefix="sweeper-test-store-"))
+            MlflowClient(f"sqlite:///{self.folder / 'mlflow.db'}").search_experiments()
+        return self.folder / "mlflow.db"
+
+    def copy_to(self, db: Path) -> str:
+        """`db` made an empty store (unless a file is there already); its sqlite:/// URI."""
+        if not db.exists():
+            db.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(self.path(), db)
+        return f"sqlite:///{db}"
+
+    def remove(self) -> None:
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
+
+
+if __name__ == "tests.conftest":
+    STORE_TEMPLATE = StoreTemplate()
+else:
+    from tests.conftest import STORE_TEMPLATE  # noqa: E402 - one template for both names of this file
+
+
+def mlflow_store(folder: Path, name: str = "mlflow.db") -> str:
+    """The URI of an empty MLflow SQLite store at folder/name, copied from the session's template."""
+    return STORE_TEMPLATE.copy_to(Path(folder) / name)
+
+
+def seed_default_store(args, cwd: Path) -> None:
+    """A CLI run in `cwd` whose args name no tracking store uses cwd/mlflow.db (config.tracking_uri):
+    start it as the session's empty store, as a user's second sweep in a folder finds one."""
+    if not any(a.lstrip("+").startswith(("tracking.uri=", "tracking=")) for a in args):
+        STORE_TEMPLATE.copy_to(Path(cwd) / "mlflow.db")
 
 
 @pytest.fixture(scope="session")
@@ -310,7 +371,7 @@ def joining_session_ray(args, env=None):
 
 
 def run_cli(
-    *args: str, cwd: Path, timeout: float = 600, env=None, own_ray: bool = False
+    *args: str, cwd: Path, timeout: float = 600, env=None, own_ray: bool = False, fresh_store: bool = False
 ) -> subprocess.CompletedProcess:
     """`python -m sweeper *args` in cwd. It joins the session's Ray (cluster.address=...) unless
     own_ray is true or args already name a cluster.address: tests of Ray's start-up, of a two-node
@@ -318,9 +379,14 @@ def run_cli(
 
     A run that joins the session's Ray is a process forked from the session's ZYGOTE, which has
     imported what the CLI imports (~10 s of every run here) and nothing else: Ray, which reads its
-    settings when imported, is imported by the run itself, as in a fresh `python -m sweeper`."""
+    settings when imported, is imported by the run itself, as in a fresh `python -m sweeper`.
+
+    Its default store (cwd/mlflow.db, when args name none) starts as the session's empty store unless
+    fresh_store is true (see StoreTemplate)."""
     merged = {**os.environ, **(env or {})}
     args = list(args)
+    if not fresh_store:
+        seed_default_store(args, cwd)
     if not own_ray and not any(a.startswith(("cluster.address=", "+cluster.address=")) for a in args):
         args, merged = joining_session_ray(args, env)
         if not os.environ.get("SWEEPER_TEST_NO_ZYGOTE"):
@@ -488,7 +554,9 @@ else:
 
 def joined_process(args, cwd: Path, env=None):
     """`python -m sweeper *args` started in `cwd`, joining the session's Ray, to be signalled or killed:
-    a Popen-like process (stdout and stderr together), forked from the zygote (see run_cli)."""
+    a Popen-like process (stdout and stderr together), forked from the zygote (see run_cli); its
+    default store starts as the session's empty store."""
+    seed_default_store(args, cwd)
     args, merged = joining_session_ray(args, env)
     if os.environ.get("SWEEPER_TEST_NO_ZYGOTE"):
         return subprocess.Popen([sys.executable, "-m", "sweeper", *args], cwd=cwd, env=merged,

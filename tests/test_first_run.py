@@ -101,8 +101,9 @@ def test_the_default_sweep_recommends_a_point_that_learned_with_a_clean_console(
     home = tmp_path / "home"
     home.mkdir()
     # The default configuration on its smallest grid: one point (micro-batch 32, no accumulation).
+    # A newcomer's folder holds no store: the sweep creates it (fresh_store), as on a first run.
     result = run_cli("sweep.micro_batch_sizes=[32]", "sweep.accumulation_steps=[1]", cwd=tmp_path,
-                     env={"HOME": str(home)})
+                     env={"HOME": str(home)}, fresh_store=True)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     [path] = (tmp_path / "reports").glob("*/recommendation.yaml")
     recommended = yaml.safe_load(path.read_text())["recommendation"]

@@ -19,13 +19,14 @@ from sweeper.__main__ import launch_files
 from sweeper.plan import GridPoint
 from sweeper.schema import PointResult, SweepSummary
 from sweeper.tracking import Monitor, Tracker
+from tests.conftest import mlflow_store
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
 def uri(tmp_path):
-    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+    return mlflow_store(tmp_path)
 
 
 def _point(tracker, mb, acc, sps, status="ok"):

@@ -12,6 +12,7 @@ from mlflow.tracking import MlflowClient
 from sweeper.plan import GridPoint
 from sweeper.schema import PointResult, SweepSummary
 from sweeper.tracking import Tracker, redact
+from tests.conftest import mlflow_store
 
 POINT = GridPoint(8, 2, 1)
 RESULT = {"trial_key": POINT.key, "status": "ok", "samples_per_second": 10.0, "train_loss": [2.0, 1.0],
@@ -44,7 +45,7 @@ KILLED_DRIVER = textwrap.dedent("""
 
 @pytest.mark.parametrize("kill_after", range(1, POINT_WRITES + 1))
 def test_a_driver_killed_after_any_write_of_a_point_leaves_it_recorded_once_after_resume(tmp_path, kill_after):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path)
     killed = subprocess.run([sys.executable, "-c", KILLED_DRIVER, uri, str(kill_after), repr(RESULT)],
                             capture_output=True, text=True, timeout=120)
     assert killed.returncode == -9, killed.stderr[-2000:]
@@ -70,7 +71,7 @@ def test_a_driver_killed_after_any_write_of_a_point_leaves_it_recorded_once_afte
 
 
 def test_writes_the_store_refuses_wait_in_the_journal_and_are_recorded_once_it_is_back_simulated(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path)
     tracker = Tracker(uri, "outage")
     parent = tracker.start_sweep("sweep-outage", {}, "")
     real = tracker.client.create_run
@@ -97,7 +98,7 @@ def test_writes_the_store_refuses_wait_in_the_journal_and_are_recorded_once_it_i
 
 
 def test_retrying_a_failed_point_keeps_the_old_run_superseded_and_counts_the_point_once(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path)
     tracker = Tracker(uri, "retry")
     parent = tracker.start_sweep("sweep-retry", {}, "")
     tracker.log_point(POINT, {}, PointResult(trial_key=POINT.key, status="failed", error="RuntimeError: flaky node"))

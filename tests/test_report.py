@@ -13,6 +13,7 @@ from sweeper.report import sections
 from sweeper.report.quality import ACCURACY, BITS_PER_BYTE
 from sweeper.schema import PointResult
 from sweeper.tracking import Tracker
+from tests.conftest import mlflow_store
 
 MiB = 2**20
 # (micro, accum, workers) -> (status, samples/s, peak MiB, val accuracy)
@@ -26,7 +27,7 @@ TRIALS = {
 
 
 def recorded_sweep(tmp_path, experiment="exp", settings=None):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path)
     tracker = Tracker(uri, experiment)
     params = {"lr_scaling": "sqrt", "base_batch_size": 32}
     if settings is not None:
@@ -138,7 +139,7 @@ S_MIN, B_CRIT = 100.0, 64.0
 
 
 def seeded_sweep(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path)
     tracker = Tracker(uri, "seeded")
     params = {"lr_scaling": "linear", "base_batch_size": 16, "lr_multipliers": "[1.0, 2.0]"}
     parent = tracker.start_sweep("sweep-seeded", params, "a: 1\n")

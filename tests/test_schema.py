@@ -15,6 +15,7 @@ from sweeper.schema import METRIC, FrontierResult, FrontierSearch, InferenceResu
 from sweeper.tracking import Tracker
 from sweeper.worker.points import run_point
 from sweeper.worker.spec import GroupFacts, PointSpec, WorkerContext
+from tests.conftest import mlflow_store
 
 DOCS = Path(__file__).parent.parent / "docs" / "mlflow.md"
 # Figures a one-process CPU point cannot have: a GPU's, a worker group's (its first point or a later
@@ -91,7 +92,7 @@ def test_every_metric_a_cpu_point_can_have_is_produced_and_recorded(tmp_path):
     expected = set(PointResult.names(METRIC)) - NOT_ON_ONE_CPU_POINT - {"bn_recalibration_samples"}  # no BatchNorm
     expected |= {"val_accuracy_curve", "val_loss_curve", "grad_norm", "train_loss", "window_samples_per_second"}
     assert expected - produced == set()
-    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "schema")
+    tracker = Tracker(mlflow_store(tmp_path), "schema")
     tracker.start_sweep("sweep-schema", {}, "")
     run_id = tracker.log_point(spec.point, {}, result)
     recorded = MlflowClient(tracker.uri).get_run(run_id).data

@@ -5,10 +5,11 @@ from mlflow.tracking import MlflowClient
 from sweeper.plan import GridPoint
 from sweeper.schema import PointResult, SweepSummary
 from sweeper.tracking import Tracker, check
+from tests.conftest import mlflow_store
 
 
 def test_a_point_is_a_nested_child_and_is_never_recorded_twice(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path)
     tracker = Tracker(uri, "exp")
     parent = tracker.start_sweep("sweep-x", {"model": "mlp"}, "model:\n  name: mlp\n")
     point = GridPoint(8, 2, 1)
@@ -79,7 +80,7 @@ def test_a_server_that_asks_for_a_login_is_named_before_anything_starts_simulate
 def test_every_point_logs_its_dataset_as_an_mlflow_input(tmp_path):
     from sweeper.tracking import DatasetRecord
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path)
     tracker = Tracker(uri, "exp")
     tracker.start_sweep("sweep-x", {"model": "mlp"}, "model:\n  name: mlp\n")
     tracker.dataset = DatasetRecord.of("digits", "sklearn.datasets.load_digits", {"val_fraction": 0.2}, 1438, 359)
