@@ -14,7 +14,7 @@ from mlflow.tracking import MlflowClient
 
 from sweeper import models
 from sweeper.config import ModelConfig
-from tests.conftest import free_port, run_cli
+from tests.conftest import run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -33,18 +33,14 @@ def _runs(tmp_path, experiment="sweeper"):
     return client, parents, children
 
 
-# Its own Ray: it checks the local Ray's start-up (the token kept in .sweeper/ray, nothing in $HOME).
-@pytest.mark.own_ray
+# On the session's Ray (a local Ray's own start-up, its token in .sweeper/ray and nothing in $HOME, is
+# test_ui's dashboard test, whose sweep starts one).
 def test_equal_global_batch_layouts_give_one_loss_curve_through_the_cli(tmp_path):
-    home = tmp_path / "home"
-    home.mkdir()
     result = run_cli(
         *TINY_MLP, "data=digits", *TRAIN,
         "sweep.micro_batch_sizes=[8,16]", "sweep.accumulation_steps=[1,2,4]",
         "sweep.num_workers=[1,2]", "sweep.global_batch_sizes=[32]",
-        # A free port: another test's Ray may hold the default 8265 (pytest -n 2).
-        f"cluster.dashboard_port={free_port()}",
-        cwd=tmp_path, env={"HOME": str(home)}, own_ray=True,
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "mlflow ui --backend-store-uri sqlite:///" in result.stdout
@@ -135,10 +131,6 @@ def test_equal_global_batch_layouts_give_one_loss_curve_through_the_cli(tmp_path
     assert again.returncode == 0, again.stderr[-2000:]
     assert again.stdout.startswith("Train with mb") and (tmp_path / "again" / "report.html").exists()
 
-    # Ray's files stay in the configured directory, not in the user's home.
-    assert (tmp_path / ".sweeper" / "ray" / "auth_token").exists()
-    assert (tmp_path / ".sweeper" / "ray" / "results").is_dir()
-    assert not (home / ".ray").exists() and not (home / "ray_results").exists()
 
 
 def test_own_model_factory_on_synthetic_data_reports_no_accuracy(tmp_path):

@@ -17,13 +17,13 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import joined_process, run_cli
+from tests.conftest import SESSION_RAY, joined_process, run_cli, seed_default_store
 
-# Tests of a Ray the sweep started itself start their own (marked own_ray): a worker killed under its
-# driver, a two-node cluster, signals to a driver that must also stop its Ray (SIGTERM, a second
-# Ctrl-C, the frontier and inference sweeps). A killed or interrupted driver on a cluster it joined,
-# and an MLflow server that goes away, join the session's Ray, as does what follows every fault (a
-# resume, a refusal), as a user resuming on their cluster does.
+# Tests of a Ray the sweep started itself start their own (marked own_ray): a two-node cluster, signals
+# to a driver that must also stop its Ray (SIGTERM, a second Ctrl-C, the frontier and inference
+# sweeps). A worker killed under a sweep, a killed or interrupted driver on a cluster it joined, and an
+# MLflow server that goes away, join the session's Ray, as does what follows every fault (a resume, a
+# refusal), as a user resuming on their cluster does.
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,6 +65,7 @@ def _start(tmp_path, *overrides, own_ray=True):
     if not own_ray:
         return joined_process(overrides, tmp_path, ENV)
     args, env = list(overrides), {**os.environ, **ENV}
+    seed_default_store(args, tmp_path)
     return subprocess.Popen(
         [sys.executable, "-m", "sweeper", *args],
         cwd=tmp_path,
@@ -137,17 +138,31 @@ def test_a_two_worker_trial_spans_two_nodes_of_a_ray_cluster(tmp_path):
 KILLED_WORKER = {1: ("ray::ImplicitFunc", [8, 16, 32]), 2: ("RayTrainWorker", [4, 8, 16])}
 
 
-@pytest.mark.own_ray
+def _workers_started_since(process: str, since: float) -> list:
+    """The session Ray's processes named `process` started since `since`: this sweep's, not those of
+    an earlier sweep still being cleaned up, nor any other Ray's on the machine."""
+    found = []
+    for p in SESSION_RAY.processes():
+        try:
+            if process in " ".join(p.cmdline()) and p.create_time() >= since:
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found
+
+
 @pytest.mark.parametrize("workers", sorted(KILLED_WORKER))
 def test_a_worker_killed_mid_trial_is_restarted_and_each_point_recorded_once(tmp_path, workers):
     process, sizes = KILLED_WORKER[workers]
     points = [f"sweep.micro_batch_sizes={sizes}".replace(" ", ""), "sweep.accumulation_steps=[1]",
               f"sweep.num_workers=[{workers}]"]
-    proc = _start(tmp_path, *SLEEPY, *COMMON, *points, own_ray=True)
+    # On the session's Ray, as on a user's cluster: Ray's worker processes are the raylet's, not the
+    # driver's, so the sweep's own are those started after it.
+    proc = _start(tmp_path, *SLEEPY, *COMMON, *points, own_ray=False)
+    since = time.time() - 1  # psutil's create_time is rounded to the clock tick
     try:
         _wait_for_trials(tmp_path, proc, 1)  # the first point is recorded: the group is on the second
-        # Only this sweep's workers (its local Ray descends from its driver): other Rays may run here.
-        found = [p for p in psutil.Process(proc.pid).children(recursive=True) if process in " ".join(p.cmdline())]
+        found = _workers_started_since(process, since)
         assert len(found) == workers, f"{workers} worker process(es) expected, found {found}"
         for worker in found:
             worker.send_signal(signal.SIGKILL)

@@ -216,10 +216,13 @@ def test_the_mlflow_ui_lists_the_sweep_and_compares_its_trials_in_headless_chrom
 @pytest.mark.own_ray  # the dashboard and token of the Ray the sweep starts itself
 def test_the_ray_dashboard_answers_with_the_token_while_a_sweep_runs(tmp_path):
     port = free_port()
+    home = tmp_path / "home"
+    home.mkdir()
     proc = subprocess.Popen(
         [sys.executable, "-m", "sweeper", *TINY, "train.epochs=4", f"cluster.dashboard_port={port}"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},  # the dashboard line must arrive while it runs
+        # the dashboard line must arrive while it runs; Ray must leave the user's home alone
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "HOME": str(home)},
     )
     try:
         url = None
@@ -240,6 +243,9 @@ def test_the_ray_dashboard_answers_with_the_token_while_a_sweep_runs(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+    # Ray's files stay in the configured directory, not in the user's home.
+    assert (tmp_path / ".sweeper" / "ray" / "results").is_dir()
+    assert not (home / ".ray").exists() and not (home / "ray_results").exists()
 
 
 @pytest.mark.ui
