@@ -410,6 +410,7 @@ class Zygote:
     def __init__(self):
         self._proc = None
         self._running: Optional[ZygoteChild] = None
+        self._folders: list = []
 
     def run(self, args, cwd: Path, env: dict, timeout: float) -> subprocess.CompletedProcess:
         """`python -m sweeper *args` to its end, as subprocess.run(capture_output=True, text=True)."""
@@ -454,6 +455,13 @@ class Zygote:
             if line.startswith("zygote: "):
                 return json.loads(line[len("zygote: "):])
 
+    def output_folder(self) -> Path:
+        """A folder for a signalled run's output, removed when the zygote stops (the test reads the
+        output while the run goes on and after it ends)."""
+        folder = Path(tempfile.mkdtemp(prefix="sweeper-run-"))
+        self._folders.append(folder)
+        return folder
+
     def stop(self) -> None:
         if self._running is not None and self._running.poll() is None:
             self._running.kill()
@@ -461,6 +469,9 @@ class Zygote:
             self._proc.kill()
             self._proc.wait()
         self._proc = None
+        for folder in self._folders:
+            shutil.rmtree(folder, ignore_errors=True)
+        self._folders.clear()
 
 
 class ZygoteChild:
@@ -561,7 +572,7 @@ def joined_process(args, cwd: Path, env=None):
     if os.environ.get("SWEEPER_TEST_NO_ZYGOTE"):
         return subprocess.Popen([sys.executable, "-m", "sweeper", *args], cwd=cwd, env=merged,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    out = Path(tempfile.mkdtemp(prefix="sweeper-run-")) / "output"
+    out = ZYGOTE.output_folder() / "output"
     return ZYGOTE.spawn(args, cwd, merged, out)
 
 
