@@ -132,7 +132,6 @@ def test_equal_global_batch_layouts_give_one_loss_curve_through_the_cli(tmp_path
     assert again.stdout.startswith("Train with mb") and (tmp_path / "again" / "report.html").exists()
 
 
-
 def test_own_model_factory_on_synthetic_data_reports_no_accuracy(tmp_path):
     result = run_cli(
         "model=custom", "model._target_=torchvision.models.mobilenet_v3_small", "model.input_shape=[3,32,32]",

@@ -5,7 +5,6 @@ nothing recorded twice, nothing lost, no run left RUNNING."""
 
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import SESSION_RAY, joined_process, run_cli, seed_default_store
+from tests.conftest import SESSION_RAY, joined_process, recorded, run_cli, seed_default_store
 
 # Tests of a Ray the sweep started itself start their own (marked own_ray): a two-node cluster, signals
 # to a driver that must also stop its Ray (SIGTERM, a second Ctrl-C, the frontier and inference
@@ -60,8 +59,8 @@ def _nothing_running(tmp_path, uri=None):
 
 
 def _start(tmp_path, *overrides, own_ray=True):
-    """The sweep as a process of its own, to signal or kill. Its own Ray by default (these tests kill
-    Ray's processes or the driver that started them); own_ray=False joins the session's."""
+    """The sweep as a process of its own, to signal or kill. Its own Ray by default (these tests signal
+    a driver that must also stop the Ray it started); own_ray=False joins the session's."""
     if not own_ray:
         return joined_process(overrides, tmp_path, ENV)
     args, env = list(overrides), {**os.environ, **ENV}
@@ -76,21 +75,10 @@ def _start(tmp_path, *overrides, own_ray=True):
     )
 
 
-def _recorded_trials(tmp_path) -> int:
-    # Plain SQL, read-only: an MLflow client here would race the sweep's own schema migration. A point
-    # is recorded once its identity tag is written, last.
-    try:
-        with sqlite3.connect(f"file:{tmp_path / 'mlflow.db'}?mode=ro", uri=True) as db:
-            return db.execute("select count(*) from tags where key='sweeper.trial_key' and value like 'mb%'"
-                              ).fetchone()[0]
-    except sqlite3.Error:
-        return 0
-
-
 def _wait_for_trials(tmp_path, proc, count, timeout=300):
     deadline = time.time() + timeout
     while time.time() < deadline:
-        if _recorded_trials(tmp_path) >= count:
+        if recorded(tmp_path / "mlflow.db", "mb") >= count:  # complete points of the grid
             return
         if proc.poll() is not None:
             raise AssertionError(f"the sweep ended early:\n{proc.stdout.read()[-3000:]}")
