@@ -2,6 +2,7 @@
 from the local folders workers write and read, and one line when the storage cannot be written."""
 
 import os
+import shutil
 from pathlib import Path
 
 from sweeper.cluster import storage
@@ -59,3 +60,32 @@ def test_a_worker_writes_locally_and_rank_0_uploads_to_the_uris_it_was_given(tmp
     result.state.continued_from = again.start_from
     staged.persist(result)
     assert result.state.continued_from == f"{store}/s32"  # recorded as where it came from
+
+
+def test_a_group_leaves_no_local_copies_behind_and_makes_none_without_uris(tmp_path):
+    store = f"file://{tmp_path}/store"
+    os.makedirs(tmp_path / "store" / "s32")
+    Path(tmp_path / "store" / "s32" / "meta.json").write_text("{}")
+    with storage.Staged() as plain:
+        plain.local(_spec(GridPoint(16, 1, 1), 4))
+        assert plain._folder is None and plain.cache == {}  # nothing on a URI: no folder made
+    with storage.Staged() as staged:
+        local = staged.local(_spec(GridPoint(16, 2, 1), 4, start_from=f"{store}/s32", save_state_to=f"{store}/end"))
+        copies = [staged.folder, local.start_from]
+        assert all(os.path.isdir(c) for c in copies)
+    assert not any(os.path.exists(c) for c in copies)  # the staging folder and the fetched checkpoint
+
+
+def test_a_failed_upload_keeps_the_state_where_the_point_wrote_it(tmp_path):
+    (tmp_path / "file").write_text("")
+    spec = _spec(GridPoint(16, 1, 1), 4, save_state_to=f"file://{tmp_path}/file/under-a-file")
+    with storage.Staged() as staged:
+        local = staged.local(spec)
+        os.makedirs(local.save_state_to)
+        Path(local.save_state_to, "meta.json").write_text("{}")
+        result = PointResult(trial_key=spec.point.key)
+        result.state.saved_state_path = local.save_state_to
+        staged.persist(result)
+    assert result.state.checkpoint_error.startswith("upload to cluster.storage_path failed")
+    assert Path(result.state.saved_state_path, "meta.json").exists()
+    shutil.rmtree(Path(local.save_state_to).parents[1])  # the staging folder this test made

@@ -216,12 +216,12 @@ def point_worker(config: Dict[str, Any]) -> None:
             "not run again"
         )))
     # Checkpoints on a URI (cluster.storage_path): downloaded to start from, written locally, uploaded by rank 0.
-    staged = storage.Staged()
-    pending = [staged.local(spec) for spec in pending]
+    with storage.Staged() as staged:
+        pending = [staged.local(spec) for spec in pending]
 
-    def report(result: PointResult) -> None:
-        if ctx.rank == 0:
-            staged.persist(result)
-        state.report_point(result)
+        def report(result: PointResult) -> None:
+            if ctx.rank == 0:
+                staged.persist(result)
+            state.report_point(result)
 
-    run_points(pending, ctx, report, group_start_time=config["group_start_time"], threads=config["threads"])
+        run_points(pending, ctx, report, group_start_time=config["group_start_time"], threads=config["threads"])

@@ -96,13 +96,32 @@ def delete(path: str) -> None:
 
 class Staged:
     """A worker group's specs with their checkpoint URIs swapped for local folders (a checkpoint to start from
-    downloaded once per group), and the uploads each point owes once it ends (rank 0's, which wrote them)."""
+    downloaded once per group), and the uploads each point owes once it ends (rank 0's, which wrote them).
+    Used as a context manager: its local copies go when the group's points are done."""
 
     def __init__(self) -> None:
         self.cache: Dict[str, str] = {}
-        self.folder = tempfile.mkdtemp(prefix="sweeper-staged-")
+        self._folder: Optional[str] = None  # made on first need: most groups write no checkpoint to a URI
         # point key -> ([(local, uri)], the URI of its state at its end, the URI it started from)
         self.owed: Dict[str, tuple] = {}
+        self.upload_failed = False
+
+    @property
+    def folder(self) -> str:
+        if self._folder is None:
+            self._folder = tempfile.mkdtemp(prefix="sweeper-staged-")
+        return self._folder
+
+    def __enter__(self) -> "Staged":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        # A failed upload's state stays where the point wrote it (its result names that folder).
+        kept = self._folder if self.upload_failed else None
+        for local in [self._folder, *self.cache.values()]:
+            if local is not None and local != kept:
+                shutil.rmtree(local, ignore_errors=True)
+        self._folder, self.cache = None, {}
 
     def local(self, spec):
         from dataclasses import replace
@@ -137,6 +156,7 @@ class Staged:
                     shutil.rmtree(here, ignore_errors=True)
         except Exception as exc:  # noqa: BLE001 - pyarrow raises OSError subclasses and its own
             result.state.checkpoint_error = f"upload to cluster.storage_path failed: {type(exc).__name__}: {exc}"
+            self.upload_failed = True
             return
         if end_uri and result.state.saved_state_path:
             result.state.saved_state_path = end_uri
