@@ -32,6 +32,18 @@ def cfg_of():
     return lambda *overrides: config.load(compose_cfg(*overrides))
 
 
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """Each test starts with the thread count torch had before it: many tests set their own
+    (torch.set_num_threads), which would otherwise hold for every test after them in the process, so
+    a test's outcome depended on which ran before it (a timing test passed in the suite, failed alone)."""
+    import torch  # imported already: the test modules import it at collection
+
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
 def free_port() -> int:
     """A TCP port nothing listens on now (for a gloo rendezvous, a server, a dashboard)."""
     with socket.socket() as s:
@@ -260,6 +272,8 @@ class _Turns:
         fcntl.flock(self.main, fcntl.LOCK_EX if solo else fcntl.LOCK_SH)
         if not solo:
             fcntl.flock(self.gate, fcntl.LOCK_UN)
+        else:
+            wait_until_quiet()
         self.solo = solo
 
     def leave(self, next_is_solo: bool) -> None:
@@ -271,6 +285,20 @@ class _Turns:
         if self.solo:
             fcntl.flock(self.gate, fcntl.LOCK_UN)
         self.solo = False
+
+
+def wait_until_quiet(busy_cores: float = 0.4, timeout: float = 60.0) -> None:
+    """Until the machine's CPUs are nearly idle for a second (or `timeout` passed): the other worker's
+    last test may have ended while its sweep's Ray processes still exit (a trial's teardown, a killed
+    group's clean-up), and a solo test's bounds assume the cores are its own (once under -n 2, without
+    this wait, a step of known duration read 27 % slow). Two idle session Rays use ~0.2 of a core."""
+    import psutil
+
+    deadline = time.time() + timeout
+    cores = psutil.cpu_count() or 1
+    while time.time() < deadline:
+        if psutil.cpu_percent(interval=1.0) / 100 * cores <= busy_cores:
+            return
 
 
 _TURNS = None

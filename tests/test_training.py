@@ -193,6 +193,10 @@ def test_throughput_and_phases_match_a_step_of_known_duration():
                                                                       stability_tolerance=0.2),
         point=GridPoint(8, 2, 1), lr=0.1, steps=14,
     )
+    # One intra-op thread, as a worker given one core runs: with torch's default two on this 2-core VM,
+    # waking the second thread for each tiny op made the step 42 -> 48-60 ms (235-356 samples/s against
+    # 382 with one; measured), a cost of the thread pool and not of what this test measures.
+    torch.set_num_threads(1)
     r = train_point(s, WorkerContext())
     # 2 micro-batches x 20 ms per optimizer step of 16 samples: at most 400 samples/s, and the
     # rest of the step (a tiny linear layer, 16 samples from memory) adds only a few percent.
