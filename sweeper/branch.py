@@ -191,6 +191,27 @@ def schedule(locals_: Sequence[Local], base: int, batches: Sequence[int]) -> Lis
     return out
 
 
+def span_accumulations(unit: int, base: int, measured: Dict[int, float], batches: Sequence[int]
+                       ) -> Dict[int, Tuple[int, int]]:
+    """The global batches a schedule can change to and how each is timed. `train.batch_schedule` keeps the
+    first span's micro-batch and workers (their product `unit`) and raises the accumulation, so a global
+    batch of `batches` at or above `base` is reachable when `unit` divides it; `measured` maps the
+    accumulation steps measured at that micro-batch and workers to their samples/s. For each reachable
+    global batch: (the accumulation it runs at, the measured accumulation whose samples/s times it) - its
+    own when measured, else the largest measured below it: a lower bound on its rate, since more
+    accumulation spreads the same optimizer step over more samples. One with no measured accumulation at
+    or below its own is left out (its rate would be a guess)."""
+    out = {}
+    for g in batches:
+        if g < base or g % unit:
+            continue
+        steps = g // unit
+        below = [a for a in measured if a <= steps]
+        if below:
+            out[g] = (steps, max(below))
+    return out
+
+
 def samples_factor(global_batch: int, base: int, critical: float) -> float:
     """How many samples a stretch of training takes at `global_batch` for what it takes at `base`, with the
     critical batch size `critical` (McCandlish et al. 2018's E = E_min (1 + B / B_crit))."""

@@ -106,6 +106,16 @@ def test_the_schedule_follows_the_rising_fit_and_changes_on_step_boundaries():
     assert rule.schedule([local(100, 256)], 16, batches) == [(0, 16), (112, 256)]
 
 
+def test_a_schedule_reaches_only_what_more_accumulation_reaches_and_is_timed_by_what_was_measured():
+    # The trunk at mb16-w1 (unit 16); the grid measured accumulation 1 and 2 there, and global batch 48 only
+    # on another micro-batch (16 does not divide 40; 48 = 16 x 3 is reachable, timed as accumulation 2).
+    measured = {1: 300.0, 2: 330.0}
+    reach = rule.span_accumulations(16, 16, measured, [8, 16, 32, 40, 48, 128])
+    assert reach == {16: (1, 1), 32: (2, 2), 48: (3, 2), 128: (8, 2)}
+    # a trunk on two workers (unit 32) reaches only multiples of 32, and nothing without a measured rate
+    assert rule.span_accumulations(32, 32, {2: 500.0}, [32, 64, 128]) == {64: (2, 2), 128: (4, 2)}
+
+
 def test_the_constant_large_batch_pays_in_samples_where_it_is_above_the_critical_batch_size():
     locals_ = [local(500, 64, 128), local(1000, 256)]
     rates = {16: 100.0, 64: 300.0, 256: 400.0}
@@ -175,6 +185,9 @@ def test_a_branch_sweep_interrupted_mid_branch_resumes_each_branch_once_and_answ
     answer = json.loads(Path(client.download_artifacts(parent.info.run_id, "branch/answer.json", str(tmp_path)))
                         .read_text())
     assert [c["samples"] for c in answer["checkpoints"]] == marks and answer["schedule"][0] == [0, 16]
+    # every span on the trunk's micro-batch and workers, as train.batch_schedule runs it, and timed by a
+    # layout the grid measured there
+    assert all(re.fullmatch(r"mb16-acc\d+-w1", k) for k in answer["schedule_layouts"] + answer["schedule_timed_as"])
     # no point above where it flattens is recommended; the report and the console say what it measured
     flat = int(client.get_run(parent.info.run_id).data.metrics["critical_batch_size_flat"])
     chosen = client.get_run(parent.info.run_id).data.tags.get("sweeper.recommendation", "")

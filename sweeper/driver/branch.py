@@ -53,6 +53,9 @@ class Answer:
     # the gradient noise scale over the same training: at each checkpoint, the mean B_simple its branches
     # measured (a branch accumulates or spreads over workers: it has the micro-gradients the estimate needs)
     b_simple: Dict[int, float] = field(default_factory=dict)
+    # per span, the measured layout whose samples/s times it: its own, or the same micro-batch and workers at
+    # less accumulation (a lower bound on its rate) when the grid did not measure its accumulation
+    schedule_timed_as: List[str] = field(default_factory=list)
 
     def to_dict(self) -> Dict[str, object]:
         return {
@@ -63,6 +66,7 @@ class Answer:
                             for c, fitted in zip(self.locals, rule.monotone(self.locals))],
             "critical_batch_size_flat": rule.flat(self.locals, self.base),
             "schedule": [[s, g] for s, g in self.schedule], "schedule_layouts": self.schedule_layouts,
+            "schedule_timed_as": self.schedule_timed_as,
             "schedule_predicted_seconds": self.schedule_seconds, "constant": self.constant,
             "constant_global_batch": self.constant_batch, "constant_predicted_seconds": self.constant_seconds,
             "recommend_schedule": self.recommend_schedule, "why": self.why,
@@ -285,8 +289,16 @@ def decide(cfg: SweeperConfig, base: int, budget: int, window: int, marks: List[
             by_seed.append(compared)
         locals_.append(rule.local_critical(mark, base, by_seed, z, cfg.branch.tolerance))
     rates = {g: ok[fastest[g]].throughput.samples_per_second for g in fastest}
-    spans = rule.schedule(locals_, base, sorted(fastest))
-    schedule_seconds, _ = rule.predicted_seconds(spans, budget, locals_, base, rates)
+    # The schedule runs as train.batch_schedule does: the trunk's micro-batch and workers, more accumulation.
+    first = fastest[base]
+    measured = {p.accumulation_steps: r.throughput.samples_per_second for p, r in ok.items()
+                if replace(p, accumulation_steps=1) == replace(first, accumulation_steps=1)}
+    reach = rule.span_accumulations(first.micro_batch_size * first.num_workers, base, measured, sorted(fastest))
+    spans = rule.schedule(locals_, base, sorted(reach))
+    schedule_seconds, _ = rule.predicted_seconds(spans, budget, locals_, base,
+                                                 {g: measured[timed] for g, (_, timed) in reach.items()})
+    schedule_layouts = [replace(first, accumulation_steps=reach[g][0]).key for _, g in spans]
+    timed_as = [replace(first, accumulation_steps=reach[g][1]).key for _, g in spans]
     flat = rule.flat(locals_, base)
     # the fastest layout whose global batch stays at or below the critical batch size where it flattens
     constant_batch = max((g for g in fastest if g <= flat), key=lambda g: rates[g])
@@ -311,8 +323,8 @@ def decide(cfg: SweeperConfig, base: int, budget: int, window: int, marks: List[
                   and math.isfinite(r.noise.gns_b_simple_train_avg)]
         if values:
             b_simple[mark] = sum(values) / len(values)
-    return Answer(base, budget, window, locals_, spans, [fastest[g].key for _, g in spans], schedule_seconds,
-                  fastest[constant_batch].key, constant_batch, constant_seconds, better, why, b_simple)
+    return Answer(base, budget, window, locals_, spans, schedule_layouts, schedule_seconds,
+                  fastest[constant_batch].key, constant_batch, constant_seconds, better, why, b_simple, timed_as)
 
 
 def record_points(points: List[GridPoint], specs: Dict[GridPoint, PointSpec], throughput: Dict[GridPoint, PointResult],

@@ -63,8 +63,10 @@ def section_rows(answer: Dict[str, Any]) -> List[Dict[str, str]]:
 def words(answer: Dict[str, Any]) -> str:
     """The schedule, the constant layout, their predicted times and which one is the answer, in words."""
     spans = answer["schedule"]
-    schedule = "; ".join(f"{g} from {s} samples ({layout})"
-                         for (s, g), layout in zip(spans, answer["schedule_layouts"]))
+    timed = answer.get("schedule_timed_as") or answer["schedule_layouts"]
+    schedule = "; ".join(f"{g} from {s} samples ({layout}" + (f", timed at {t}'s measured samples/s, a lower bound"
+                                                              if t != layout else "") + ")"
+                         for (s, g), layout, t in zip(spans, answer["schedule_layouts"], timed))
     answer_is = "the schedule" if answer["recommend_schedule"] else f"the constant layout {answer['constant']}"
     text = (f"Trunk at global batch {answer['base_global_batch']} over {answer['budget_samples']} samples; branches of "
             f"{answer['window_samples']} samples to every larger global batch of the grid, each on its fastest "
@@ -74,7 +76,9 @@ def words(answer: Dict[str, Any]) -> str:
             f"{answer['constant']}, global batch {answer['constant_global_batch']}: predicted "
             f"{answer['constant_predicted_seconds']:.3g} s. The answer is {answer_is}: {answer['why']}. Predictions "
             "take each stretch of the trunk's progress at E = E_min (1 + B / B_crit) samples (McCandlish et al. "
-            "2018) with B_crit the critical batch size measured there, at the layout's measured samples/s.")
+            "2018) with B_crit the critical batch size measured there, at the layout's measured samples/s; the "
+            "schedule's spans keep its first layout's micro-batch and workers and raise the accumulation, as "
+            "train.batch_schedule runs them.")
     over = answer.get("b_simple") or []
     if over:
         text += (" The gradient noise scale B_simple its branches measured at the checkpoints: "
