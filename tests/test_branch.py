@@ -113,7 +113,35 @@ def test_a_schedule_reaches_only_what_more_accumulation_reaches_and_is_timed_by_
     reach = rule.span_accumulations(16, 16, measured, [8, 16, 32, 40, 48, 128])
     assert reach == {16: (1, 1), 32: (2, 2), 48: (3, 2), 128: (8, 2)}
     # a trunk on two workers (unit 32) reaches only multiples of 32, and nothing without a measured rate
-    assert rule.span_accumulations(32, 32, {2: 500.0}, [32, 64, 128]) == {64: (2, 2), 128: (4, 2)}
+    assert rule.span_accumulations(32, 32, {2: 500.0}, [32, 48, 64, 128]) == {64: (2, 2), 128: (4, 2)}
+
+
+def test_the_answer_schedules_on_the_trunks_layout_and_times_it_there_not_at_each_batchs_fastest(cfg_of):
+    from sweeper.driver.branch import decide
+    from sweeper.plan import GridPoint
+    from sweeper.schema import PointResult
+
+    def measured(mb, acc, w, rate):
+        r = PointResult()
+        r.throughput.samples_per_second = rate
+        return GridPoint(mb, acc, w), r
+
+    # the trunk's mb16-w1 measured at accumulation 1 and 2; global batch 64 is fastest on two workers
+    ok = dict([measured(16, 1, 1, 300.0), measured(16, 2, 1, 320.0), measured(32, 1, 1, 600.0),
+               measured(16, 2, 2, 1000.0), measured(32, 2, 1, 650.0)])
+    fastest = {16: GridPoint(16, 1, 1), 32: GridPoint(32, 1, 1), 64: GridPoint(16, 2, 2)}
+    budget, mark = 16 * 200, 640
+    trunk = trunk_curve(2.0, budget // BASE)
+    trunks = {None: PointResult(train_loss=trunk)}
+    branches = {(None, 1, g): PointResult(train_loss=branch_of(trunk[mark // BASE:], g)) for g in (32, 64)}
+    answer = decide(cfg_of(), BASE, budget, WINDOW, [mark], [None], trunks, branches, fastest, ok, [32, 64])
+    assert answer.schedule == [(0, 16), (mark, 64)]  # both branches kept up
+    # 64 runs as train.batch_schedule runs it, mb16 at accumulation 4 on one worker, timed at accumulation 2's rate
+    assert answer.schedule_layouts == ["mb16-acc1-w1", "mb16-acc4-w1"]
+    assert answer.schedule_timed_as == ["mb16-acc1-w1", "mb16-acc2-w1"]
+    at_its_layouts, _ = rule.predicted_seconds(answer.schedule, budget, answer.locals, BASE, {16: 300.0, 64: 320.0})
+    assert answer.schedule_seconds == pytest.approx(at_its_layouts)
+    assert answer.constant == "mb16-acc2-w2"  # the constant layout is any layout of its global batch
 
 
 def test_the_constant_large_batch_pays_in_samples_where_it_is_above_the_critical_batch_size():
@@ -187,7 +215,9 @@ def test_a_branch_sweep_interrupted_mid_branch_resumes_each_branch_once_and_answ
     assert [c["samples"] for c in answer["checkpoints"]] == marks and answer["schedule"][0] == [0, 16]
     # every span on the trunk's micro-batch and workers, as train.batch_schedule runs it, and timed by a
     # layout the grid measured there
-    assert all(re.fullmatch(r"mb16-acc\d+-w1", k) for k in answer["schedule_layouts"] + answer["schedule_timed_as"])
+    assert all(re.fullmatch(r"mb16-acc\d+-w1", k) for k in answer["schedule_layouts"])
+    assert len(answer["schedule_timed_as"]) == len(answer["schedule"])
+    assert set(answer["schedule_timed_as"]) <= {"mb16-acc1-w1", "mb16-acc2-w1"}  # what this grid measured at mb16-w1
     # no point above where it flattens is recommended; the report and the console say what it measured
     flat = int(client.get_run(parent.info.run_id).data.metrics["critical_batch_size_flat"])
     chosen = client.get_run(parent.info.run_id).data.tags.get("sweeper.recommendation", "")

@@ -305,7 +305,12 @@ def decide(cfg: SweeperConfig, base: int, budget: int, window: int, marks: List[
     constant_spans = [(0, constant_batch)]
     constant_seconds, _ = rule.predicted_seconds(constant_spans, budget, locals_, base, rates)
     better = len(spans) > 1 and schedule_seconds < constant_seconds
-    if len(spans) == 1:
+    unreachable = [g for g in fastest if base < g <= flat and g not in reach]
+    if len(spans) == 1 and unreachable:
+        why = (f"no schedule reaches the grid's global batch {unreachable[0]} from the trunk's {first.key} by "
+               f"accumulation alone (train.batch_schedule keeps its micro-batch and workers): a constant global "
+               f"batch of {constant_batch} is the answer")
+    elif len(spans) == 1:
         why = (f"the critical batch size never reached a global batch of the grid larger than the trunk's {base} (its "
                f"rising fit ends at {flat:.0f}): a constant global batch of {constant_batch} is the answer")
     elif better:

@@ -76,9 +76,10 @@ def words(answer: Dict[str, Any]) -> str:
             f"{answer['constant']}, global batch {answer['constant_global_batch']}: predicted "
             f"{answer['constant_predicted_seconds']:.3g} s. The answer is {answer_is}: {answer['why']}. Predictions "
             "take each stretch of the trunk's progress at E = E_min (1 + B / B_crit) samples (McCandlish et al. "
-            "2018) with B_crit the critical batch size measured there, at the layout's measured samples/s; the "
-            "schedule's spans keep its first layout's micro-batch and workers and raise the accumulation, as "
-            "train.batch_schedule runs them.")
+            "2018) with B_crit the critical batch size measured there, at the layout's measured samples/s.")
+    if "schedule_timed_as" in answer:  # answers recorded before it timed each span at each global batch's fastest
+        text += (" The schedule's spans keep its first layout's micro-batch and workers and raise the accumulation, "
+                 "as train.batch_schedule runs them.")
     over = answer.get("b_simple") or []
     if over:
         text += (" The gradient noise scale B_simple its branches measured at the checkpoints: "
