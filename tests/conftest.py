@@ -267,7 +267,8 @@ class _Turns:
         import fcntl
 
         if solo and self.solo:
-            return  # still held from the solo test before
+            wait_until_quiet()  # still held from the solo test before, which may have been a sweep
+            return
         fcntl.flock(self.gate, fcntl.LOCK_EX)
         fcntl.flock(self.main, fcntl.LOCK_EX if solo else fcntl.LOCK_SH)
         if not solo:
@@ -299,6 +300,10 @@ def wait_until_quiet(busy_cores: float = 0.4, timeout: float = 60.0) -> None:
     while time.time() < deadline:
         if psutil.cpu_percent(interval=1.0) / 100 * cores <= busy_cores:
             return
+    import warnings
+
+    warnings.warn(f"the CPUs were still busy {timeout:.0f} s after the other worker's test: a solo test times "
+                  "under load", stacklevel=2)
 
 
 _TURNS = None

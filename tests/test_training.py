@@ -194,7 +194,7 @@ def test_throughput_and_phases_match_a_step_of_known_duration():
         point=GridPoint(8, 2, 1), lr=0.1, steps=14,
     )
     # One intra-op thread, as a worker given one core runs: with torch's default two on this 2-core VM,
-    # waking the second thread for each tiny op made the step 42 -> 48-60 ms (235-356 samples/s against
+    # waking the second thread for each tiny op made the step 42 -> 45-68 ms (235-356 samples/s against
     # 382 with one; measured), a cost of the thread pool and not of what this test measures.
     torch.set_num_threads(1)
     r = train_point(s, WorkerContext())
