@@ -266,15 +266,13 @@ class _Turns:
     def enter(self, solo: bool) -> None:
         import fcntl
 
-        if solo and self.solo:
-            wait_until_quiet()  # still held from the solo test before, which may have been a sweep
-            return
-        fcntl.flock(self.gate, fcntl.LOCK_EX)
-        fcntl.flock(self.main, fcntl.LOCK_EX if solo else fcntl.LOCK_SH)
-        if not solo:
-            fcntl.flock(self.gate, fcntl.LOCK_UN)
-        else:
-            wait_until_quiet()
+        if not (solo and self.solo):  # a solo test right after one holds the locks still
+            fcntl.flock(self.gate, fcntl.LOCK_EX)
+            fcntl.flock(self.main, fcntl.LOCK_EX if solo else fcntl.LOCK_SH)
+            if not solo:
+                fcntl.flock(self.gate, fcntl.LOCK_UN)
+        if solo:
+            wait_until_quiet()  # the test before, the other worker's or a solo sweep, may still be exiting
         self.solo = solo
 
     def leave(self, next_is_solo: bool) -> None:
