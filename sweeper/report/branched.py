@@ -64,8 +64,7 @@ def words(answer: Dict[str, Any]) -> str:
     """The schedule, the constant layout, their predicted times and which one is the answer, in words."""
     spans = answer["schedule"]
     timed = answer.get("schedule_timed_as") or answer["schedule_layouts"]
-    schedule = "; ".join(f"{g} from {s} samples ({layout}" + (f", timed at {t}'s measured samples/s, a lower bound"
-                                                              if t != layout else "") + ")"
+    schedule = "; ".join(f"{g} from {s} samples ({_timed(layout, t)})"
                          for (s, g), layout, t in zip(spans, answer["schedule_layouts"], timed))
     answer_is = "the schedule" if answer["recommend_schedule"] else f"the constant layout {answer['constant']}"
     text = (f"Trunk at global batch {answer['base_global_batch']} over {answer['budget_samples']} samples; branches of "
@@ -88,6 +87,11 @@ def words(answer: Dict[str, Any]) -> str:
     if len(spans) > 1:
         text += " As an override: " + override(spans) + "."
     return text
+
+
+def _timed(layout: str, timed_as: str) -> str:
+    """A span's layout, and the measured layout that times it when that is another (a lower bound)."""
+    return layout if timed_as == layout else f"{layout}, timed at {timed_as}'s measured samples/s, a lower bound"
 
 
 def headline(answer: Dict[str, Any]) -> str:
