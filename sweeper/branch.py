@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 # The share of the window whose losses are compared: its second half, after a branch's first steps at a
@@ -48,15 +48,18 @@ def window_samples(window: Optional[int], budget: int, batches: Sequence[int]) -
 
 @dataclass(frozen=True)
 class Comparison:
-    """A branch against its trunk over the tail of one window: each one's mean training loss over the same
-    samples, their difference (branch minus trunk: above zero, the larger batch lost ground) and the trunk's
-    own noise there (the standard error of its tail mean, from its per-step losses about their trend)."""
+    """A branch against its trunk over the tail of one window: the branch's mean training loss over the
+    tail's samples, the trunk's over the same samples read at the branch's mean position (compare), their
+    difference (branch minus trunk: above zero, the larger batch lost ground), and the trunk's own noise:
+    the standard error of its tail's mean about its straight-line trend (`noise`), and of the trend's value
+    where it is read (`noise_at`, larger the further that is from the tail's middle)."""
 
     global_batch: int
     trunk: float
     branch: float
     noise: float
     steps: int  # the trunk's steps in the tail
+    noise_at: float = math.nan
 
     @property
     def difference(self) -> float:
@@ -77,77 +80,109 @@ def tail_mean(losses: Sequence[float], step_samples: int, start: int, end: int) 
 def compare(trunk_losses: Sequence[float], base: int, branch_losses: Sequence[float], global_batch: int,
             window: int) -> Comparison:
     """The branch at `global_batch` against the trunk (steps of `base` samples), both counted from the
-    checkpoint, over the last TAIL of `window` samples."""
+    checkpoint, over the last TAIL of `window` samples.
+
+    A step's loss is its model's before the step's update: over the same tail, a branch's losses come from
+    models that have seen, on average, (global_batch - base) / 2 fewer samples than the trunk's (its steps
+    are fewer and longer). So the trunk is read on its straight-line trend over the tail at the branch's
+    mean position, not at its own: a branch exactly as good per sample seen as the trunk differs by zero,
+    as its definition of keeping up asks, where the plain means would charge it the trunk's fall over those
+    samples."""
     start = window - int(window * TAIL) // global_batch * global_batch
     start = min(start, window - global_batch)
     trunk_part, trunk = tail_mean(trunk_losses, base, start, window)
     _, branch = tail_mean(branch_losses, global_batch, start, window)
-    return Comparison(global_batch, trunk, branch, trend_noise(trunk_part), len(trunk_part))
+    # the branch's mean position less the trunk's, in trunk steps
+    shift = -(global_batch - base) / 2 / base
+    at, noise_at = trend_at(trunk_part, shift) if math.isfinite(trunk) else (math.nan, math.nan)
+    return Comparison(global_batch, at if math.isfinite(at) else trunk, branch, trend_noise(trunk_part),
+                      len(trunk_part), noise_at)
+
+
+def trend_at(values: Sequence[float], shift: float) -> Tuple[float, float]:
+    """The straight-line least-squares trend of `values` (one per step) read `shift` steps from their mean
+    position, and its standard error (residuals with n - 2 degrees of freedom); (nan, nan) below three
+    values (a trend of two values has no residual to measure noise by)."""
+    n = len(values)
+    if n < 3 or not all(math.isfinite(v) for v in values):
+        return math.nan, math.nan
+    xs = range(n)
+    mx, my = (n - 1) / 2, statistics.fmean(values)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, values)) / sxx
+    residual = sum((y - my - slope * (x - mx)) ** 2 for x, y in zip(xs, values)) / (n - 2)
+    return my + slope * shift, math.sqrt(residual * (1 / n + shift * shift / sxx))
 
 
 def trend_noise(values: Sequence[float]) -> float:
     """The standard error of the mean of `values` about their straight-line trend (a falling loss is no
     noise): sqrt(residual variance / n), with n - 2 degrees of freedom; nan below three values."""
-    n = len(values)
-    if n < 3 or not all(math.isfinite(v) for v in values):
-        return math.nan
-    xs = range(n)
-    mx, my = (n - 1) / 2, statistics.fmean(values)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, values)) / sxx
-    residual = sum((y - my - slope * (x - mx)) ** 2 for x, y in zip(xs, values))
-    return math.sqrt(residual / (n - 2) / n)
+    return trend_at(values, 0.0)[1]
 
 
 @dataclass(frozen=True)
 class Local:
     """The local critical batch size at one checkpoint: `low` is the largest global batch whose branch
-    stayed within the tolerance (every smaller one too; the trunk's own when none did), `high` the next
-    one tried (None: every branch stayed within, the critical batch size is at least `low`)."""
+    stayed within its tolerance (every smaller one too; the trunk's own when none did), `high` the next
+    one tried (None: every branch stayed within, the critical batch size is at least `low`). `tolerance` is
+    the trunk's noise over the tail (its mean's); each global batch is judged by its own, `tolerances`
+    (the trunk read further from the tail's middle for a larger batch is read less surely)."""
 
     samples: int
     low: int
     high: Optional[int]
     tolerance: float
     differences: Dict[int, float]  # global batch -> branch minus trunk, over seeds
+    tolerances: Dict[int, float] = field(default_factory=dict)  # global batch -> the rise it may show
 
     @property
     def bounded(self) -> bool:
         return self.high is not None
 
 
-def tolerance(comparisons: Sequence[Comparison], z: float, fixed: Optional[float]) -> float:
+def tolerance(noises: Sequence[float], z: float, fixed: Optional[float]) -> float:
     """The loss rise a branch may show and still count as keeping up: `fixed` (branch.tolerance) when
-    set, else z x the trunk's own noise over the window's tail, pooled over the seeds' trunks (the root
-    mean square of their standard errors over sqrt(seeds)): a measured quantity, not a bare constant."""
+    set, else z x the trunk's own noise, pooled over the seeds' trunks (`noises`, one standard error per
+    seed: their root mean square over sqrt(seeds)): a measured quantity, not a bare constant."""
     if fixed is not None:
         return fixed
-    noises = [c.noise for c in comparisons if math.isfinite(c.noise)]
-    if not noises:
+    finite = [n for n in noises if math.isfinite(n)]
+    if not finite:
         return math.nan
-    return z * math.sqrt(statistics.fmean(n * n for n in noises) / len(noises))
+    return z * math.sqrt(statistics.fmean(n * n for n in finite) / len(finite))
 
 
 def local_critical(samples: int, base: int, by_seed: Sequence[Dict[int, Comparison]], z: float,
                    fixed: Optional[float] = None) -> Local:
     """The local critical batch size at the checkpoint `samples` from each seed's comparisons (global batch
     -> Comparison): a global batch keeps up when its difference, averaged over the seeds that measured it,
-    is finite and at most the tolerance; the answer is the largest one such that it and every smaller one
-    keep up (a larger one that keeps up after a smaller one did not is noise, not a critical batch)."""
+    is finite and at most its tolerance (its seeds' trunks' noise where its comparisons read them; the
+    trunk's noise over the tail when that is not measured); the answer is the largest one such that it and
+    every smaller one keep up (a larger one that keeps up after a smaller one did not is noise, not a
+    critical batch)."""
     batches = sorted({g for seed in by_seed for g in seed})
-    trunk_noise = [seed[g] for seed in by_seed for g in seed]
-    tol = tolerance(trunk_noise, z, fixed)
+    # one noise per seed's trunk (its comparisons read the same trunk, over tails that differ a little)
+    tol = tolerance([_rms([c.noise for c in seed.values()]) for seed in by_seed if seed], z, fixed)
     differences: Dict[int, float] = {}
+    tolerances: Dict[int, float] = {}
     low, high = base, None
     for g in batches:
         diffs = [seed[g].difference for seed in by_seed if g in seed]
         differences[g] = statistics.fmean(diffs) if diffs and all(math.isfinite(d) for d in diffs) else math.nan
+        own = tolerance([seed[g].noise_at for seed in by_seed if g in seed], z, fixed)
+        tolerances[g] = own if math.isfinite(own) else tol
     for g in batches:
-        if high is None and math.isfinite(differences[g]) and math.isfinite(tol) and differences[g] <= tol:
+        keeps_up = math.isfinite(differences[g]) and math.isfinite(tolerances[g]) and differences[g] <= tolerances[g]
+        if high is None and keeps_up:
             low = g
         elif high is None:
             high = g
-    return Local(samples, low, high, tol, differences)
+    return Local(samples, low, high, tol, differences, tolerances)
+
+
+def _rms(values: Sequence[float]) -> float:
+    finite = [v for v in values if math.isfinite(v)]
+    return math.sqrt(statistics.fmean(v * v for v in finite)) if finite else math.nan
 
 
 def monotone(locals_: Sequence[Local]) -> List[float]:

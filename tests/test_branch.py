@@ -72,13 +72,52 @@ def test_a_branch_that_diverged_or_never_ran_does_not_keep_up():
     assert (local.low, local.high) == (BASE, 32)
 
 
+def test_a_branch_as_good_per_sample_seen_as_the_trunk_differs_by_nothing():
+    """A step's loss is its model's before the update: a loss that depends only on the samples seen, read
+    at each run's own steps. The plain tail means would charge the branch the trunk's fall over the
+    (g - 16) / 2 samples its models are behind on average; read at the branch's position there is none."""
+    def loss(seen):
+        return 2.0 - 0.004 * seen / BASE  # falls 0.004 per trunk step
+
+    trunk = [loss(i * BASE) for i in range(WINDOW // BASE)]
+    for g in (32, 64, 128, 256):
+        branch = [loss(j * g) for j in range(WINDOW // g)]
+        c = rule.compare(trunk, BASE, branch, g, WINDOW)
+        assert c.difference == pytest.approx(0.0, abs=1e-9), g
+        plain = sum(branch[-(WINDOW // 2 // g):]) / (WINDOW // 2 // g) - sum(trunk[WINDOW // 2 // BASE:]) / 16
+        assert plain == pytest.approx(0.004 * (g - BASE) / 2 / BASE)  # what the plain means would say
+    # a branch that lost ground still shows it: 0.1 above the trunk's loss at every sample seen
+    c = rule.compare(trunk, BASE, [loss(j * 64) + 0.1 for j in range(WINDOW // 64)], 64, WINDOW)
+    assert c.difference == pytest.approx(0.1)
+
+
+def test_each_global_batch_is_judged_by_the_trunks_noise_where_its_comparison_reads_the_trunk():
+    # 256's comparison reads the trunk far from its tail's middle, less surely: its tolerance is its own
+    c64 = rule.Comparison(64, trunk=1.0, branch=1.1, noise=0.04, steps=16, noise_at=0.042)
+    c256 = rule.Comparison(256, trunk=1.0, branch=1.0, noise=0.04, steps=16, noise_at=0.12)
+    local = rule.local_critical(1024, BASE, [{64: c64, 256: c256}], z=2.0)
+    assert local.tolerances == pytest.approx({64: 0.084, 256: 0.24})
+    assert local.tolerance == pytest.approx(0.08)  # the trunk's noise over the tail, reported per checkpoint
+    assert (local.low, local.high) == (BASE, 64)  # 0.1 is above 64's own 0.084 (256's noise does not widen it)
+    assert rule.local_critical(1024, BASE, [{64: c64, 256: c256}], z=2.0, fixed=0.2).low == 256
+    # on a real noisy trunk the noise grows with the distance from the tail's middle
+    trunk = trunk_curve(2.0, WINDOW // BASE, noise=0.1)
+    compared = {g: rule.compare(trunk, BASE, branch_of(trunk, g), g, WINDOW) for g in (32, 256)}
+    assert compared[32].noise < compared[32].noise_at < compared[256].noise_at
+
+
 def test_the_tolerance_is_the_trunks_own_noise_or_the_number_given():
     quiet, loud = trunk_curve(2.0, 64, noise=0.01), trunk_curve(2.0, 64, noise=0.2)
     assert rule.trend_noise(quiet[32:]) < rule.trend_noise(loud[32:]) / 5
     assert rule.trend_noise([1.0, 0.9, 0.8, 0.7]) == pytest.approx(0.0, abs=1e-12)  # a straight fall is no noise
     c = rule.compare(loud, BASE, branch_of(loud, 32), 32, WINDOW)
-    assert rule.tolerance([c], 2.0, None) == pytest.approx(2 * c.noise)
-    assert rule.tolerance([c], 2.0, 0.01) == 0.01
+    assert rule.tolerance([c.noise], 2.0, None) == pytest.approx(2 * c.noise)
+    assert rule.tolerance([c.noise], 2.0, 0.01) == 0.01
+    # pooled over seeds, not over the global batches one trunk was compared with
+    assert rule.tolerance([0.1, 0.1], 2.0, None) == pytest.approx(2 * 0.1 / math.sqrt(2))
+    one_seed = {g: rule.Comparison(g, 1.0, 1.0, 0.1, 16, 0.1) for g in (32, 64, 128, 256)}
+    assert rule.local_critical(1024, BASE, [one_seed], z=2.0).tolerance == pytest.approx(0.2)
+    assert rule.local_critical(1024, BASE, [one_seed, one_seed], z=2.0).tolerance == pytest.approx(0.2 / math.sqrt(2))
 
 
 def local(samples, low, high=None):

@@ -62,7 +62,8 @@ class Answer:
             "base_global_batch": self.base, "budget_samples": self.budget, "window_samples": self.window,
             "checkpoints": [{"samples": c.samples, "critical_batch_size": c.low, "next_tried": c.high,
                              "monotone_fit": fitted, "tolerance": c.tolerance,
-                             "differences": {str(g): d for g, d in c.differences.items()}}
+                             "differences": {str(g): d for g, d in c.differences.items()},
+                             "tolerances": {str(g): t for g, t in c.tolerances.items()}}
                             for c, fitted in zip(self.locals, rule.monotone(self.locals))],
             "critical_batch_size_flat": rule.flat(self.locals, self.base),
             "schedule": [[s, g] for s, g in self.schedule], "schedule_layouts": self.schedule_layouts,

@@ -50,13 +50,15 @@ def section_rows(answer: Dict[str, Any]) -> List[Dict[str, str]]:
     rows = []
     for c in answer["checkpoints"]:
         high = c.get("next_tried")
-        diffs = ", ".join(f"{g}: {d:+.4f}" for g, d in c["differences"].items())
+        own = c.get("tolerances") or {}  # answers recorded before each global batch had its own tolerance
+        diffs = ", ".join(f"{g}: {d:+.4f}" + (f" (<= {own[g]:.4f})" if g in own else "")
+                          for g, d in c["differences"].items())
         rows.append({"samples seen": str(c["samples"]),
                      "critical batch size": f"{c['critical_batch_size']} to {high}" if high else
                      f">= {c['critical_batch_size']}",
                      "rising fit": f"{c['monotone_fit']:.0f}" if c.get("monotone_fit") else "-",
                      "tolerance": f"{c['tolerance']:.4f}",
-                     "branch loss - trunk loss, by global batch": diffs})
+                     "branch loss - trunk loss, by global batch (its tolerance)": diffs})
     return rows
 
 
