@@ -195,6 +195,36 @@ def test_the_constant_large_batch_pays_in_samples_where_it_is_above_the_critical
     assert rule.samples_factor(16, 16, 64) == 1.0 and rule.samples_factor(128, 16, 64) == pytest.approx(3 / 1.25)
 
 
+def test_the_answers_folder_goes_once_recorded_and_stays_while_its_write_waits_in_the_journal(tmp_path,
+                                                                                           monkeypatch):
+    import tempfile
+    from types import SimpleNamespace
+
+    from sweeper.driver.branch import Answer, log_answer
+    from sweeper.tracking import Tracker
+    from tests.conftest import mlflow_store
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    answer = Answer(16, 1024, 128, [local(256, 32, 64)], [(0, 16)], ["mb16-acc1-w1"], 4.0, "mb32-acc1-w1", 32,
+                    3.0, False, "a constant global batch of 32 is the answer")
+    uri = mlflow_store(tmp_path / "store")
+    tracker = Tracker(uri, "branch-answer")
+    parent = tracker.start_sweep("sweep-branch", {}, "")
+    log_answer(SimpleNamespace(tracker=tracker), answer, "sweep-branch")
+    assert not list(tmp_path.glob("sweeper-branch-*"))  # recorded: nothing kept in the temporary folder
+    assert [a.path for a in tracker.client.list_artifacts(parent, "branch")] == ["branch/answer.json"]
+
+    def store_down(*args, **kwargs):  # what a tracking server that went away raises, simulated
+        raise ConnectionError("simulated: the tracking server went away")
+
+    real, tracker.client.log_artifacts = tracker.client.log_artifacts, store_down
+    log_answer(SimpleNamespace(tracker=tracker), answer, "sweep-branch")
+    (kept,) = tmp_path.glob("sweeper-branch-*")  # the journal replays the write from it
+    assert (kept / "answer.json").exists() and tracker.pending == 1
+    tracker.client.log_artifacts = real
+    assert tracker.replay() == (1, 0)
+
+
 # ---------------------------------------------------------------------------------------------------
 # Through the CLI: a branch sweep interrupted mid-branch, resumed, recorded once, answered
 

@@ -357,6 +357,7 @@ def log_answer(s: Session, answer: Answer, name: str) -> None:
     """On the parent run: the critical batch size per checkpoint as curves over samples seen (MLflow's chart
     draws them), where it flattens, the predicted times; the whole answer as branch/answer.json."""
     import json
+    import shutil
     import tempfile
 
     curves = {"critical_batch_size_branched": [(c.samples, float(c.low)) for c in answer.locals],
@@ -373,4 +374,7 @@ def log_answer(s: Session, answer: Answer, name: str) -> None:
     folder = tempfile.mkdtemp(prefix="sweeper-branch-")
     with open(os.path.join(folder, "answer.json"), "w") as f:
         json.dump(answer.to_dict(), f, indent=2)
+    pending = s.tracker.pending
     s.tracker.log_artifacts(folder, "branch")
+    if s.tracker.pending == pending:  # recorded: nothing left to replay from the folder
+        shutil.rmtree(folder, ignore_errors=True)
