@@ -25,6 +25,17 @@ from typing import Dict, List, Optional, Sequence, Tuple
 # expected there, and is not what the branch is judged on).
 TAIL = 0.5
 
+# A reading is weak when it could not have seen a branch that makes half the trunk's progress over the window:
+# such a branch lags by half the trunk's fall at the window's end, the lag growing from zero at the checkpoint,
+# so by 3/8 of the fall on average over the compared tail (the window's second half). A branch counted as
+# keeping up with a tolerance above POWER x the fall might have been that branch.
+POWER = 0.375
+
+# A global batch is judged on at least this many of its branch's steps in the compared tail: a step's loss is
+# its model's before the update, so a tail of one step shows how the branch started from the checkpoint, not
+# how it trains (one step of 256 from a well-trained trunk is barely changed, and it "keeps up").
+MIN_TAIL_STEPS = 3
+
 
 def positions(fractions: Sequence[float], budget: int, base: int, window: int) -> List[int]:
     """The trunk's checkpoints in samples: each fraction of the `budget` rounded down to whole trunk steps
@@ -60,6 +71,7 @@ class Comparison:
     noise: float
     steps: int  # the trunk's steps in the tail
     noise_at: float = math.nan
+    progress: float = math.nan  # the trunk's fall over the whole window (its trend's; above zero: falling)
 
     @property
     def difference(self) -> float:
@@ -88,15 +100,37 @@ def compare(trunk_losses: Sequence[float], base: int, branch_losses: Sequence[fl
     mean position, not at its own: a branch exactly as good per sample seen as the trunk differs by zero,
     as its definition of keeping up asks, where the plain means would charge it the trunk's fall over those
     samples."""
-    start = window - int(window * TAIL) // global_batch * global_batch
-    start = min(start, window - global_batch)
+    start = tail_start(window, global_batch)
     trunk_part, trunk = tail_mean(trunk_losses, base, start, window)
     _, branch = tail_mean(branch_losses, global_batch, start, window)
     # the branch's mean position less the trunk's, in trunk steps
     shift = -(global_batch - base) / 2 / base
     at, noise_at = trend_at(trunk_part, shift) if math.isfinite(trunk) else (math.nan, math.nan)
     return Comparison(global_batch, at if math.isfinite(at) else trunk, branch, trend_noise(trunk_part),
-                      len(trunk_part), noise_at)
+                      len(trunk_part), noise_at, fall(trunk_losses[:window // base]))
+
+
+def fall(values: Sequence[float]) -> float:
+    """How far the straight-line trend of `values` (one per step) falls from their first step to past their
+    last (above zero: falling); nan below three values or with one not finite."""
+    n = len(values)
+    if n < 3 or not all(math.isfinite(v) for v in values):
+        return math.nan
+    first, _ = trend_at(values, -(n - 1) / 2)
+    last, _ = trend_at(values, (n + 1) / 2)
+    return first - last
+
+
+def tail_start(window: int, global_batch: int) -> int:
+    """Where the compared tail of a `window` starts for a branch at `global_batch`: the last TAIL of it in
+    whole steps, at least one."""
+    return min(window - int(window * TAIL) // global_batch * global_batch, window - global_batch)
+
+
+def judged(batches: Sequence[int], window: int) -> List[int]:
+    """The global batches of `batches` a `window` can judge: MIN_TAIL_STEPS or more of their steps in its
+    compared tail (a window of 2 x MIN_TAIL_STEPS steps of a global batch judges it)."""
+    return [g for g in batches if (window - tail_start(window, g)) // g >= MIN_TAIL_STEPS]
 
 
 def trend_at(values: Sequence[float], shift: float) -> Tuple[float, float]:
@@ -134,10 +168,24 @@ class Local:
     tolerance: float
     differences: Dict[int, float]  # global batch -> branch minus trunk, over seeds
     tolerances: Dict[int, float] = field(default_factory=dict)  # global batch -> the rise it may show
+    progress: float = math.nan  # the trunk's fall over the window, mean over the seeds
 
     @property
     def bounded(self) -> bool:
         return self.high is not None
+
+    @property
+    def weak(self) -> bool:
+        """A reading that could not have told a branch making half the trunk's progress from one keeping up:
+        some global batch it counts as keeping up has a tolerance above POWER x the trunk's fall over the
+        window (or the trunk did not fall). A reading bounded by a branch that fell behind is only as weak as
+        the keep-ups below it."""
+        kept = [g for g in self.differences if g <= self.low]
+        if not kept:
+            return False
+        if not (math.isfinite(self.progress) and self.progress > 0):
+            return True
+        return any(self.tolerances.get(g, self.tolerance) > POWER * self.progress for g in kept)
 
 
 def tolerance(noises: Sequence[float], z: float, fixed: Optional[float]) -> float:
@@ -177,7 +225,10 @@ def local_critical(samples: int, base: int, by_seed: Sequence[Dict[int, Comparis
             low = g
         elif high is None:
             high = g
-    return Local(samples, low, high, tol, differences, tolerances)
+    progress = [next(iter(seed.values())).progress for seed in by_seed if seed]
+    progress = [p for p in progress if math.isfinite(p)]
+    return Local(samples, low, high, tol, differences, tolerances,
+                 statistics.fmean(progress) if progress else math.nan)
 
 
 def _rms(values: Sequence[float]) -> float:

@@ -661,7 +661,8 @@ class SweepSummary(Record):
     compute_continuation_saved_point_seconds: Optional[float] = metric()
     # sweep.strategy=branch: the ledger (trunk and branch runs beside the throughput runs) and the answer: the
     # local critical batch size at each checkpoint (a curve over samples seen: its lower end, the largest
-    # global batch that kept up, and the next one tried), where it flattens, the tolerance it was judged by
+    # global batch that kept up, and the next one tried), where it flattens, z x the trunk's noise over the
+    # window's tail (each global batch was judged by its own: branch/answer.json's tolerances)
     compute_trunk_point_seconds: Optional[float] = metric()
     compute_branch_point_seconds: Optional[float] = metric()
     branch_runs: Optional[int] = metric()

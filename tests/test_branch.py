@@ -25,15 +25,24 @@ def trunk_curve(start: float, steps: int, seed: int = 0, noise: float = 0.05):
 
 
 def branch_of(trunk, g, shift=0.0, spike=0.0, seed=1, noise=0.02):
-    """The branch at global batch g over the same samples: each step the mean of the trunk's losses on its
-    samples, plus a constant `shift` (lost ground) and a `spike` in its first steps that decays."""
+    """The branch at global batch g, as good per sample seen as the trunk: each step the trunk's loss at the
+    same position (the model's before its update, after j x g samples; the trunk's losses averaged over a
+    window centred there, so its noise is not copied), plus a constant `shift` (lost ground) and a `spike`
+    in its first steps that decays."""
     rng = random.Random(seed)
     per = g // BASE
     out = []
     for j in range(WINDOW // g):
-        mean = sum(trunk[j * per:(j + 1) * per]) / per
-        out.append(mean + shift + spike * math.exp(-j) + rng.gauss(0, noise))
+        around = trunk[max(0, j * per - per // 2):j * per + per // 2 + 1]
+        out.append(sum(around) / len(around) + shift + spike * math.exp(-j) + rng.gauss(0, noise))
     return out
+
+
+def test_a_global_batch_is_judged_only_on_three_or_more_of_its_steps_in_the_compared_half():
+    # a 512-sample window compares its last 256: 8 steps of 32, 4 of 64, 2 of 128, 1 of 256
+    assert rule.judged([32, 64, 128, 256], 512) == [32, 64]
+    assert rule.judged([32, 64, 128, 256], 768) == [32, 64, 128]  # 384 compared: 3 steps of 128
+    assert rule.judged([256], 6 * 256) == [256]  # 2 x MIN_TAIL_STEPS steps of it
 
 
 def test_a_window_is_a_multiple_of_every_global_batch_and_checkpoints_are_whole_trunk_steps():
@@ -104,6 +113,42 @@ def test_each_global_batch_is_judged_by_the_trunks_noise_where_its_comparison_re
     trunk = trunk_curve(2.0, WINDOW // BASE, noise=0.1)
     compared = {g: rule.compare(trunk, BASE, branch_of(trunk, g), g, WINDOW) for g in (32, 256)}
     assert compared[32].noise < compared[32].noise_at < compared[256].noise_at
+
+
+def test_a_reading_whose_trunk_barely_fell_is_weak_one_bounded_by_a_failure_is_not():
+    trunk = [2.0 - 0.004 * i for i in range(WINDOW // BASE)]
+    assert rule.fall(trunk) == pytest.approx(0.004 * len(trunk))  # first step to past the last
+    assert rule.compare(trunk, BASE, branch_of(trunk, 64), 64, WINDOW).progress == pytest.approx(0.128)
+
+    def reading(low, tolerances, progress, high=None):
+        return rule.Local(1024, low, high, 0.01, {g: 0.0 for g in tolerances}, tolerances, progress)
+
+    # 64 kept up with a tolerance of 0.06: a branch making half of a 0.128 fall lags 0.048 on the tail: weak
+    assert reading(64, {32: 0.03, 64: 0.06}, 0.128).weak
+    assert not reading(64, {32: 0.03, 64: 0.04}, 0.128).weak  # 0.04 < 0.375 x 0.128: it would have shown
+    assert reading(64, {32: 0.03, 64: 0.04}, -0.05).weak  # the trunk rose: nothing to fall behind on
+    assert not reading(16, {32: 0.5, 64: 0.5}, 0.0, high=32).weak  # nothing kept up: 32 fell behind anyway
+    assert not reading(32, {32: 0.03, 64: 0.5}, 0.128, high=64).weak  # only 32's keep-up counts
+
+
+def test_the_answer_says_when_the_last_reading_cannot_tell_the_batches_apart(cfg_of):
+    from sweeper.driver.branch import decide
+    from sweeper.plan import GridPoint
+    from sweeper.schema import PointResult
+
+    ok = {}
+    for mb, acc, rate in ((16, 1, 300.0), (16, 2, 320.0), (16, 4, 330.0)):
+        r = PointResult()
+        r.throughput.samples_per_second = rate
+        ok[GridPoint(mb, acc, 1)] = r
+    fastest = {g: GridPoint(16, g // 16, 1) for g in (16, 32, 64)}
+    budget, mark = 16 * 200, 2560
+    flat = [0.3 + 0.05 * math.sin(i) for i in range(budget // BASE)]  # noise about a level: no progress
+    branches = {(None, 1, g): PointResult(train_loss=branch_of(flat[mark // BASE:], g)) for g in (32, 64)}
+    answer = decide(cfg_of(), BASE, budget, WINDOW, [mark], [None], {None: PointResult(train_loss=flat)}, branches,
+                    fastest, ok, [32, 64])
+    assert answer.locals[-1].weak and "reading (where the rising fit ends) is weak: the trunk's loss" in answer.why
+    assert answer.to_dict()["checkpoints"][-1]["weak"] is True
 
 
 def test_the_tolerance_is_the_trunks_own_noise_or_the_number_given():
@@ -232,7 +277,7 @@ REPO = Path(__file__).resolve().parents[1]
 BRANCH = [
     "optim=adamw", "optim.lr=0.003", "model=mlp", "model.depth=2", "model.width=32", "model.input_shape=[1,8,8]",
     "data=digits", "sweep.micro_batch_sizes=[16,32]", "sweep.accumulation_steps=[1,2]", "sweep.num_workers=[1]",
-    "sweep.strategy=branch", "branch.at=[0.2,0.5]", "smart.throughput_steps=12", "train.epochs=2",
+    "sweep.strategy=branch", "branch.at=[0.2,0.5]", "branch.window=384", "smart.throughput_steps=12", "train.epochs=2",
     "measure.warmup_steps=2", "measure.windows=3", "measure.flops=false", "measure.memory_breakdown=false",
     "cluster.include_dashboard=false",
 ]

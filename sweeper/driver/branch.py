@@ -56,6 +56,8 @@ class Answer:
     # per span, the measured layout whose samples/s times it: its own, or the same micro-batch and workers at
     # less accumulation (a lower bound on its rate) when the grid did not measure its accumulation
     schedule_timed_as: List[str] = field(default_factory=list)
+    # the larger global batches the window was too short to judge (not branched to)
+    unjudged: List[int] = field(default_factory=list)
 
     def to_dict(self) -> Dict[str, object]:
         return {
@@ -63,7 +65,8 @@ class Answer:
             "checkpoints": [{"samples": c.samples, "critical_batch_size": c.low, "next_tried": c.high,
                              "monotone_fit": fitted, "tolerance": c.tolerance,
                              "differences": {str(g): d for g, d in c.differences.items()},
-                             "tolerances": {str(g): t for g, t in c.tolerances.items()}}
+                             "tolerances": {str(g): t for g, t in c.tolerances.items()},
+                             "trunk_fall": c.progress, "weak": c.weak}
                             for c, fitted in zip(self.locals, rule.monotone(self.locals))],
             "critical_batch_size_flat": rule.flat(self.locals, self.base),
             "schedule": [[s, g] for s, g in self.schedule], "schedule_layouts": self.schedule_layouts,
@@ -72,6 +75,7 @@ class Answer:
             "constant_global_batch": self.constant_batch, "constant_predicted_seconds": self.constant_seconds,
             "recommend_schedule": self.recommend_schedule, "why": self.why,
             "b_simple": [[samples, value] for samples, value in sorted(self.b_simple.items())],
+            "unjudged_global_batches": self.unjudged,
         }
 
 
@@ -163,8 +167,16 @@ def measure(cfg: SweeperConfig, s: Session, name: str, points: List[GridPoint], 
     budget = trunk_spec.steps * base
     window = rule.window_samples(cfg.branch.window, budget, [base, *larger])
     marks = rule.positions(cfg.branch.at, budget, base, window)
+    unjudged = [g for g in larger if g not in rule.judged(larger, window)]
+    if unjudged:
+        console.warn(f"branch: global batch(es) {', '.join(map(str, unjudged))} not branched to: a window of {window} "
+                     f"samples gives them fewer than {rule.MIN_TAIL_STEPS} steps in its compared second half (a "
+                     f"step's loss is measured before its update); branch.window="
+                     f"{2 * rule.MIN_TAIL_STEPS * max(unjudged)} or more would judge them")
+        larger = [g for g in larger if g not in unjudged]
     if not larger or not marks:
-        why = ("no layout of a larger global batch got through its throughput run" if not larger else
+        why = ("no layout of a larger global batch got through its throughput run" if not larger and not unjudged
+               else f"the window of {window} samples judges no larger global batch" if not larger else
                f"a branch of {window} samples fits in the budget of {budget} samples at none of branch.at")
         console.warn(f"branch: nothing to branch to: {why}")
         record_points(points, specs, throughput, {}, keep)
@@ -176,6 +188,11 @@ def measure(cfg: SweeperConfig, s: Session, name: str, points: List[GridPoint], 
                                   ledger)
     ledger.branches = len(branches)
     answer = decide(cfg, base, budget, window, marks, seeds, trunks, branches, fastest, ok, larger)
+    if answer is not None and unjudged:
+        answer.unjudged = unjudged
+        answer.why += (f". Global batch(es) {', '.join(map(str, unjudged))} were not branched to: the window of "
+                       f"{window} samples is too short to judge them, so the critical batch size is read up to "
+                       f"{max(larger)} at most")
     record_points(points, specs, throughput, {seed: trunks.get(seed) for seed in seeds}, keep, trunk_layout)
     ledger.full_grid_estimate = smart_driver.full_grid_estimate(points, specs, throughput, {},
                                                                 {"": [r for r in trunks.values() if r]})
@@ -322,6 +339,15 @@ def decide(cfg: SweeperConfig, base: int, budget: int, window: int, marks: List[
         why = (f"a constant global batch of {constant_batch} is predicted to reach the trunk's final loss in "
                f"{constant_seconds:.3g} s, no slower than the schedule's {schedule_seconds:.3g} s: its faster steps "
                "outweigh the samples it loses early")
+    if locals_[-1].weak:
+        last = locals_[-1]
+        fell = (f"fell by {last.progress:.3g}" if math.isfinite(last.progress) and last.progress > 0 else
+                "did not fall")
+        widest = max(last.tolerances.get(g, last.tolerance) for g in last.differences if g <= last.low)
+        why += (f". The last checkpoint's reading (where the rising fit ends) is weak: the trunk's loss {fell} over "
+                "the window, so a branch making half its progress could have stayed within the tolerance of a global "
+                f"batch counted as keeping up (up to {widest:.3g}); more seeds (sweep.seeds: replicate trunks) or a "
+                "longer branch.window sharpen it")
     b_simple = {}
     for k, mark in enumerate(marks, 1):
         values = [r.noise.gns_b_simple_train_avg for (_, at, _), r in branches.items()

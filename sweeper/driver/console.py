@@ -332,7 +332,11 @@ def print_branch_answer(answer) -> None:
                   f"{answer.base}, {answer.window} samples each):", soft_wrap=True)
     for c in answer.locals:
         upto = f"< {c.high}" if c.high is not None else "or more (every branch kept up)"
-        console.print(f"  at {c.samples} samples: {c.low} {upto}  (tolerance {c.tolerance:.4g})", soft_wrap=True)
+        judged = ", ".join(f"{g}: {d:+.3g} (tolerance {c.tolerances.get(g, c.tolerance):.3g})"
+                           for g, d in c.differences.items())
+        weak = "; weak: the trunk fell too little over the window to tell" if c.weak else ""
+        console.print(f"  at {c.samples} samples: {c.low} {upto}  (loss rise by global batch: {judged}{weak})",
+                      soft_wrap=True)
     spans = ", ".join(f"{g} from {s}" for s, g in answer.schedule)
     console.print(f"  schedule: {spans}; predicted {answer.schedule_seconds:.3g} s to the trunk's final loss; "
                   f"constant {answer.constant} (global batch {answer.constant_batch}): {answer.constant_seconds:.3g} s",

@@ -58,6 +58,8 @@ def section_rows(answer: Dict[str, Any]) -> List[Dict[str, str]]:
                      f">= {c['critical_batch_size']}",
                      "rising fit": f"{c['monotone_fit']:.0f}" if c.get("monotone_fit") else "-",
                      "tolerance": f"{c['tolerance']:.4f}",
+                     "trunk's fall over the window": "-" if c.get("trunk_fall") is None else
+                     f"{c['trunk_fall']:.4f}" + (" (weak reading)" if c.get("weak") else ""),
                      "branch loss - trunk loss, by global batch (its tolerance)": diffs})
     return rows
 
