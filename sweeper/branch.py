@@ -114,8 +114,6 @@ def fall(values: Sequence[float]) -> float:
     """How far the straight-line trend of `values` (one per step) falls from their first step to past their
     last (above zero: falling); nan below three values or with one not finite."""
     n = len(values)
-    if n < 3 or not all(math.isfinite(v) for v in values):
-        return math.nan
     first, _ = trend_at(values, -(n - 1) / 2)
     last, _ = trend_at(values, (n + 1) / 2)
     return first - last
@@ -175,17 +173,25 @@ class Local:
         return self.high is not None
 
     @property
+    def kept(self) -> List[int]:
+        """The global batches this reading counts as keeping up (every one up to `low`)."""
+        return [g for g in self.differences if g <= self.low]
+
+    def tolerance_of(self, global_batch: int) -> float:
+        """The rise `global_batch` was allowed: its own tolerance, else the checkpoint's."""
+        return self.tolerances.get(global_batch, self.tolerance)
+
+    @property
     def weak(self) -> bool:
         """A reading that could not have told a branch making half the trunk's progress from one keeping up:
         some global batch it counts as keeping up has a tolerance above POWER x the trunk's fall over the
         window (or the trunk did not fall). A reading bounded by a branch that fell behind is only as weak as
         the keep-ups below it."""
-        kept = [g for g in self.differences if g <= self.low]
-        if not kept:
+        if not self.kept:
             return False
         if not (math.isfinite(self.progress) and self.progress > 0):
             return True
-        return any(self.tolerances.get(g, self.tolerance) > POWER * self.progress for g in kept)
+        return any(self.tolerance_of(g) > POWER * self.progress for g in self.kept)
 
 
 def tolerance(noises: Sequence[float], z: float, fixed: Optional[float]) -> float:
@@ -195,9 +201,7 @@ def tolerance(noises: Sequence[float], z: float, fixed: Optional[float]) -> floa
     if fixed is not None:
         return fixed
     finite = [n for n in noises if math.isfinite(n)]
-    if not finite:
-        return math.nan
-    return z * math.sqrt(statistics.fmean(n * n for n in finite) / len(finite))
+    return z * _rms(finite) / math.sqrt(len(finite)) if finite else math.nan
 
 
 def local_critical(samples: int, base: int, by_seed: Sequence[Dict[int, Comparison]], z: float,

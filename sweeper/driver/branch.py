@@ -343,7 +343,7 @@ def decide(cfg: SweeperConfig, base: int, budget: int, window: int, marks: List[
         last = locals_[-1]
         fell = (f"fell by {last.progress:.3g}" if math.isfinite(last.progress) and last.progress > 0 else
                 "did not fall")
-        widest = max(last.tolerances.get(g, last.tolerance) for g in last.differences if g <= last.low)
+        widest = max(last.tolerance_of(g) for g in last.kept)
         why += (f". The last checkpoint's reading (where the rising fit ends) is weak: the trunk's loss {fell} over "
                 "the window, so a branch making half its progress could have stayed within the tolerance of a global "
                 f"batch counted as keeping up (up to {widest:.3g}); more seeds (sweep.seeds: replicate trunks) or a "
