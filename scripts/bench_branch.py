@@ -161,8 +161,8 @@ def compare(name: str, out: Path, overrides: List[str], reuse: bool, evaluations
     budget = answer["budget_samples"]
     # every run evaluated at the same sample counts: a multiple of the grid's largest global batch (a run
     # evaluates every ceil(every / its global batch) steps)
-    largest = max(int(g) for c in answer["checkpoints"][:1] for g in c["differences"]) if answer["checkpoints"] \
-        else answer["base_global_batch"]
+    tried = [int(g) for c in answer["checkpoints"][:1] for g in c["differences"]]
+    largest = max([answer["base_global_batch"], *tried, *answer.get("unjudged_global_batches", [])])
     every = max(1, round(budget / evaluations / largest)) * largest
     print(f"{name}_branch_wall_seconds: {b_wall:.0f}", flush=True)
 
@@ -190,7 +190,8 @@ def compare(name: str, out: Path, overrides: List[str], reuse: bool, evaluations
     trunk = min(branch.role("trunk"), key=lambda r: r.data.tags["sweeper.trial_key"])  # seed 0's
     trunk_layout = trunk.data.tags["sweeper.trial_key"].split("trunk-")[1].rsplit("-s", 1)[0]
     replicas = sorted((p for p in points if p["point"] == trunk_layout), key=lambda p: p["seed"])
-    finals = [smoothed_final(curve(grid, p["run"]), budget) for p in replicas]
+    curves = {(p["point"], p["seed"]): curve(grid, p["run"]) for p in points}  # read once, for both targets
+    finals = [smoothed_final(curves[(p["point"], p["seed"])], budget) for p in replicas]
     final = statistics.fmean(finals)
     tol = answer["checkpoints"][-1]["tolerance"] if answer["checkpoints"] else 0.0
     se = statistics.stdev(finals) / math.sqrt(len(finals)) if len(finals) > 1 else 0.0
@@ -207,7 +208,7 @@ def compare(name: str, out: Path, overrides: List[str], reuse: bool, evaluations
                                                           "the trunks' noise over its tail: the issue's"),
                                ("strict", final + se, f"+ its standard error over the seeds {se:.4f}")):
         print(f"{name}_target_{label}: val_loss {target:.4f} ({final:.4f} {why})")
-        reached = {(p["point"], p["seed"]): samples_to(curve(grid, p["run"]), target) for p in points}
+        reached = {run: samples_to(values, target) for run, values in curves.items()}
         critical_batch(f"{name}_{label}", answer, grid, points, reached)
         trunk_steps = {p["seed"]: reached[(trunk_layout, p["seed"])] // answer["base_global_batch"]
                        for p in replicas if reached[(trunk_layout, p["seed"])] is not None}
@@ -257,8 +258,10 @@ def critical_batch(name: str, answer: dict, grid: Sweep, points: List[dict], rea
     print(f"{name}_critical_batch: branched {branched} (readings: {over}); grid fit B_crit {fit_text}; {simple}")
 
 
-def run_schedule(folder: Path, overrides: List[str], answer: dict, every: int) -> Optional[Sweep]:
-    """The branches' schedule trained from scratch at the grid's three seeds (None: it is a constant)."""
+def run_schedule(folder: Path, overrides: List[str], answer: dict, every: int
+                 ) -> Optional[Dict[str, List[Tuple[int, float]]]]:
+    """The branches' schedule trained from scratch at the grid's three seeds: each seed's validation curve
+    (None: the schedule is a constant)."""
     spans = answer["schedule"]
     if len(spans) < 2:
         return None
@@ -267,14 +270,15 @@ def run_schedule(folder: Path, overrides: List[str], answer: dict, every: int) -
     run_sweep(folder, [*overrides, f"sweep.micro_batch_sizes=[{mb}]", f"sweep.accumulation_steps=[{acc}]",
                        f"sweep.num_workers=[{workers}]", "sweep.seeds=[0,1,2]", f"eval.every_samples={every}",
                        "train.batch_schedule=[" + ",".join("[" + ",".join(map(str, s)) + "]" for s in spans) + "]"])
-    return Sweep(folder)
+    sweep = Sweep(folder)
+    return {p["seed"]: curve(sweep, p["run"]) for p in sweep.points()}
 
 
-def judge_schedule(name: str, sweep: Optional[Sweep], answer: dict, target: float, step_time: Dict[str, float],
-                   trunk_steps: Dict[str, int]) -> Dict[str, object]:
+def judge_schedule(name: str, curves: Optional[Dict[str, List[Tuple[int, float]]]], answer: dict, target: float,
+                   step_time: Dict[str, float], trunk_steps: Dict[str, int]) -> Dict[str, object]:
     """The schedule's steps and seconds to `target` per seed, against the trunk's global batch."""
     spans = answer["schedule"]
-    if sweep is None:
+    if curves is None:
         print(f"{name}_schedule: a constant global batch ({spans}): nothing to train apart")
         return {}
     timed = answer.get("schedule_timed_as") or answer["schedule_layouts"]
@@ -289,14 +293,14 @@ def judge_schedule(name: str, sweep: Optional[Sweep], answer: dict, target: floa
             per_span.append(math.nan)
             estimated.append(layout)
     steps, seconds, fewer = {}, {}, []
-    for p in sorted(sweep.points(), key=lambda p: p["seed"]):
-        got = samples_to(curve(sweep, p["run"]), target)
+    for seed in sorted(curves):
+        got = samples_to(curves[seed], target)
         if got is None:
             continue
         counts = steps_over(spans, got)
-        steps[p["seed"]], seconds[p["seed"]] = sum(counts), sum(n * t for n, t in zip(counts, per_span))
-        if p["seed"] in trunk_steps:
-            fewer.append(1 - steps[p["seed"]] / trunk_steps[p["seed"]])
+        steps[seed], seconds[seed] = sum(counts), sum(n * t for n, t in zip(counts, per_span))
+        if seed in trunk_steps:
+            fewer.append(1 - steps[seed] / trunk_steps[seed])
     paired = [s for s in steps if s in trunk_steps]
     mean_fewer = (1 - statistics.fmean(steps[s] for s in paired) / statistics.fmean(trunk_steps[s] for s in paired)
                   if paired else None)
