@@ -51,7 +51,7 @@ def section_rows(answer: Dict[str, Any]) -> List[Dict[str, str]]:
     for c in answer["checkpoints"]:
         high = c.get("next_tried")
         own = c.get("tolerances") or {}  # answers recorded before each global batch had its own tolerance
-        diffs = ", ".join(f"{g}: {d:+.4f}" + (f" (<= {own[g]:.4f})" if g in own else "")
+        diffs = ", ".join(f"{g}: {d:+.4f}" + (f" (tolerance {own[g]:.4f})" if g in own else "")
                           for g, d in c["differences"].items())
         rows.append({"samples seen": str(c["samples"]),
                      "critical batch size": f"{c['critical_batch_size']} to {high}" if high else
