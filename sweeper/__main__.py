@@ -20,6 +20,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from sweeper import config, tracking
+from sweeper.cluster import environment
 from sweeper.errors import EXIT_CONFIG, EXIT_INTERNAL, EXIT_OK, ConfigError, Interrupted, first_line
 
 config.register()
@@ -52,6 +53,8 @@ def run_task(cfg: DictConfig) -> int:
                 resolved = resolved.replace(secret, "***")
                 redact_hydra_outputs(secret)
         tracking.record_launch(launch_files(tracking.password(cfg.tracking.uri or "")))
+        # Before anything imports Ray (a resume's check reads Ray Tune's state): Ray reads its token once.
+        environment.prepare(typed.cluster)
         # Each validates everything (values, model, data, store) before Ray starts.
         if typed.task == "inference":
             from sweeper.driver import inference as task

@@ -20,6 +20,15 @@ config.register()
 
 REPO = Path(__file__).resolve().parents[1]
 
+# The suite writes nothing to $HOME (.ci/run runs it with an empty HOME and fails if anything appears
+# there): the caches and settings the libraries under test keep in a user's home (matplotlib's font
+# cache, Chromium's profile, ...) go to one folder of this machine's temporary directory instead, kept
+# between runs as a user's would be. Ray's files have their own keys (cluster.ray_dir, the token path).
+TEST_CACHES = Path(tempfile.gettempdir()) / f"sweeper-test-caches-{os.getuid()}"
+for _variable, _folder in (("MPLCONFIGDIR", "matplotlib"), ("XDG_CACHE_HOME", "cache"),
+                           ("XDG_CONFIG_HOME", "config"), ("XDG_DATA_HOME", "data")):
+    os.environ.setdefault(_variable, str(TEST_CACHES / _folder))
+
 
 def compose_cfg(*overrides: str):
     with initialize_config_module(config_module="sweeper.conf", version_base="1.3"):

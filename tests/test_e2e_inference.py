@@ -8,11 +8,12 @@ from tests.conftest import run_cli
 pytestmark = pytest.mark.e2e
 
 
+@pytest.mark.own_ray
 def test_inference_batch_sweep_records_latency_per_batch_and_both_knees(tmp_path):
     result = run_cli(
         "+experiment=mlp_knee", "inference.mlp_widths=[64,256]", "model.depth=2", "inference.batch_sizes=[1,4,16,64]",
         "inference.timed_runs=10", "inference.min_timed_seconds=0.05", "cluster.include_dashboard=false",
-        cwd=tmp_path,
+        cwd=tmp_path, own_ray=True,  # the inference sweep's default path: a local Ray it starts itself
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "measured knee" in result.stdout

@@ -9,7 +9,7 @@ from mlflow.tracking import MlflowClient
 from sweeper import models
 from sweeper.config import ModelConfig
 from sweeper.measure import memory
-from tests.conftest import run_cli
+from tests.conftest import free_port, run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -62,12 +62,14 @@ def test_a_budget_below_the_largest_grid_size_records_oom_rows_and_the_sweep_goe
     assert parent.data.metrics["num_trials_oom"] == 2 and parent.data.metrics["num_trials_ok"] == 2
 
 
+@pytest.mark.own_ray
 def test_auto_finds_the_frontier_in_few_probes_and_measures_global_batches_at_it(tmp_path):
     budget = (estimated_peak(100) + estimated_peak(101)) // 2  # the frontier is 100 by construction
     result = run_cli(
         *TINY_MLP, *TRAIN, f"device.memory_budget_gb={budget / 2**30!r}",
         "sweep.micro_batch_sizes=auto", "sweep.global_batch_sizes=[64,200]", "sweep.num_workers=[1]",
-        cwd=tmp_path,
+        f"cluster.dashboard_port={free_port()}",
+        cwd=tmp_path, own_ray=True,  # the frontier search's default path: a local Ray it starts itself
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "frontier, 1 worker(s): micro-batch" in result.stdout

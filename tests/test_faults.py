@@ -58,12 +58,12 @@ def _nothing_running(tmp_path, uri=None):
             if r.info.status == "RUNNING"] == []
 
 
-def _start(tmp_path, *overrides, own_ray=True):
+def _start(tmp_path, *overrides, own_ray=True, env=None):
     """The sweep as a process of its own, to signal or kill. Its own Ray by default (these tests signal
     a driver that must also stop the Ray it started); own_ray=False joins the session's."""
     if not own_ray:
-        return joined_process(overrides, tmp_path, ENV)
-    args, env = list(overrides), {**os.environ, **ENV}
+        return joined_process(overrides, tmp_path, env or ENV)
+    args, env = list(overrides), {**os.environ, **(env or ENV)}
     seed_default_store(args, tmp_path)
     return subprocess.Popen(
         [sys.executable, "-m", "sweeper", *args],
@@ -73,6 +73,23 @@ def _start(tmp_path, *overrides, own_ray=True):
         stderr=subprocess.STDOUT,
         text=True,
     )
+
+
+def _end_processes_in(folder):
+    """End what a killed driver left running (Ray's agents, which outlive their raylet for a while):
+    the processes whose working folder is the test's, by id, never `ray stop` (it would end every Ray
+    on the machine)."""
+    mine = []
+    for process in psutil.process_iter(["pid", "cwd"]):
+        cwd = process.info.get("cwd") or ""
+        if process.pid != os.getpid() and (cwd == str(folder) or cwd.startswith(f"{folder}{os.sep}")):
+            mine.append(process)
+    for process in mine:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(mine, timeout=10)
 
 
 def _wait_for_trials(tmp_path, proc, count, timeout=300):
@@ -102,10 +119,10 @@ def test_a_two_worker_trial_spans_two_nodes_of_a_ray_cluster(tmp_path):
         # With a cluster running here, cluster.address=null still starts a Ray of its own (ray.init
         # with no address would join the running one, and then refuse num_cpus).
         local = subprocess.run(
-            [sys.executable, "-c", "import ray; from sweeper.cluster.connect import _init; "
+            [sys.executable, "-c", "import sys; from sweeper.cluster import connect; "
              "from sweeper.config import ClusterConfig; "
-             "_init(ClusterConfig(num_cpus=1, include_dashboard=False)); "
-             "print(ray.get_runtime_context().gcs_address); ray.shutdown()"],
+             "c = connect.connect(ClusterConfig(num_cpus=1, include_dashboard=False, ray_dir=sys.argv[1])); "
+             "print(c.address); connect.shutdown()", str(tmp_path / "local")],
             capture_output=True, text=True, timeout=120, env={**os.environ, **ENV},
         )
     finally:
@@ -171,11 +188,16 @@ def test_a_worker_killed_mid_trial_is_restarted_and_each_point_recorded_once(tmp
     assert by_key[last].data.metrics["worker_group_restarts"] == 1
 
 
+@pytest.mark.own_ray
 def test_a_killed_sweep_resumes_under_the_same_run_without_rerunning_what_was_recorded(tmp_path):
-    # On the session's Ray, as on a user's cluster: the killed driver's job and its actors are Ray's to
-    # end, and the resume waits until they are gone (joining_session_ray).
+    # The default path: a local Ray the sweep starts itself (its token in .sweeper/ray), killed with its
+    # driver and started again by the resume. Ray's dashboard and runtime-env agents outlive a killed
+    # driver for a while; the resume's Ray starts beside them, and they are ended by id at the end.
     overrides = [*SLEEPY, *COMMON, *THREE_POINTS]
-    proc = _start(tmp_path, *overrides, own_ray=False)
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**ENV, "HOME": str(home)}
+    proc = _start(tmp_path, *overrides, env=env)
     try:
         _wait_for_trials(tmp_path, proc, 1)
         proc.send_signal(signal.SIGKILL)  # the driver, as a lost laptop session or an OOM-killer would
@@ -183,11 +205,19 @@ def test_a_killed_sweep_resumes_under_the_same_run_without_rerunning_what_was_re
     finally:
         if proc.poll() is None:
             proc.kill()
+    try:
+        _killed_then_resumed(tmp_path, overrides, env)
+    finally:
+        _end_processes_in(tmp_path)
+    assert list(home.iterdir()) == []  # no token or results in the user's home
+
+
+def _killed_then_resumed(tmp_path, overrides, env):
     parents, before = _runs(tmp_path)
     assert len(parents) == 1 and 1 <= len(before) < 3
     first = {t.data.tags["sweeper.trial_key"]: t.info.run_id for t in before}
 
-    result = run_cli(*overrides, "sweep.resume=true", cwd=tmp_path, env=ENV)
+    result = run_cli(*overrides, "sweep.resume=true", cwd=tmp_path, env=env, own_ray=True)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "resuming sweep-" in result.stdout
     parents, trials = _runs(tmp_path)
@@ -197,7 +227,7 @@ def test_a_killed_sweep_resumes_under_the_same_run_without_rerunning_what_was_re
     assert all(t.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for t in trials)
     for key, run_id in first.items():  # what was recorded before the kill is the same run, kept
         assert {t.data.tags["sweeper.trial_key"]: t.info.run_id for t in trials}[key] == run_id
-    assert parents[0].data.metrics["num_trials_ok"] == 3
+    assert parents[0].data.metrics["num_trials_ok"] == 3 and _nothing_running(tmp_path)
 
 
 def test_resume_with_nothing_to_resume_is_a_clean_error_before_ray_starts(tmp_path):
@@ -242,11 +272,12 @@ def _wait_for_output_dir(tmp_path, proc, timeout=300):
     raise AssertionError("timed out waiting for the sweep to start")
 
 
+@pytest.mark.own_ray
 def test_an_interrupted_sweep_ends_killed_and_its_resume_loses_and_repeats_nothing(tmp_path):
-    # On the session's Ray (a sweep interrupted on a cluster it joined); the SIGTERM, frontier and
-    # second-Ctrl-C tests below interrupt a sweep that started its own Ray.
+    # The default path: Ctrl-C to a sweep that started its own local Ray, then the README's resume,
+    # which starts a local Ray again (its token set before a resume's check imports Ray Tune).
     overrides = [*SLEEPY, *COMMON, *THREE_POINTS]
-    output, status = _interrupt(tmp_path, overrides, signal.SIGINT, 1, own_ray=False)  # mid-grid
+    output, status = _interrupt(tmp_path, overrides, signal.SIGINT, 1)  # mid-grid
     assert status == 130, output[-3000:]
     assert "sweep.resume=true" in output and "Traceback" not in output
     (killed,), before = _runs(tmp_path)
@@ -255,29 +286,37 @@ def test_an_interrupted_sweep_ends_killed_and_its_resume_loses_and_repeats_nothi
     assert _nothing_running(tmp_path)
 
     # Another experiment is refused before anything is touched, naming what differs.
-    other = run_cli(*overrides, "optim.lr=0.2", "sweep.resume=true", cwd=tmp_path, env=ENV, timeout=300)
+    other = run_cli(*overrides, "optim.lr=0.2", "sweep.resume=true", cwd=tmp_path, env=ENV, timeout=300,
+                    own_ray=True)
     assert other.returncode == 2 and "Traceback" not in other.stderr
     assert "optim.lr: 0.05 -> 0.2" in other.stderr  # the differing key named, values both ways
     (still,), _ = _runs(tmp_path)
     assert still.info.status == "KILLED" and still.data.metrics == killed.data.metrics
 
-    result = run_cli(*overrides, "sweep.resume=true", cwd=tmp_path, env=ENV)
+    _resumed_to_the_end(tmp_path, overrides)
+    again = run_cli(*overrides, "sweep.resume=true", cwd=tmp_path, env=ENV, timeout=300, own_ray=True)
+    assert again.returncode == 2 and "finished" in again.stderr  # a FINISHED sweep is never reopened
+
+
+def _resumed_to_the_end(tmp_path, overrides):
+    """sweep.resume=true on a local Ray finishes the sweep: every point once, nothing RUNNING."""
+    result = run_cli(*overrides, "sweep.resume=true", cwd=tmp_path, env=ENV, own_ray=True)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     parents, points = _runs(tmp_path)
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     assert Counter(t.data.tags["sweeper.trial_key"] for t in points) == POINT_KEYS
     assert all(t.data.tags["sweeper.status"] == "ok" for t in points)
     assert parents[0].data.metrics["num_trials_ok"] == 3 and _nothing_running(tmp_path)
-    again = run_cli(*overrides, "sweep.resume=true", cwd=tmp_path, env=ENV, timeout=300)
-    assert again.returncode == 2 and "finished" in again.stderr  # a FINISHED sweep is never reopened
 
 
 @pytest.mark.own_ray
-def test_sigterm_at_the_first_point_ends_the_sweep_killed(tmp_path):
-    output, status = _interrupt(tmp_path, [*SLEEPY, *COMMON, *THREE_POINTS], signal.SIGTERM, 0)
+def test_sigterm_at_the_first_point_ends_the_sweep_killed_and_it_resumes(tmp_path):
+    overrides = [*SLEEPY, *COMMON, *THREE_POINTS]
+    output, status = _interrupt(tmp_path, overrides, signal.SIGTERM, 0)
     assert status == 143 and "Traceback" not in output, output[-3000:]
     (parent,), _ = _runs(tmp_path)
     assert parent.info.status == "KILLED" and _nothing_running(tmp_path)
+    _resumed_to_the_end(tmp_path, overrides)
 
 
 @pytest.mark.own_ray

@@ -121,12 +121,18 @@ def test_the_sweep_fills_mlflows_own_views_kind_source_command_and_system_metric
     assert {"system/cpu_utilization_percentage", "system/system_memory_usage_megabytes"} <= metrics, metrics
 
 
+def chromium_env(profile) -> dict:
+    """Chromium keeps its certificate store in $HOME/.pki whatever --user-data-dir says: the profile's
+    folder is its home, so the suite writes nothing to the user's."""
+    return {**os.environ, "HOME": str(profile)}
+
+
 def _render(url: str, profile) -> str:
     """The page's DOM after its scripts ran, from headless Chromium. Flags from this machine's
     notes: without the background-networking ones Chromium keeps trying the closed network."""
     dom = subprocess.run(
         [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--virtual-time-budget=20000", "--dump-dom", url],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=120, env=chromium_env(profile),
     )
     assert dom.returncode == 0, dom.stderr[-2000:]
     return dom.stdout
@@ -142,7 +148,7 @@ def _click_through(url: str, profile, shown: str, click, then: list, timeout: fl
     proc = subprocess.Popen(
         [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--remote-debugging-port={port}",
          "--window-size=1400,900", "about:blank"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=chromium_env(profile),
     )
     try:
         return asyncio.run(_drive(port, url, shown, click, then, time.monotonic() + timeout))

@@ -1,17 +1,17 @@
 """Ray itself: start a local Ray or join a cluster, what it holds, and shutting it down.
 
-Ray is imported inside connect(), after the environment it reads once per process is set.
+Ray is imported inside connect(), after `environment.prepare()` set what it reads once per process.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import secrets
 import socket
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
+from sweeper.cluster import environment
 from sweeper.config import ClusterConfig
 from sweeper.errors import ConfigError, first_line
 
@@ -41,10 +41,12 @@ def connect(cfg: ClusterConfig) -> Cluster:
     ray_dir = os.path.abspath(cfg.ray_dir)
     results_dir = os.path.join(ray_dir, "results")
     os.makedirs(results_dir, exist_ok=True)
-    token_path = _prepare_environment(cfg, ray_dir)
+    env = environment.prepare(cfg)
+    environment.write_token(env)
+    install_log_filter()
     import ray
 
-    context = _init(cfg)
+    context = _init(cfg, env)
     resources = ray.cluster_resources()
     nodes = [
         (float(n["Resources"].get("CPU", 0.0)), float(n["Resources"].get("GPU", 0.0)))
@@ -57,7 +59,7 @@ def connect(cfg: ClusterConfig) -> Cluster:
         cpus=float(resources.get("CPU", 0.0)),
         gpus=float(resources.get("GPU", 0.0)),
         dashboard_url=f"http://{dashboard}" if dashboard and "://" not in dashboard else dashboard,
-        token_path=token_path or os.environ.get("RAY_AUTH_TOKEN_PATH"),
+        token_path=env.token_path,
         results_dir=results_dir,
         nodes=nodes,
         can_grow=cfg.address is not None and _autoscales(),
@@ -101,27 +103,7 @@ def install_log_filter() -> None:
         logger.addFilter(MissingTrialLogsFilter())
 
 
-def _prepare_environment(cfg: ClusterConfig, ray_dir: str) -> Optional[str]:
-    """What Ray reads once per process, set before it is imported; the local cluster's token path."""
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    # Tune's own console tables would interleave with sweeper's progress bar and summary.
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    # Tune's automatic CSV, JSON and TensorBoard loggers (read by tune.run, inside Tuner.fit() in this
-    # process) would write progress.csv, result.json and events.out.tfevents per trial; a trial is a
-    # worker group of several points, so their curves would join unrelated points. The points' record
-    # is MLflow. TUNE_DISABLE_AUTO_CALLBACK_LOGGERS=0 in the environment brings them back.
-    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
-    install_log_filter()
-    if cfg.address is not None:
-        return None
-    # Ray 2.60 turns on token auth for a new local cluster and would write the token to
-    # ~/.ray/auth_token; keep it with the rest of this tool's Ray files instead.
-    token_path = _ensure_token(ray_dir)
-    os.environ.setdefault("RAY_AUTH_MODE", "token")
-    return token_path
-
-
-def _init(cfg: ClusterConfig) -> Any:
+def _init(cfg: ClusterConfig, env: environment.RayEnvironment) -> Any:
     """ray.init for a local Ray or an existing cluster; what goes wrong as one ConfigError line."""
     import ray
 
@@ -138,17 +120,67 @@ def _init(cfg: ClusterConfig) -> Any:
     else:
         kwargs["address"] = cfg.address
     try:
+        if cfg.address is not None:
+            _probe_token(cfg.address)
         return ray.init(**kwargs)
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        if cfg.address is None and "already occupied" in str(exc):
-            raise ConfigError([
-                f"cluster.dashboard_port={cfg.dashboard_port} is in use (another Ray or sweep is "
-                "running?): pick a free one, e.g. cluster.dashboard_port=8266, or set cluster.include_dashboard=false"
-            ]) from None
-        raise ConfigError([
-            f"cluster.address={cfg.address!r}: cannot join a Ray cluster ({first_line(exc)}); "
-            "start one with `ray start --head`, or set cluster.address=null for a local Ray"
-        ]) from None
+        raise ConfigError([start_problem(cfg, env, exc)]) from None
+
+
+def _probe_token(address: str) -> None:
+    """A refused token raised at once: ray.init retries a refused token for 20 s, one log line a
+    second, before it fails. One GCS client call (Ray's private API) answers in milliseconds; only its
+    refusal counts, anything else is left for ray.init to report."""
+    import ray
+
+    if "://" in address or address == "auto":
+        return  # Ray Client (ray://) and auto-discovery resolve the address themselves
+    try:
+        from ray._raylet import GcsClient
+
+        GcsClient(address=address)
+    except ray.exceptions.AuthenticationError as exc:
+        raise ConnectionError(str(exc)) from exc
+    except Exception:  # noqa: BLE001 - a private API: any other outcome is ray.init's to report
+        return
+
+
+# What Ray's errors say, innermost cause included (ray.init wraps the GCS client's error in a
+# ConnectionError whose own text names only the address).
+AUTH_MARKERS = ("InvalidAuthToken", "AuthenticationError", "Authentication token")
+PORT_MARKERS = ("already occupied", "Address already in use", "address already in use")
+
+
+def start_problem(cfg: ClusterConfig, env: environment.RayEnvironment, exc: BaseException) -> str:
+    """One line: what failed when starting or joining Ray (the token, a port, the address), and a fix
+    that is not the value already set."""
+    text = " ".join(str(e) for e in _chain(exc))
+    if cfg.address is None:
+        what = f"cannot start a local Ray (cluster.address=null, files in cluster.ray_dir={cfg.ray_dir!r})"
+        if any(m in text for m in PORT_MARKERS):
+            return (f"cluster.dashboard_port={cfg.dashboard_port} is in use (another Ray or sweep is running?): "
+                    "pick a free one, e.g. cluster.dashboard_port=8266, or set cluster.include_dashboard=false")
+        if any(m in text for m in AUTH_MARKERS):
+            return (f"{what}: it refused its own token ({env.describe_token()}): Ray was imported in this process "
+                    "before sweeper set its token; a caller of sweeper's Python API calls "
+                    "sweeper.cluster.environment.prepare() before importing Ray")
+        return f"{what}: {first_line(exc)}; Ray's logs are in /tmp/ray/session_latest/logs"
+    where = f"cluster.address={cfg.address!r}"
+    if any(m in text for m in AUTH_MARKERS):
+        other = " instead" if env.token_source == "RAY_AUTH_TOKEN_PATH" else ""
+        return (f"{where}: the cluster runs with token authentication and refused this driver: "
+                f"{env.describe_token()}; point RAY_AUTH_TOKEN_PATH at the cluster's token file{other} "
+                "(`ray get-auth-token` on its head prints the token)")
+    return (f"{where}: cannot join a Ray cluster ({first_line(exc)}): check the head is up there "
+            f"(`ray status --address {cfg.address}`), or set cluster.address=null to start a local Ray")
+
+
+def _chain(exc: Optional[BaseException]) -> List[BaseException]:
+    seen: List[BaseException] = []
+    while exc is not None and exc not in seen:
+        seen.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return seen
 
 
 def can_resume(results_dir: str, experiment: str) -> bool:
@@ -163,16 +195,6 @@ def shutdown() -> None:
 
     if ray.is_initialized():
         ray.shutdown()
-
-
-def _ensure_token(ray_dir: str) -> str:
-    path = os.path.join(ray_dir, "auth_token")
-    if not os.path.exists(path):
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_hex(32))  # as Ray's own generator: 256 bits
-    os.environ["RAY_AUTH_TOKEN_PATH"] = path
-    return path
 
 
 def _check_reachable(address: str) -> None:
