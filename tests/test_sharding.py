@@ -90,11 +90,31 @@ def _rank(rank: int, world: int, folder: str) -> None:
             out["bytes"][parallelism] = dict(
                 params=sharding.local_bytes(model.parameters()), moments=sharding.local_bytes(moments),
                 steps=sharding.local_bytes(steps), whole=whole, units=done.units, sync=done.sync_mode)
+        checkpointed = _model()
+        recipe.apply_checkpointing(checkpointed, "blocks")
+        model, _ = sharding.apply(checkpointed, "zero3")
+        out["losses"]["zero3 checkpointed"] = _train(model, _optimizer(model), range(STEPS), rank, world)
+        out["bf16"] = _bf16_step(rank, world)
         out["reduce_scatters"] = _count_reduce_scatters(rank, world)
         out["continued"] = _continue_as_zero3(rank, world, folder)
         torch.save(out, os.path.join(folder, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
+
+
+def _bf16_step(rank: int, world: int):
+    """One ZeRO-2 step in bf16: the dtype a block's weight has inside its forward, the sharded weights' and
+    gradients' dtypes after backward, and the loss."""
+    model, done = sharding.apply(_model(), "zero2", precision="bf16")
+    seen = []
+    model.blocks[0].mlp[0].register_forward_pre_hook(lambda m, args: seen.append(m.weight.dtype))
+    inputs, targets = _batches()
+    with recipe.autocast(torch.device("cpu"), "bf16"):
+        loss = F.cross_entropy(model(inputs[0, :MICRO]).flatten(0, 1).float(), targets[0, :MICRO].flatten())
+    loss.backward()
+    weight = model.blocks[0].mlp[0].weight
+    return dict(forward=seen[0], sharded=weight.dtype, grad=weight.grad.dtype, loss=loss.item(),
+                policy=(done.param_dtype, done.reduce_dtype))
 
 
 def _count_reduce_scatters(rank: int, world: int):
@@ -161,7 +181,7 @@ def test_ddp_zero2_and_zero3_train_the_same_model_at_one_global_batch(two_ranks)
     losses = two_ranks["ranks"][0]["losses"]
     reference = two_ranks["reference"]  # one process, accumulation 4: the same global batch
     assert reference[-1] < reference[0] - 0.1  # it trains: equal losses of a model that does not would prove little
-    for parallelism in sharding.PARALLELISMS:
+    for parallelism in (*sharding.PARALLELISMS, "zero3 checkpointed"):
         assert losses[parallelism] == pytest.approx(reference, abs=TOLERANCE), parallelism
     assert two_ranks["ranks"][1]["losses"] == losses  # every rank reports the global batch's loss
 
@@ -220,7 +240,10 @@ def test_blocks_are_the_ones_checkpointing_wraps():
     assert all(isinstance(b, recipe.Checkpointed) for b in recipe.blocks(model))
 
 
-def test_bf16_gathers_in_bf16_and_reduces_in_fp32():
-    policy = sharding.mixed_precision("bf16")
-    assert (policy.param_dtype, policy.reduce_dtype) == (torch.bfloat16, torch.float32)
+def test_bf16_computes_with_bf16_weights_and_keeps_fp32_shards_and_gradients(two_ranks):
+    bf16 = two_ranks["ranks"][0]["bf16"]
+    assert bf16["policy"] == (torch.bfloat16, torch.float32)
+    assert bf16["forward"] == torch.bfloat16  # gathered (and computed) in bf16
+    assert bf16["sharded"] == torch.float32 and bf16["grad"] == torch.float32  # what AdamW steps on
+    assert abs(bf16["loss"] - two_ranks["reference"][0]) < 0.05  # bf16's rounding, the same model
     assert sharding.mixed_precision("fp32").param_dtype is None

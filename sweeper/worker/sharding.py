@@ -23,9 +23,9 @@ import torch.distributed as dist
 from torch import nn
 
 from sweeper import recipe
+from sweeper.measure.sharded_memory import PARALLELISMS
 from sweeper.worker import state
 
-PARALLELISMS = ("ddp", "zero2", "zero3")
 SHARDED = ("zero2", "zero3")
 RESHARD_AFTER_FORWARD = {"zero2": False, "zero3": True}
 # How micro-steps before the last of an optimizer step skip the gradient reduce (recorded per point).
