@@ -96,6 +96,7 @@ def _rank(rank: int, world: int, folder: str) -> None:
         out["losses"]["zero3 checkpointed"] = _train(model, _optimizer(model), range(STEPS), rank, world)
         out["bf16"] = _bf16_step(rank, world)
         out["reduce_scatters"] = _count_reduce_scatters(rank, world)
+        out["ddp_all_reduces"] = _count_ddp_all_reduces(rank, world)
         out["continued"] = _continue_as_zero3(rank, world, folder)
         torch.save(out, os.path.join(folder, f"rank{rank}.pt"))
     finally:
@@ -141,6 +142,29 @@ def _count_reduce_scatters(rank: int, world: int):
             dist.reduce_scatter_single = real
         found[mode] = per_micro
     return found
+
+
+def _count_ddp_all_reduces(rank: int, world: int):
+    """DDP's bucket all-reduces per micro-step of one step at accumulation 2 (a comm hook counts them): the
+    same sharding.accumulation_context, on its no_sync path."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    calls = [0]
+
+    def counting(group, bucket):
+        calls[0] += 1
+        return allreduce_hook(group, bucket)
+
+    model, _ = sharding.apply(_model(), "ddp")
+    model.register_comm_hook(None, counting)
+    per_micro = []
+
+    def note(micro):
+        per_micro.append(calls[0])
+        calls[0] = 0
+
+    _train(model, _optimizer(model), range(1), rank, world, on_micro_step=note)
+    return per_micro
 
 
 def _continue_as_zero3(rank: int, world: int, folder: str):
@@ -205,6 +229,11 @@ def test_accumulation_reduce_scatters_only_on_the_last_micro_step(two_ranks):
     units = LAYERS + 1  # one reduce-scatter per unit: each block, then the root
     assert counts["every"] == [units, units]  # the count sees them when every micro-step reduces
     assert counts["skipped"] == [0, units]
+
+
+def test_under_ddp_the_same_context_all_reduces_only_on_the_last_micro_step(two_ranks):
+    counts = two_ranks["ranks"][0]["ddp_all_reduces"]
+    assert counts[0] == 0 and counts[1] >= 1  # a tiny model's gradients fit one or two buckets
 
 
 def test_a_ddp_checkpoint_goes_on_as_zero3_at_two_workers_and_back(two_ranks):
