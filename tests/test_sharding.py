@@ -93,7 +93,11 @@ def _rank(rank: int, world: int, folder: str) -> None:
         checkpointed = _model()
         recipe.apply_checkpointing(checkpointed, "blocks")
         model, _ = sharding.apply(checkpointed, "zero3")
-        out["losses"]["zero3 checkpointed"] = _train(model, _optimizer(model), range(STEPS), rank, world)
+        optimizer = _optimizer(model)
+        out["losses"]["zero3 checkpointed"] = _train(model, optimizer, range(STEPS), rank, world)
+        weights, optimizer_state = sharding.full_state(model, optimizer)
+        out["checkpointed_state"] = ({k: tuple(v.shape) for k, v in weights.items()},
+                                     sorted(optimizer_state.get("state", {})))
         out["bf16"] = _bf16_step(rank, world)
         out["reduce_scatters"] = _count_reduce_scatters(rank, world)
         out["ddp_all_reduces"] = _count_ddp_all_reduces(rank, world)
@@ -247,6 +251,14 @@ def test_a_ddp_checkpoint_goes_on_as_zero3_at_two_workers_and_back(two_ranks):
     optimizer = _optimizer(model)
     state.load_optimizer(optimizer, saved.optimizer)
     assert _train(model, optimizer, range(BACK_AT, STEPS)) == pytest.approx(reference[BACK_AT:], abs=TOLERANCE)
+
+
+def test_a_checkpointed_sharded_models_state_is_named_as_the_bare_model(two_ranks):
+    weights, optimizer_steps = two_ranks["ranks"][0]["checkpointed_state"]
+    bare = _model()
+    assert weights == {k: tuple(v.shape) for k, v in bare.state_dict().items()}  # whole, no `.block.`
+    assert optimizer_steps == list(range(len(list(bare.parameters()))))  # indexed as torch.optim's own
+    assert two_ranks["ranks"][1]["checkpointed_state"] == ({}, [])  # gathered to rank 0 only
 
 
 def test_sharding_refuses_fp16_an_unknown_parallelism_and_a_model_without_blocks():
