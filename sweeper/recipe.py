@@ -78,14 +78,36 @@ def apply_checkpointing(model: nn.Module, mode: str, extra_types: Sequence[str] 
     they are. Returns how many were wrapped (0 for `none`)."""
     if mode == "none":
         return 0
+    found = _outermost_blocks(model, extra_types)
+    for parent, child_name, child in found:
+        setattr(parent, child_name, Checkpointed(child))
+    return len(found)
+
+
+def blocks(model: nn.Module, extra_types: Sequence[str] = ()) -> List[nn.Module]:
+    """The model's outermost blocks, as `apply_checkpointing` finds them (BLOCK_TYPES, `extra_types`, the
+    model's own `checkpoint_block_types`), in forward order; a block already checkpointed is given as its
+    Checkpointed wrapper. The units sharded data parallelism shards one at a time (worker.sharding)."""
+    wrapped = [m for m in model.modules() if isinstance(m, Checkpointed)]
+    outer = [m for m in wrapped if not any(m is not w and _contains(w, m) for w in wrapped)]
+    found = [child for _, _, child in _outermost_blocks(model, extra_types)]
+    return [m for m in model.modules() if any(m is b for b in outer + found)]
+
+
+def _outermost_blocks(model: nn.Module, extra_types: Sequence[str]) -> List[tuple]:
+    """(parent, attribute name, block) of every block no other block or Checkpointed wrapper holds."""
     names = _block_names(model, extra_types)
-    wrapped = 0
+    found: List[tuple] = []
     for parent in list(model.modules()):
         for child_name, child in list(parent.named_children()):
-            if type(child).__name__ in names and not isinstance(parent, Checkpointed) and not _inside(model, child):
-                setattr(parent, child_name, Checkpointed(child))
-                wrapped += 1
-    return wrapped
+            if type(child).__name__ in names and not isinstance(parent, Checkpointed) and not _inside(model, child) \
+                    and not any(_contains(block, child) for _, _, block in found):
+                found.append((parent, child_name, child))
+    return found
+
+
+def _contains(outer: nn.Module, module: nn.Module) -> bool:
+    return any(sub is module for sub in outer.modules())
 
 
 def _block_names(model: nn.Module, extra_types: Sequence[str]) -> set:
@@ -96,7 +118,7 @@ def _block_names(model: nn.Module, extra_types: Sequence[str]) -> set:
 
 def _inside(model: nn.Module, module: nn.Module) -> bool:
     """Whether `module` already sits inside a Checkpointed block of `model`."""
-    return any(isinstance(m, Checkpointed) and any(sub is module for sub in m.modules()) for m in model.modules())
+    return any(isinstance(m, Checkpointed) and _contains(m, module) for m in model.modules())
 
 
 class Checkpointed(nn.Module):

@@ -81,18 +81,26 @@ class Snapshot:
 def canonical_state(model: nn.Module) -> Dict[str, torch.Tensor]:
     """The model's state dict as the bare model names it: DDP's `module.` and each activation
     checkpointing wrapper's `block.` segment removed."""
+    inner = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+    canonical = canonical_key(inner)
+    # Host memory: the device's peak is the training's.
+    return {canonical(key): value.detach().to("cpu", copy=True) for key, value in inner.state_dict().items()}
+
+
+def canonical_key(model: nn.Module):
+    """A function from a key of `model`'s state dict (the bare model's, or a sharded one's: FSDP2 keeps the
+    names) to the bare model's name for it: each activation checkpointing wrapper's `block.` segment removed."""
     from sweeper.recipe import Checkpointed
 
-    inner = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
-    wrapped = [name for name, m in inner.named_modules() if isinstance(m, Checkpointed)]
-    state = {}
-    for key, value in inner.state_dict().items():
-        for name in sorted(wrapped, key=len, reverse=True):
+    wrapped = sorted((name for name, m in model.named_modules() if isinstance(m, Checkpointed)), key=len, reverse=True)
+
+    def canonical(key: str) -> str:
+        for name in wrapped:
             prefix = f"{name}.block." if name else "block."
             if key.startswith(prefix):
                 key = (f"{name}." if name else "") + key[len(prefix):]
-        state[key] = value.detach().to("cpu", copy=True)  # host memory: the device's peak is the training's
-    return state
+        return key
+    return canonical
 
 
 def to_cpu(value: Any) -> Any:
@@ -187,11 +195,12 @@ def read(folder: str) -> Snapshot:
                                     history.get("target_of")))
 
 
-def load_optimizer(optimizer: torch.optim.Optimizer, state: Dict[str, Any]) -> None:
+def load_optimizer(optimizer: torch.optim.Optimizer, state: Dict[str, Any], load=None) -> None:
     """The saved optimizer state (momentum, Adam's moments and step counts) under the *fresh*
     hyperparameters: torch's load_state_dict restores the saved LR, weight decay and betas, and the old
-    global batch's LR would silently win."""
+    global batch's LR would silently win. `load(state)` loads it (optimizer.load_state_dict by default;
+    a sharded model's goes through torch's distributed state-dict API, worker.sharding)."""
     fresh = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
-    optimizer.load_state_dict(state)
+    (load or optimizer.load_state_dict)(state)
     for group, values in zip(optimizer.param_groups, fresh):
         group.update(values)

@@ -7,7 +7,6 @@ one process (world size 1, no DDP wrapper).
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, List, Optional
@@ -21,22 +20,11 @@ from sweeper import data as data_mod
 from sweeper import models, recipe
 from sweeper.measure import telemetry
 from sweeper.worker.gns import MicroGradients, total_norm
+from sweeper.worker.sharding import accumulation_context
 from sweeper.worker.spec import PointSpec, WorkerContext
 
 # No batch of these datasets takes a healthy loader worker anywhere near this long.
 LOADER_TIMEOUT_SECONDS = 300
-
-
-def accumulation_context(model: nn.Module, micro_step: int, accumulation_steps: int):
-    """Skip DDP's gradient all-reduce on every micro-step but the last of an optimizer step.
-
-    Gradients then accumulate locally and are averaged across workers once per optimizer step.
-    Without DDP (one worker) there is nothing to skip.
-    """
-    is_last = micro_step == accumulation_steps - 1
-    if isinstance(model, nn.parallel.DistributedDataParallel) and not is_last:
-        return model.no_sync()
-    return contextlib.nullcontext()
 
 
 @dataclass
