@@ -316,7 +316,7 @@ class Divergence(Record):
     from, and the gradient it had."""
 
     diverged_at_step: Optional[int] = metric()
-    divergence_reason: Optional[str] = tag("sweeper.divergence")  # nonfinite | spike
+    divergence_reason: Optional[str] = tag("sweeper.divergence")  # nonfinite | spike | worse_than_guess
     # did_not_learn: its accuracy against a guess, in words (the binomial test's numbers and level)
     status_detail: Optional[str] = tag("sweeper.status_detail")
     # a loss spike that came back under its bar within divergence.recover_steps: a warning, not a divergence

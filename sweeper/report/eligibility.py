@@ -25,7 +25,14 @@ METRIC_NAMES = {
 TRY_INSTEAD = ("try a lower LR (a lower optim.lr, or sweep.lr_multipliers below 1, e.g. [0.25,0.5]), "
                "a warmup (train.warmup_steps), or another train.lr_scaling rule (sqrt grows the LR "
                "more slowly than linear)")
-DID_NOT_LEARN_TRY = "try a lower or higher LR, another optimizer (optim=adamw), more epochs (train.epochs)"
+OTHER_OPTIMIZER = {"sgd": "optim=adamw", "adamw": "optim=sgd"}
+
+
+def did_not_learn_try(optimizer: Optional[str]) -> str:
+    """What to change when a point learned nothing: never the optimizer it already used."""
+    other = OTHER_OPTIMIZER.get(optimizer or "")
+    return ("try a lower or higher LR, another optimizer" + (f" ({other})" if other else "")
+            + ", more epochs (train.epochs)")
 
 
 def has_metric(trial: Trial, objective: str, metric: str = "val_accuracy") -> bool:
@@ -133,11 +140,11 @@ def chance_text(point: PointSummary) -> str:
     if tokens is not None:
         loss, _, entropy = tokens
         return (f"did not learn (val loss {loss:.3f} nats per token is not below the training stream's unigram "
-                f"entropy, {entropy:.3f}, by more than its noise): {DID_NOT_LEARN_TRY}")
+                f"entropy, {entropy:.3f}, by more than its noise): {did_not_learn_try(point.trial.optimizer)}")
     accuracy = "-" if point.trial.val_accuracy is None else f"{point.trial.val_accuracy:.3f}"
     classes = point.trial.num_classes
     chance = f"1/{classes}" if classes else "1/classes"
-    return f"did not learn (val accuracy {accuracy} at chance {chance}): {DID_NOT_LEARN_TRY}"
+    return f"did not learn (val accuracy {accuracy} at chance {chance}): {did_not_learn_try(point.trial.optimizer)}"
 
 
 # ---------------------------------------------------------------------------------------------------

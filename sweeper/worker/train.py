@@ -619,12 +619,24 @@ def _divergence(result: PointResult, run: Training, diverged: Optional[Diverged]
             spike_at_step=spike.step, spike_peak_over_mean=spike.peak_over_mean,
             spike_recovered_after_steps=spike.recovered_after_steps,
             spike_warning=divergence.spike_warning(spike, spec.divergence)))
+    if diverged is None and not spec.partial:
+        # A spike with no steps left to come back in: its height kept, the point judged by its quality.
+        unresolved = divergence.unresolved_spike(before + list(result["train_loss"] or []), spec.divergence,
+                                                 len(before))
+        if unresolved is not None:
+            result.divergence.update(dict(
+                spike_at_step=unresolved.step, spike_peak_over_mean=unresolved.peak_over_mean,
+                spike_recovered_after_steps=None,
+                spike_warning=divergence.unresolved_warning(unresolved, spec.divergence)))
+    accuracy, samples = result.accuracy.val_accuracy, result.accuracy.val_samples
+    if diverged is None and not spec.partial and samples:
+        diverged = divergence.worse_than_guess(result.accuracy.val_loss, result.accuracy.val_loss_se,
+                                               run.splits.num_classes, run.steps_done, spec.divergence)
     if diverged is not None:
         result.status = "diverged"
         result.error = f"diverged ({diverged.reason}): {diverged.detail}"
         result.divergence.update(dict(diverged_at_step=diverged.step, divergence_reason=diverged.reason))
         return
-    accuracy, samples = result.accuracy.val_accuracy, result.accuracy.val_samples
     if accuracy is None or samples is None or spec.partial:
         return  # a rung before the last (smart): a model still learning, not one that learned nothing
     if models.is_language_model(spec.model):
