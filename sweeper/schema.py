@@ -507,7 +507,9 @@ class Decode(Record):
     prefill_p50_seconds: Optional[float] = metric()
     prefill_tokens_per_second: Optional[float] = metric()
     prefill_peak_memory_bytes: Optional[int] = metric()  # a whole prompt at once (the point's peak is decoding's)
-    kv_cache_bytes: Optional[int] = metric()  # the cache's tensors, allocated for `context` positions
+    kv_cache_bytes: Optional[int] = metric()  # measured from the cache's tensors (each storage once), `context` positions
+    # the decode step's own peak beyond the weights and the cache: its activations and temporaries
+    decode_activation_peak_bytes: Optional[int] = metric()
     kv_cache_bytes_per_sequence: Optional[float] = metric()
     kv_cache_formula_bytes_per_sequence: Optional[float] = metric()  # 2 x layers x d_model x context x bytes
     decode_flops_per_token: Optional[float] = metric()  # counted (FlopCounterMode), per sequence and step
