@@ -333,7 +333,7 @@ def print_branch_answer(answer) -> None:
                   f"{answer.base}, {answer.window} samples each):", soft_wrap=True)
     for c in answer.locals:
         upto = f"< {c.high}" if c.high is not None else "or more (every branch kept up)"
-        judged = ", ".join(f"{g}: {d:+.3g} (tolerance {c.tolerance_of(g):.3g})"
+        judged = ", ".join(f"{g}: {d:+.3g} ({c.verdict(g)}; margin {c.tolerance_of(g):.3g})"
                            for g, d in c.differences.items())
         weak = "; weak: the trunk fell too little over the window to tell" if c.weak else ""
         console.print(f"  at {c.samples} samples: {c.low} {upto}  (loss rise by global batch: {judged}{weak})",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from sweeper.report import stats
 from sweeper.report.quality import LOSS, hits
@@ -78,7 +78,7 @@ def under_accuracy(trial: Trial, min_accuracy: Optional[float]) -> Optional[str]
 
 def eligible(points: List[PointSummary], objective: str, min_accuracy: Optional[float],
              memory_budget_bytes: Optional[float], level: float = 0.95, metric: str = "val_accuracy",
-             batch_limit: Optional[Tuple[int, str]] = None) -> Tuple[List[PointSummary], Dict[str, str]]:
+             batch_limit: Optional[Tuple[int, Any]] = None) -> Tuple[List[PointSummary], Dict[str, str]]:
     """(eligible points, point key -> why not) before the quality guard. `batch_limit` (a global batch, why):
     a larger global batch is not eligible (sweep.strategy=branch's quality rule)."""
     excluded: Dict[str, str] = {}
@@ -94,7 +94,8 @@ def eligible(points: List[PointSummary], objective: str, min_accuracy: Optional[
         problems = [] if has_metric(trial, objective, metric) else [missing_metric(point, objective, metric)]
         problems += [p for p in (over_budget(trial, memory_budget_bytes), under_accuracy(trial, min_accuracy)) if p]
         if batch_limit is not None and trial.global_batch_size > batch_limit[0]:
-            problems.append(batch_limit[1])
+            why = batch_limit[1]  # a sentence, or what the branches said of this global batch
+            problems.append(why(trial.global_batch_size) if callable(why) else why)
         if problems:
             excluded[point.key] = "; ".join(problems)
         else:
