@@ -275,6 +275,10 @@ class Progress(Record):
 
     val_accuracy_curve: Optional[List[Tuple[int, float]]] = curve()  # (samples seen, accuracy)
     val_loss_curve: Optional[List[Tuple[int, float]]] = curve()
+    # (samples seen, seconds since training started at that evaluation, evaluations included): a time to a
+    # target measured on the run's own clock, for a target chosen after it
+    val_wall_seconds_curve: Optional[List[Tuple[int, float]]] = curve()
+    val_eval_seconds_curve: Optional[List[Tuple[int, float]]] = curve()  # (samples seen, seconds evaluating so far)
     evaluations: Optional[int] = metric()
     eval_seconds: Optional[float] = metric()  # on the time to target's clock, out of the throughput windows
     reached_target: Optional[int] = metric()  # 1 or 0 (with a target)

@@ -431,3 +431,22 @@ def test_a_branch_sweeps_answer_is_certified_as_the_grids_is():
     assert branched.verdict(old, 512) == "not judged"
     batch, why = branched.limit(None)
     assert batch == 0 and "no point's quality was measured" in why(64)
+
+
+def test_the_bench_reads_a_time_to_a_target_off_the_runs_own_clock():
+    """Issue 46, finding 6: bench_branch's 'measured' seconds were steps x the mean step time. It reads them
+    from the run's clock at the evaluation where it got there, its evaluations' share apart."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
+    try:
+        import bench_branch
+    finally:
+        sys.path.pop(0)
+    run = bench_branch.Run(loss=[(64, 2.0), (128, 1.5), (192, 1.2), (256, 1.1)],
+                           wall={64: 1.0, 128: 2.5, 192: 3.25, 256: 4.0},
+                           evaluating={64: 0.25, 128: 0.5, 192: 0.75, 256: 1.0})
+    # the centred mean of three evaluations first at or below 1.3 at 192 samples: (1.5 + 1.2 + 1.1) / 3
+    assert run.seconds_to(1.3) == (192, 3.25, 0.75)
+    assert run.seconds_to(1.0) is None
+    assert bench_branch.Run(run.loss, {}, {}).seconds_to(1.3) is None  # no clock recorded: not measured
