@@ -9,8 +9,9 @@ The measurement (Merrill et al. 2025, arXiv:2505.23971): from a checkpoint of a 
 batch B, branch to a larger global batch G with the LR scaled by the run's rule, for a short window of
 samples; the branch reads the very samples the trunk reads over that window (the sample stream goes on
 from the checkpoint's position whatever the layout), so the two losses are paired. The local critical
-batch size is the largest G whose loss at the window's end stays within a tolerance of the trunk's,
-every smaller G staying within too; it lies between that G and the next one tried.
+batch size is the largest G whose loss rise over the trunk's at the window's end is certified within a
+margin (a one-sided interval counting the trunk's and the branch's noise), every smaller G certified
+too; it lies between that G and the next one tried.
 """
 
 from __future__ import annotations
@@ -72,10 +73,20 @@ class Comparison:
     steps: int  # the trunk's steps in the tail
     noise_at: float = math.nan
     progress: float = math.nan  # the trunk's fall over the whole window (its trend's; above zero: falling)
+    # the standard error of the branch's tail mean about its own straight-line trend (as few as
+    # MIN_TAIL_STEPS steps: a noisy figure, and so a wide interval, not one to leave out)
+    branch_noise: float = math.nan
 
     @property
     def difference(self) -> float:
         return self.branch - self.trunk
+
+    @property
+    def standard_error(self) -> float:
+        """The difference's: the trunk's trend read at the branch's position and the branch's own tail mean,
+        independent noises (nan when the branch's is not measured)."""
+        trunk = self.noise_at if math.isfinite(self.noise_at) else self.noise
+        return math.sqrt(trunk * trunk + self.branch_noise * self.branch_noise)
 
 
 def tail_mean(losses: Sequence[float], step_samples: int, start: int, end: int) -> Tuple[List[float], float]:
@@ -102,12 +113,13 @@ def compare(trunk_losses: Sequence[float], base: int, branch_losses: Sequence[fl
     samples."""
     start = tail_start(window, global_batch)
     trunk_part, trunk = tail_mean(trunk_losses, base, start, window)
-    _, branch = tail_mean(branch_losses, global_batch, start, window)
+    branch_part, branch = tail_mean(branch_losses, global_batch, start, window)
     # the branch's mean position less the trunk's, in trunk steps
     shift = -(global_batch - base) / 2 / base
     at, noise_at = trend_at(trunk_part, shift) if math.isfinite(trunk) else (math.nan, math.nan)
     return Comparison(global_batch, at if math.isfinite(at) else trunk, branch, trend_noise(trunk_part),
-                      len(trunk_part), noise_at, fall(trunk_losses[:window // base]))
+                      len(trunk_part), noise_at, fall(trunk_losses[:window // base]),
+                      trend_noise(branch_part) if math.isfinite(branch) else math.nan)
 
 
 def fall(values: Sequence[float]) -> float:
@@ -152,21 +164,32 @@ def trend_noise(values: Sequence[float]) -> float:
     return trend_at(values, 0.0)[1]
 
 
+# A global batch's verdict at one checkpoint, the grid's non-inferiority words (report/noninferiority.py):
+# certified within the margin, shown beyond it, neither, or no finite comparison at all.
+KEEPS_UP, WORSE, UNPROVEN, NOT_JUDGED = "keeps up", "worse", "unproven", "not judged"
+
+
 @dataclass(frozen=True)
 class Local:
-    """The local critical batch size at one checkpoint: `low` is the largest global batch whose branch
-    stayed within its tolerance (every smaller one too; the trunk's own when none did), `high` the next
-    one tried (None: every branch stayed within, the critical batch size is at least `low`). `tolerance` is
-    the trunk's noise over the tail (its mean's); each global batch is judged by its own, `tolerances`
-    (the trunk read further from the tail's middle for a larger batch is read less surely)."""
+    """The local critical batch size at one checkpoint: `low` is the largest global batch certified to keep
+    up (every smaller one too; the trunk's own when none was), `high` the next one tried (None: every branch
+    kept up, the critical batch size is at least `low`). `tolerance` is the margin a branch's rise over the
+    trunk must be certified within (branch.tolerance, else POWER x the trunk's fall over the window: a
+    branch making half the trunk's progress per sample lags by that much on average over the tail, and
+    half the progress per sample is where a global batch reaches the critical batch size,
+    E = E_min (1 + B / B_crit)). Each global batch's `verdicts` come from the one-sided `bounds` of its
+    rise, the trunk's and the branch's own noise both counted."""
 
     samples: int
     low: int
     high: Optional[int]
     tolerance: float
     differences: Dict[int, float]  # global batch -> branch minus trunk, over seeds
-    tolerances: Dict[int, float] = field(default_factory=dict)  # global batch -> the rise it may show
+    tolerances: Dict[int, float] = field(default_factory=dict)  # global batch -> the margin it was judged by
     progress: float = math.nan  # the trunk's fall over the window, mean over the seeds
+    # global batch -> (lower, upper) one-sided bounds of its rise at the level asked (nan: not judged)
+    bounds: Dict[int, Tuple[float, float]] = field(default_factory=dict)
+    verdicts: Dict[int, str] = field(default_factory=dict)  # global batch -> KEEPS_UP | WORSE | UNPROVEN | NOT_JUDGED
 
     @property
     def bounded(self) -> bool:
@@ -178,61 +201,84 @@ class Local:
         return [g for g in self.differences if g <= self.low]
 
     def tolerance_of(self, global_batch: int) -> float:
-        """The rise `global_batch` was allowed: its own tolerance, else the checkpoint's."""
+        """The margin `global_batch` was judged by: its own, else the checkpoint's."""
         return self.tolerances.get(global_batch, self.tolerance)
+
+    def verdict(self, global_batch: int) -> str:
+        """Its verdict here; NOT_JUDGED for a global batch this checkpoint did not compare."""
+        if global_batch in self.verdicts:
+            return self.verdicts[global_batch]
+        if global_batch not in self.differences:
+            return NOT_JUDGED
+        return KEEPS_UP if global_batch <= self.low else UNPROVEN  # a reading without verdicts (tests, old answers)
 
     @property
     def weak(self) -> bool:
         """A reading that could not have told a branch making half the trunk's progress from one keeping up:
-        some global batch it counts as keeping up has a tolerance above POWER x the trunk's fall over the
-        window (or the trunk did not fall). A reading bounded by a branch that fell behind is only as weak as
-        the keep-ups below it."""
+        some global batch it counts as keeping up has a margin above POWER x the trunk's fall over the
+        window (branch.tolerance set that wide, or the trunk did not fall). A reading bounded by a branch
+        that fell behind is only as weak as the keep-ups below it."""
         if not self.kept:
             return False
         if not (math.isfinite(self.progress) and self.progress > 0):
             return True
-        return any(self.tolerance_of(g) > POWER * self.progress for g in self.kept)
+        return any(self.tolerance_of(g) > POWER * self.progress * (1 + 1e-9) for g in self.kept)
 
 
-def tolerance(noises: Sequence[float], z: float, fixed: Optional[float]) -> float:
-    """The loss rise a branch may show and still count as keeping up: `fixed` (branch.tolerance) when
-    set, else z x the trunk's own noise, pooled over the seeds' trunks (`noises`, one standard error per
-    seed: their root mean square over sqrt(seeds)): a measured quantity, not a bare constant."""
+def margin(progress: float, fixed: Optional[float]) -> float:
+    """The rise a branch must be certified within: `fixed` (branch.tolerance) when set, else POWER x the
+    trunk's fall over the window (nan when it did not fall: nothing can then be certified to keep up)."""
     if fixed is not None:
         return fixed
-    finite = [n for n in noises if math.isfinite(n)]
-    return z * _rms(finite) / math.sqrt(len(finite)) if finite else math.nan
+    return POWER * progress if math.isfinite(progress) and progress > 0 else math.nan
+
+
+def judge(rise: float, standard_error: float, limit: float, z: float) -> Tuple[str, Tuple[float, float]]:
+    """The verdict on a rise with its standard error against the margin `limit`, one-sided at the normal
+    quantile `z`: KEEPS_UP when rise + z x se <= limit (certified), WORSE when rise - z x se > limit (shown
+    beyond), UNPROVEN between, NOT_JUDGED when the rise or its noise is not finite; with the bounds."""
+    if not (math.isfinite(rise) and math.isfinite(standard_error)):
+        return NOT_JUDGED, (math.nan, math.nan)
+    lower, upper = rise - z * standard_error, rise + z * standard_error
+    if math.isfinite(limit) and upper <= limit:
+        return KEEPS_UP, (lower, upper)
+    if math.isfinite(limit) and lower > limit:
+        return WORSE, (lower, upper)
+    return UNPROVEN, (lower, upper)
 
 
 def local_critical(samples: int, base: int, by_seed: Sequence[Dict[int, Comparison]], z: float,
                    fixed: Optional[float] = None) -> Local:
     """The local critical batch size at the checkpoint `samples` from each seed's comparisons (global batch
-    -> Comparison): a global batch keeps up when its difference, averaged over the seeds that measured it,
-    is finite and at most its tolerance (its seeds' trunks' noise where its comparisons read them; the
-    trunk's noise over the tail when that is not measured); the answer is the largest one such that it and
-    every smaller one keep up (a larger one that keeps up after a smaller one did not is noise, not a
-    critical batch)."""
+    -> Comparison): a global batch keeps up when its rise over the trunk, averaged over the seeds that
+    measured it, is certified within the margin (`margin`) by a one-sided interval at the normal quantile
+    `z` (branch.confidence's), its standard error the trunk's noise where its comparison reads it and the
+    branch's own, pooled over the seeds (root mean square over sqrt(seeds)): not a failure to show it
+    worse. The answer is the largest one such that it and every smaller one keep up (a larger one that
+    keeps up after a smaller one did not is noise, not a critical batch)."""
     batches = sorted({g for seed in by_seed for g in seed})
-    # one noise per seed's trunk (its comparisons read the same trunk, over tails that differ a little)
-    tol = tolerance([_rms([c.noise for c in seed.values()]) for seed in by_seed if seed], z, fixed)
+    progress = [next(iter(seed.values())).progress for seed in by_seed if seed]
+    progress = [p for p in progress if math.isfinite(p)]
+    mean_progress = statistics.fmean(progress) if progress else math.nan
+    limit = margin(mean_progress, fixed)
     differences: Dict[int, float] = {}
-    tolerances: Dict[int, float] = {}
+    bounds: Dict[int, Tuple[float, float]] = {}
+    verdicts: Dict[int, str] = {}
     low, high = base, None
     for g in batches:
-        diffs = [seed[g].difference for seed in by_seed if g in seed]
+        mine = [seed[g] for seed in by_seed if g in seed]
+        diffs = [c.difference for c in mine]
         differences[g] = statistics.fmean(diffs) if diffs and all(math.isfinite(d) for d in diffs) else math.nan
-        own = tolerance([seed[g].noise_at for seed in by_seed if g in seed], z, fixed)
-        tolerances[g] = own if math.isfinite(own) else tol
+        se = _rms([c.standard_error for c in mine]) / math.sqrt(len(mine)) if all(
+            math.isfinite(c.standard_error) for c in mine) else math.nan
+        verdicts[g], bounds[g] = judge(differences[g], se, limit, z)
     for g in batches:
-        keeps_up = math.isfinite(differences[g]) and math.isfinite(tolerances[g]) and differences[g] <= tolerances[g]
-        if high is None and keeps_up:
+        if high is None and verdicts[g] == KEEPS_UP:
             low = g
         elif high is None:
             high = g
-    progress = [next(iter(seed.values())).progress for seed in by_seed if seed]
-    progress = [p for p in progress if math.isfinite(p)]
-    return Local(samples, low, high, tol, differences, tolerances,
-                 statistics.fmean(progress) if progress else math.nan)
+    return Local(samples, low, high, limit, differences, {g: limit for g in batches}, mean_progress, bounds,
+                 verdicts)
 
 
 def _rms(values: Sequence[float]) -> float:

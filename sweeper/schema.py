@@ -275,6 +275,10 @@ class Progress(Record):
 
     val_accuracy_curve: Optional[List[Tuple[int, float]]] = curve()  # (samples seen, accuracy)
     val_loss_curve: Optional[List[Tuple[int, float]]] = curve()
+    # (samples seen, seconds since training started at that evaluation, evaluations included): a time to a
+    # target measured on the run's own clock, for a target chosen after it
+    val_wall_seconds_curve: Optional[List[Tuple[int, float]]] = curve()
+    val_eval_seconds_curve: Optional[List[Tuple[int, float]]] = curve()  # (samples seen, seconds evaluating so far)
     evaluations: Optional[int] = metric()
     eval_seconds: Optional[float] = metric()  # on the time to target's clock, out of the throughput windows
     reached_target: Optional[int] = metric()  # 1 or 0 (with a target)
@@ -316,7 +320,7 @@ class Divergence(Record):
     from, and the gradient it had."""
 
     diverged_at_step: Optional[int] = metric()
-    divergence_reason: Optional[str] = tag("sweeper.divergence")  # nonfinite | spike
+    divergence_reason: Optional[str] = tag("sweeper.divergence")  # nonfinite | spike | worse_than_guess
     # did_not_learn: its accuracy against a guess, in words (the binomial test's numbers and level)
     status_detail: Optional[str] = tag("sweeper.status_detail")
     # a loss spike that came back under its bar within divergence.recover_steps: a warning, not a divergence
@@ -507,7 +511,9 @@ class Decode(Record):
     prefill_p50_seconds: Optional[float] = metric()
     prefill_tokens_per_second: Optional[float] = metric()
     prefill_peak_memory_bytes: Optional[int] = metric()  # a whole prompt at once (the point's peak is decoding's)
-    kv_cache_bytes: Optional[int] = metric()  # the cache's tensors, allocated for `context` positions
+    kv_cache_bytes: Optional[int] = metric()  # measured from the cache's tensors (each storage once), `context` positions
+    # the decode step's own peak beyond the weights and the cache: its activations and temporaries
+    decode_activation_peak_bytes: Optional[int] = metric()
     kv_cache_bytes_per_sequence: Optional[float] = metric()
     kv_cache_formula_bytes_per_sequence: Optional[float] = metric()  # 2 x layers x d_model x context x bytes
     decode_flops_per_token: Optional[float] = metric()  # counted (FlopCounterMode), per sequence and step

@@ -668,7 +668,7 @@ def test_the_sweep_refuses_time_to_target_without_a_target(cfg_of):
 def test_did_not_learn_points_are_never_eligible_and_say_what_to_try():
     learned = trial(16, samples_per_second=100.0, val_accuracy=0.80, val_samples=263, num_classes=10)
     stuck = trial(32, samples_per_second=900.0, val_accuracy=0.095, val_samples=263, status="did_not_learn",
-                  num_classes=10)
+                  num_classes=10, optimizer="sgd")
     rec = recommend([learned, stuck])
     assert rec.best.key == "mb16-acc1-w1"
     assert rec.excluded["mb32-acc1-w1"] == (
@@ -687,6 +687,19 @@ def test_did_not_learn_points_are_never_eligible_and_say_what_to_try():
     from sweeper.report.analysis import _STATUS_ORDER
     from sweeper.schema import STATUSES
     assert _STATUS_ORDER == tuple(STATUSES)
+
+
+def test_did_not_learn_advice_never_names_the_optimizer_already_in_use():
+    """Issue 46, finding 9: an AdamW run was told to try 'another optimizer (optim=adamw)'."""
+    learned = trial(16, samples_per_second=100.0, val_accuracy=0.80, val_samples=263, num_classes=10)
+    for used, other in (("adamw", "optim=sgd"), ("sgd", "optim=adamw")):
+        stuck = trial(32, samples_per_second=900.0, val_accuracy=0.095, val_samples=263, status="did_not_learn",
+                      num_classes=10, optimizer=used)
+        said = recommend([learned, stuck]).excluded["mb32-acc1-w1"]
+        assert f"another optimizer ({other})" in said and f"optim={used}" not in said, said
+    custom = trial(32, samples_per_second=900.0, val_accuracy=0.095, val_samples=263, status="did_not_learn",
+                   num_classes=10, optimizer="custom")
+    assert "another optimizer, more epochs" in recommend([learned, custom]).excluded["mb32-acc1-w1"]
 
 
 def test_lr_table_judges_each_multiplier_against_the_best_by_non_inferiority():

@@ -100,16 +100,36 @@ def test_a_branch_as_good_per_sample_seen_as_the_trunk_differs_by_nothing():
     assert c.difference == pytest.approx(0.1)
 
 
-def test_each_global_batch_is_judged_by_the_trunks_noise_where_its_comparison_reads_the_trunk():
-    # 256's comparison reads the trunk far from its tail's middle, less surely: its tolerance is its own
-    c64 = rule.Comparison(64, trunk=1.0, branch=1.1, noise=0.04, steps=16, noise_at=0.042)
-    c256 = rule.Comparison(256, trunk=1.0, branch=1.0, noise=0.04, steps=16, noise_at=0.12)
-    local = rule.local_critical(1024, BASE, [{64: c64, 256: c256}], z=2.0)
-    assert local.tolerances == pytest.approx({64: 0.084, 256: 0.24})
-    assert local.tolerance == pytest.approx(0.08)  # the trunk's noise over the tail, reported per checkpoint
-    assert (local.low, local.high) == (BASE, 64)  # 0.1 is above 64's own 0.084 (256's noise does not widen it)
-    assert rule.local_critical(1024, BASE, [{64: c64, 256: c256}], z=2.0, fixed=0.2).low == 256
-    # on a real noisy trunk the noise grows with the distance from the tail's middle
+def test_each_global_batch_keeps_up_only_when_its_rise_is_certified_within_the_margin():
+    """Issue 46, finding 5: a rise of 0.05 with the trunk's noise 0.03 there kept up (0.05 <= 1.96 x 0.03,
+    not shown above the tolerance) although the branch's own noise (0.05, over its few tail steps) was left
+    out. Now its one-sided upper bound, both noises counted, must lie within the margin (POWER x the
+    trunk's fall, here 0.375 x 0.32 = 0.12): 0.05 + 1.645 x 0.058 = 0.146 is not, so it is unproven."""
+    z = 1.6448536269514722  # one-sided 95 %
+    c64 = rule.Comparison(64, trunk=1.0, branch=1.05, noise=0.03, steps=16, noise_at=0.03, progress=0.32,
+                          branch_noise=0.05)
+    local = rule.local_critical(1024, BASE, [{64: c64}], z=z)
+    assert local.tolerance == pytest.approx(0.12)
+    assert local.verdicts == {64: rule.UNPROVEN} and (local.low, local.high) == (BASE, 64)
+    assert local.bounds[64][1] == pytest.approx(0.05 + z * math.hypot(0.03, 0.05), rel=1e-9)
+    # with three seeds alike the interval narrows by sqrt(3) and the rise is certified
+    assert rule.local_critical(1024, BASE, [{64: c64}] * 3, z=z).verdicts[64] == rule.KEEPS_UP
+    # shown beyond the margin: worse; no finite comparison: not judged, and neither keeps up
+    far = rule.Comparison(128, 1.0, 1.4, 0.03, 16, 0.03, 0.32, 0.05)
+    missing = rule.Comparison(256, 1.0, math.nan, 0.03, 16, 0.03, 0.32, math.nan)
+    local = rule.local_critical(1024, BASE, [{64: c64, 128: far, 256: missing}] * 3, z=z)
+    assert local.verdicts == {64: rule.KEEPS_UP, 128: rule.WORSE, 256: rule.NOT_JUDGED}
+    assert (local.low, local.high) == (64, 128)
+    # branch.tolerance given: the margin is that number
+    assert rule.local_critical(1024, BASE, [{64: c64}], z=z, fixed=0.2).verdicts[64] == rule.KEEPS_UP
+
+
+def test_the_branchs_own_noise_is_measured_over_its_tail():
+    trunk = trunk_curve(2.0, WINDOW // BASE, noise=0.02)
+    quiet = rule.compare(trunk, BASE, branch_of(trunk, 64, noise=0.001), 64, WINDOW)
+    loud = rule.compare(trunk, BASE, branch_of(trunk, 64, noise=0.2), 64, WINDOW)
+    assert quiet.branch_noise < loud.branch_noise / 10 and loud.standard_error > quiet.standard_error
+    # on a real noisy trunk the trunk's noise grows with the distance from the tail's middle
     trunk = trunk_curve(2.0, WINDOW // BASE, noise=0.1)
     compared = {g: rule.compare(trunk, BASE, branch_of(trunk, g), g, WINDOW) for g in (32, 256)}
     assert compared[32].noise < compared[32].noise_at < compared[256].noise_at
@@ -131,7 +151,7 @@ def test_a_reading_whose_trunk_barely_fell_is_weak_one_bounded_by_a_failure_is_n
     assert not reading(32, {32: 0.03, 64: 0.5}, 0.128, high=64).weak  # only 32's keep-up counts
 
 
-def test_the_answer_says_when_the_last_reading_cannot_tell_the_batches_apart(cfg_of):
+def test_a_trunk_that_did_not_fall_certifies_nothing_and_a_wide_fixed_margin_is_called_weak(cfg_of):
     from sweeper.driver.branch import decide
     from sweeper.plan import GridPoint
     from sweeper.schema import PointResult
@@ -145,24 +165,23 @@ def test_the_answer_says_when_the_last_reading_cannot_tell_the_batches_apart(cfg
     budget, mark = 16 * 200, 2560
     flat = [0.3 + 0.05 * math.sin(i) for i in range(budget // BASE)]  # noise about a level: no progress
     branches = {(None, 1, g): PointResult(train_loss=branch_of(flat[mark // BASE:], g)) for g in (32, 64)}
-    answer = decide(cfg_of(), BASE, budget, WINDOW, [mark], [None], {None: PointResult(train_loss=flat)}, branches,
-                    fastest, ok, [32, 64])
+    args = (BASE, budget, WINDOW, [mark], [None], {None: PointResult(train_loss=flat)}, branches, fastest, ok, [32, 64])
+    answer = decide(cfg_of(), *args)
+    # nothing to fall behind on: no margin, so no larger global batch is certified, and none is called worse
+    assert answer.locals[-1].low == BASE and not answer.locals[-1].weak
+    assert set(answer.to_dict()["checkpoints"][-1]["verdicts"].values()) == {rule.UNPROVEN}
+    answer = decide(cfg_of("branch.tolerance=1.0"), *args)
     assert answer.locals[-1].weak and "reading (where the rising fit ends) is weak: the trunk's loss" in answer.why
     assert answer.to_dict()["checkpoints"][-1]["weak"] is True
 
 
-def test_the_tolerance_is_the_trunks_own_noise_or_the_number_given():
+def test_the_margin_follows_the_trunks_fall_or_is_the_number_given():
     quiet, loud = trunk_curve(2.0, 64, noise=0.01), trunk_curve(2.0, 64, noise=0.2)
     assert rule.trend_noise(quiet[32:]) < rule.trend_noise(loud[32:]) / 5
     assert rule.trend_noise([1.0, 0.9, 0.8, 0.7]) == pytest.approx(0.0, abs=1e-12)  # a straight fall is no noise
-    c = rule.compare(loud, BASE, branch_of(loud, 32), 32, WINDOW)
-    assert rule.tolerance([c.noise], 2.0, None) == pytest.approx(2 * c.noise)
-    assert rule.tolerance([c.noise], 2.0, 0.01) == 0.01
-    # pooled over seeds, not over the global batches one trunk was compared with
-    assert rule.tolerance([0.1, 0.1], 2.0, None) == pytest.approx(2 * 0.1 / math.sqrt(2))
-    one_seed = {g: rule.Comparison(g, 1.0, 1.0, 0.1, 16, 0.1) for g in (32, 64, 128, 256)}
-    assert rule.local_critical(1024, BASE, [one_seed], z=2.0).tolerance == pytest.approx(0.2)
-    assert rule.local_critical(1024, BASE, [one_seed, one_seed], z=2.0).tolerance == pytest.approx(0.2 / math.sqrt(2))
+    assert rule.margin(0.32, None) == pytest.approx(rule.POWER * 0.32)
+    assert rule.margin(0.32, 0.01) == 0.01
+    assert math.isnan(rule.margin(-0.1, None)) and math.isnan(rule.margin(math.nan, None))
 
 
 def local(samples, low, high=None):
@@ -371,3 +390,63 @@ def test_the_schedule_snippets_change_accumulation_at_sample_counts(tmp_path):
     # 64 samples at 16 (4 steps), 64 at 32 (2 steps), 128 at 64 (2 steps): every micro-batch used
     assert len(steps) == 8 and namespace["samples_seen"] == 256
     assert branched.snippets_for({"schedule": [[0, 16]], "schedule_layouts": ["mb16-acc1-w1"]}, str(tmp_path)) == []
+
+
+def _answer(verdicts, unjudged=(), flat=32):
+    return {"checkpoints": [{"samples": 2560, "critical_batch_size": flat, "next_tried": 64,
+                             "differences": {str(g): 0.1 for g in verdicts},
+                             "verdicts": {str(g): v for g, v in verdicts.items()}}],
+            "critical_batch_size_flat": float(flat), "unjudged_global_batches": list(unjudged),
+            "recommend_schedule": False}
+
+
+def test_global_batches_the_branches_never_judged_are_named_not_judged_never_worse():
+    """Issue 46, finding 5: on the language-model demo 64 and 128 were never branched to, yet were excluded
+    as 'trains worse per sample than the trunk'. Each excluded point now carries the verdict its global
+    batch got, the grid's words: worse only where a branch showed it."""
+    from sweeper.report import branched
+    from sweeper.report.analysis import Trial, recommend
+
+    answer = _answer({32: rule.KEEPS_UP, 64: rule.UNPROVEN, 128: rule.WORSE}, unjudged=[256])
+    trials = [Trial(key=f"mb{g}-acc1-w1", micro_batch_size=g, accumulation_steps=1, num_workers=1,
+                    global_batch_size=g, status="ok", samples_per_second=100.0 + g) for g in (16, 32, 64, 128, 256)]
+    rec = recommend(trials, "throughput", None, None, None, batch_limit=branched.limit(answer))
+    assert rec.best.key == "mb32-acc1-w1"
+    assert "not judged" in rec.excluded["mb256-acc1-w1"] and "worse" not in rec.excluded["mb256-acc1-w1"]
+    assert "unproven" in rec.excluded["mb64-acc1-w1"] and "worse" not in rec.excluded["mb64-acc1-w1"]
+    assert "shown to train worse per sample" in rec.excluded["mb128-acc1-w1"]
+    said = branched.headline(answer)
+    assert "64 unproven, 128 worse, 256 not judged" in said
+
+
+def test_a_branch_sweeps_answer_is_certified_as_the_grids_is():
+    """The answer's eligibility follows the grid's non-inferiority rule: a global batch is eligible only
+    under a flat value built from certified keep-ups, and an older answer's keep-ups above its reading are
+    'unproven', not 'worse'."""
+    from sweeper.report import branched
+
+    old = _answer({32: rule.KEEPS_UP, 64: rule.KEEPS_UP})
+    del old["checkpoints"][0]["verdicts"]
+    assert branched.verdict(old, 32) == "keeps up" and branched.verdict(old, 64) == "unproven"
+    assert branched.verdict(old, 512) == "not judged"
+    batch, why = branched.limit(None)
+    assert batch == 0 and "no point's quality was measured" in why(64)
+
+
+def test_the_bench_reads_a_time_to_a_target_off_the_runs_own_clock():
+    """Issue 46, finding 6: bench_branch's 'measured' seconds were steps x the mean step time. It reads them
+    from the run's clock at the evaluation where it got there, its evaluations' share apart."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
+    try:
+        import bench_branch
+    finally:
+        sys.path.pop(0)
+    run = bench_branch.Run(loss=[(64, 2.0), (128, 1.5), (192, 1.2), (256, 1.1)],
+                           wall={64: 1.0, 128: 2.5, 192: 3.25, 256: 4.0},
+                           evaluating={64: 0.25, 128: 0.5, 192: 0.75, 256: 1.0})
+    # the centred mean of three evaluations first at or below 1.3 at 192 samples: (1.5 + 1.2 + 1.1) / 3
+    assert run.seconds_to(1.3) == (192, 3.25, 0.75)
+    assert run.seconds_to(1.0) is None
+    assert bench_branch.Run(run.loss, {}, {}).seconds_to(1.3) is None  # no clock recorded: not measured

@@ -52,7 +52,7 @@ def test_decode_sweep_records_prefill_decode_and_the_kv_cache_per_batch_and_cont
         "cluster.include_dashboard=false", cwd=tmp_path,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "decode step p50" in result.stdout and "KV cache's formula" in result.stdout
+    assert "decode step p50" in result.stdout and "KV cache's tensors hold" in result.stdout
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = client.get_experiment_by_name("sweeper")
     runs = client.search_runs([exp.experiment_id], max_results=100)
@@ -63,7 +63,9 @@ def test_decode_sweep_records_prefill_decode_and_the_kv_cache_per_batch_and_cont
     for run in points:
         m, context = run.data.metrics, int(run.data.params["context"])
         assert run.data.tags["sweeper.status"] == "ok" and m["context"] == context
-        assert m["kv_cache_bytes_per_sequence"] == m["kv_cache_formula_bytes_per_sequence"] == 2 * 1 * 32 * context * 4
+        # measured from the cache's tensors, against the formula written out (1 layer, d_model 32, fp32)
+        assert m["kv_cache_bytes"] == m["batch_size"] * 2 * 1 * 32 * context * 4
+        assert m["peak_memory_bytes"] == m["weight_bytes"] + m["kv_cache_bytes"] + m["decode_activation_peak_bytes"]
         assert m["decode_flops_per_token"] == m["decode_flops_formula_per_token"]
         assert m["tokens_per_second"] == pytest.approx(m["batch_size"] / m["latency_p50_seconds"])
         assert m["prefill_tokens"] == context - 1 and m["prefill_p50_seconds"] > 0
@@ -72,6 +74,10 @@ def test_decode_sweep_records_prefill_decode_and_the_kv_cache_per_batch_and_cont
         name = f"gpt-ctx{context}"
         measured = pm[f"kv_cache_measured_bytes_per_sequence_{name}"]
         formula = pm[f"kv_cache_formula_bytes_per_sequence_{name}"]
-        # Beyond the cache, one more sequence holds its decode step's activations: ~1.5 KiB for this tiny model.
-        assert 0 <= measured - formula < 3 * 1024
+        # The cache's tensors, exactly; beyond them one more sequence holds its decode step's activations
+        # (~1.5 KiB for this tiny model), named apart, and the peak's slope is their sum.
+        assert measured == pytest.approx(formula, rel=1e-9)
+        step = pm[f"decode_activation_peak_bytes_per_sequence_{name}"]
+        assert 0 < step < 3 * 1024
+        assert pm[f"peak_memory_bytes_per_sequence_{name}"] == pytest.approx(measured + step, rel=1e-6)
         assert f"knee_measured_batch_size_{name}" in pm and pm[f"largest_decode_batch_measured_{name}"] == 16

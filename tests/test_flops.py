@@ -44,6 +44,18 @@ def test_mlp_counts_input_gradient_of_the_second_layer_only():
         assert c.train_per_sample == forward + backward
 
 
+def test_attentions_backward_counts_four_matmuls_not_a_fused_kernels_five():
+    """Issue 46, finding 8: the model's backward of softmax(Q K^T) V is the gradients of the scores and of
+    the values, two matmuls each; a fused kernel's recompute of the scores (torch's fifth) is left out, as
+    MFU leaves out activation checkpointing's. Batch 2, 4 heads, 64 positions, head dim 32."""
+    from sweeper.measure.flops import _attention, _attention_backward
+
+    q = (2, 4, 64, 32)
+    forward = 2 * (2 * 2 * 4 * 64 * 64 * 32)  # Q K^T and (scores) V, 2 FLOPs a multiply-add
+    assert _attention(q, q, q) == forward
+    assert _attention_backward(q, q, q, q) == 2 * forward  # 4 matmuls; five would be 2.5 x
+
+
 @fake_only
 def test_the_model_is_built_on_fake_tensors_and_the_random_stream_is_untouched():
     weights = []

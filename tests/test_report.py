@@ -235,6 +235,18 @@ def test_the_points_table_prints_b_simple_and_why_a_point_diverged(capsys):
     assert "B_simple: the gradient noise scale tr(Sigma) / |G|^2; '-' is no estimate: one micro-batch per step" in out
 
 
+def test_the_points_table_never_prints_a_status_without_its_reason(capsys):
+    """Issue 46, finding 9: 'mb32-acc1-w1 did_not_learn: ' (the reason is in status_detail, not error)."""
+    from sweeper.driver import console
+
+    why = "validation accuracy 0.095 (25/263) is not separated from a guess (1/10) at 95 %"
+    rows = [(GridPoint(32, 1, 1), PointResult.from_flat({"status": "did_not_learn", "samples_per_second": 300.0,
+                                                          "status_detail": why}))]
+    console.print_summary(rows, "sqlite:///x.db", "run1", "exp", None)
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"mb32-acc1-w1 did_not_learn: {why}" in out, out
+
+
 def test_the_recipe_sections_take_the_frontier_and_answer_checkpointing_or_accumulation():
     from sweeper.report.analysis import Trial
 

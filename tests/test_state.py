@@ -203,20 +203,40 @@ def test_a_continued_run_records_the_points_evaluations_and_keeps_a_target_reach
     assert [e[0] for e in kept.evaluations] == [64, 80] and kept.target["samples_to_target"] == 64
 
 
-def test_a_schedule_evaluates_in_every_span_and_times_the_target_where_it_is_first_reached():
+def _scheduled_with_evaluations():
+    """Two spans (6 steps of 16, then 4 of 32 from 96 samples) evaluated every 64 samples, the target
+    reached at the first evaluation."""
     from sweeper.config import EvalConfig
 
     torch.set_num_threads(1)
-    every = EvalConfig(every_samples=64, target_accuracy=0.0)  # reached at the first evaluation
+    every = EvalConfig(every_samples=64, target_accuracy=0.0)
     at16, at32 = GridPoint(16, 1, 1), GridPoint(16, 2, 1)
     spec = PointSpec(**{**_spec(at16, 6, later_spans=[Span(96, at32, 0.004, 4)]).__dict__, "eval": every,
                         "evaluate": True})
-    result = train_point(spec, WorkerContext())
+    return train_point(spec, WorkerContext())
+
+
+def test_a_schedule_evaluates_in_every_span_and_times_the_target_where_it_is_first_reached():
+    result = _scheduled_with_evaluations()
     samples = [s for s, _ in result.progress.val_loss_curve]
     # on the cadence in each span (its own steps: the continued run's rule) and at each span's end
     assert samples == [64, 96, 128, 192, 224] and result.progress.evaluations == 5
     assert (result["samples_to_target"], result["steps_to_target"]) == (64, 4)  # in the first span
     assert result.cost.optimizer_steps == 10
+
+
+def test_every_evaluation_records_the_runs_wall_clock_across_a_schedules_spans():
+    """Issue 46, finding 6: bench_branch's 'measured' seconds to a target were steps x mean step time. Each
+    evaluation now records the run's clock there, so a time to a target chosen after the run is read off
+    it, on the clock time_to_target_seconds reads (the same seconds where the target was reached)."""
+    result = _scheduled_with_evaluations()
+    wall, evaluating = result.progress.val_wall_seconds_curve, result.progress.val_eval_seconds_curve
+    assert [s for s, _ in wall] == [s for s, _ in evaluating] == [64, 96, 128, 192, 224]  # both spans
+    seconds = [t for _, t in wall]
+    assert all(b > a for a, b in zip(seconds, seconds[1:]))
+    spent = [t for _, t in evaluating]
+    assert all(b > a for a, b in zip(spent, spent[1:])) and spent[-1] == pytest.approx(result.progress.eval_seconds)
+    assert seconds[0] == pytest.approx(result["time_to_target_seconds"], abs=1e-3)
 
 
 def test_a_checkpoint_of_another_model_is_refused_before_ray_naming_the_field(tmp_path):

@@ -66,6 +66,8 @@ class Answer:
                              "monotone_fit": fitted, "tolerance": c.tolerance,
                              "differences": {str(g): d for g, d in c.differences.items()},
                              "tolerances": {str(g): t for g, t in c.tolerances.items()},
+                             "bounds": {str(g): list(b) for g, b in c.bounds.items()},
+                             "verdicts": {str(g): v for g, v in c.verdicts.items()},
                              "trunk_fall": c.progress, "weak": c.weak}
                             for c, fitted in zip(self.locals, rule.monotone(self.locals))],
             "critical_batch_size_flat": rule.flat(self.locals, self.base),
@@ -293,7 +295,7 @@ def decide(cfg: SweeperConfig, base: int, budget: int, window: int, marks: List[
     if not whole:
         console.warn("branch: no trunk trained its whole budget ok; no critical batch size to give")
         return None
-    z = statistics.NormalDist().inv_cdf(0.5 + cfg.branch.confidence / 2)
+    z = statistics.NormalDist().inv_cdf(cfg.branch.confidence)  # one-sided: "certified within", as the grid's
     locals_: List[rule.Local] = []
     for k, mark in enumerate(marks, 1):
         by_seed = []
@@ -345,9 +347,9 @@ def decide(cfg: SweeperConfig, base: int, budget: int, window: int, marks: List[
                 "did not fall")
         widest = max(last.tolerance_of(g) for g in last.kept)
         why += (f". The last checkpoint's reading (where the rising fit ends) is weak: the trunk's loss {fell} over "
-                "the window, so a branch making half its progress could have stayed within the tolerance of a global "
-                f"batch counted as keeping up (up to {widest:.3g}); more seeds (sweep.seeds: replicate trunks) or a "
-                "longer branch.window sharpen it")
+                "the window, so a branch making half its progress could have been certified within the margin of a "
+                f"global batch counted as keeping up ({widest:.3g}, branch.tolerance); a smaller branch.tolerance, "
+                "or null (the margin then follows the trunk's fall), sharpens it")
     b_simple = {}
     for k, mark in enumerate(marks, 1):
         values = [r.noise.gns_b_simple_train_avg for (_, at, _), r in branches.items()

@@ -197,8 +197,9 @@ def print_summary(
     console.print(_points_table(rows))
     for point, result in rows:
         if result.status != "ok":
-            console.print(f"  [red]{point.key}[/] {_status(result, markup=False)}: {escape(result.get('error', ''))}",
-                          soft_wrap=True)
+            # did_not_learn says why in status_detail, not error: a status is never printed without its reason.
+            why = result.get("error") or result.get("status_detail") or "no reason recorded"
+            console.print(f"  [red]{point.key}[/] {_status(result, markup=False)}: {escape(why)}", soft_wrap=True)
     if any(r.get("gns_b_simple") is None and r.get("gns_note") for _, r in rows):
         notes = sorted({r.get("gns_note") for _, r in rows if r.get("gns_b_simple") is None and r.get("gns_note")})
         console.print(f"  B_simple: the gradient noise scale tr(Sigma) / |G|^2; '-' is {escape('; or '.join(notes))}",
@@ -332,7 +333,7 @@ def print_branch_answer(answer) -> None:
                   f"{answer.base}, {answer.window} samples each):", soft_wrap=True)
     for c in answer.locals:
         upto = f"< {c.high}" if c.high is not None else "or more (every branch kept up)"
-        judged = ", ".join(f"{g}: {d:+.3g} (tolerance {c.tolerance_of(g):.3g})"
+        judged = ", ".join(f"{g}: {d:+.3g} ({c.verdict(g)}; margin {c.tolerance_of(g):.3g})"
                            for g, d in c.differences.items())
         weak = "; weak: the trunk fell too little over the window to tell" if c.weak else ""
         console.print(f"  at {c.samples} samples: {c.low} {upto}  (loss rise by global batch: {judged}{weak})",

@@ -1,6 +1,7 @@
 """A decoder's inference answer (task=inference, model=gpt), per context: the decode knee measured and
-predicted by the decode roofline, the KV cache per sequence measured from the peak memory's growth with
-the batch against its formula, and the largest decode batch under the memory budget. Logged on the
+predicted by the decode roofline, the KV cache per sequence measured from its tensors at each batch
+against its formula, the decode step's activation peak per sequence beside it, and the largest decode
+batch under the memory budget (from the peak memory's growth with the batch, their sum). Logged on the
 parent run; printed by the console."""
 
 from __future__ import annotations
@@ -82,11 +83,21 @@ def record(cfg: SweeperConfig, tracker: tracking.Tracker, series: List[Inference
         line = memory_line([(b, r.memory.peak_memory_bytes) for b, r in ok if r.memory.peak_memory_bytes])
         formula = ok[0][1].decode.kv_cache_formula_bytes_per_sequence if ok else None
         said = f"{name}: decode knee measured {measured or '-'} (predicted {predicted or '-'}; {words})"
-        if line is not None and formula:
-            metrics[f"kv_cache_measured_bytes_per_sequence_{name}"] = line[1]
+        # The cache from its tensors at each concurrency and the step's activations, each on the batch:
+        # the peak's slope (what the budget line uses) is their sum, and names neither.
+        cache = memory_line([(b, r.decode.kv_cache_bytes) for b, r in ok if r.decode.kv_cache_bytes])
+        step = memory_line([(b, r.decode.decode_activation_peak_bytes) for b, r in ok
+                            if r.decode.decode_activation_peak_bytes is not None])
+        if cache is not None and formula:
+            metrics[f"kv_cache_measured_bytes_per_sequence_{name}"] = cache[1]
             metrics[f"kv_cache_formula_bytes_per_sequence_{name}"] = formula
-            said += (f"; peak memory grows {line[1] / 1024:,.1f} KiB per sequence against the KV cache's formula "
-                     f"{formula / 1024:,.1f} KiB ({line[1] / formula - 1:+.1%})")
+            said += (f"; the KV cache's tensors hold {cache[1] / 1024:,.1f} KiB per sequence against its formula "
+                     f"{formula / 1024:,.1f} KiB ({cache[1] / formula - 1:+.1%})")
+        if step is not None:
+            metrics[f"decode_activation_peak_bytes_per_sequence_{name}"] = step[1]
+            said += f", a decode step's activations {step[1] / 1024:,.1f} KiB more at their peak"
+        if line is not None:
+            metrics[f"peak_memory_bytes_per_sequence_{name}"] = line[1]
         if budget is not None:
             fits = [b for b, _ in ok]
             fitted = largest_batch(line, budget) if line is not None else None

@@ -1,5 +1,6 @@
 """A decoder's inference at one batch of concurrent sequences and one context: prefill and decode timed
-apart, the KV cache's memory against its formula, the decode step's FLOPs counted. Seed 003's "What
+apart, the KV cache's bytes measured from its tensors (beside its formula and the decode step's own
+activation peak), the decode step's FLOPs counted. Seed 003's "What
 about transformers?": with a KV cache a decode step reads the weights once for the whole batch plus
 each sequence's cache, so batching is nearly free until the knee the decode roofline predicts.
 
@@ -43,14 +44,21 @@ def measure(model: gpt.GPT, batch: int, context: int, seed: int, device: telemet
     Returns the figures, the decode step's latency samples under "latency_samples_seconds"."""
     ids = prompt(batch, context, model.wte.num_embeddings, seed).to(device.torch_device)
     with torch.inference_mode():
+        held: List[Any] = []
+
         def decoding() -> None:
             cache = model.new_cache(batch, context)
             cache.position = context - 1  # its contents do not change its memory
             model(ids[:, -1:], cache)
+            held[:] = [cache]
 
         def prefilling() -> None:
             model(ids, model.new_cache(batch, context))
         breakdown = track(decoding, True)
+        # The cache's bytes from the tensors the tracked step attended to, at this concurrency: each
+        # distinct storage once, at its size (not the formula it was sized by).
+        cache_bytes = tensor_bytes([*held[0].keys, *held[0].values])
+        held.clear()
         prefill_breakdown = track(prefilling, False)
 
         cache = model.new_cache(batch, context)
@@ -82,8 +90,8 @@ def measure(model: gpt.GPT, batch: int, context: int, seed: int, device: telemet
         "prefill_tokens": context - 1,
         "prefill_p50_seconds": prefill_p50,
         "prefill_tokens_per_second": batch * (context - 1) / prefill_p50,
-        "kv_cache_bytes": cache.nbytes,
-        "kv_cache_bytes_per_sequence": cache.nbytes / batch,
+        "kv_cache_bytes": cache_bytes,
+        "kv_cache_bytes_per_sequence": cache_bytes / batch,
         "kv_cache_formula_bytes_per_sequence": gpt.kv_cache_bytes_per_sequence(layers, d_model, context,
                                                                                bytes_per_value),
         "decode_flops_per_token": counted,
@@ -94,5 +102,19 @@ def measure(model: gpt.GPT, batch: int, context: int, seed: int, device: telemet
         "timed_seconds": seconds,
         "breakdown": breakdown,
         **({} if prefill_breakdown is None else {"prefill_peak_memory_bytes": prefill_breakdown.peak_bytes}),
+        **({} if breakdown is None else {"decode_activation_peak_bytes": activation_peak(
+            breakdown.peak_bytes, tensor_bytes([*model.parameters(), *model.buffers()]), cache_bytes)}),
     }
+
+
+def tensor_bytes(tensors: List[torch.Tensor]) -> int:
+    """The bytes `tensors` hold: each distinct storage once, at its allocated size."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    return sum(storages.values())
+
+
+def activation_peak(peak_bytes: int, model_bytes: int, cache_bytes: int) -> int:
+    """A decode step's own peak beyond the weights and the KV cache: its activations and temporaries
+    (the point's peak is weights + cache + this), what one more step adds on top of the cache."""
+    return peak_bytes - model_bytes - cache_bytes
 

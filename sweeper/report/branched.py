@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 ANSWER = "branch/answer.json"
 
@@ -24,25 +24,57 @@ def read(tracker: Any, run_id: str) -> Optional[Dict[str, Any]]:
 
 
 def flat(answer: Dict[str, Any]) -> Tuple[int, str]:
-    """The critical batch size where it flattens (the last checkpoint's) and the reason a point above it is
-    not recommended."""
+    """The critical batch size where it flattens (the last checkpoint's) and, in words, what it is."""
     checkpoints = answer["checkpoints"]
     last = checkpoints[-1] if checkpoints else None
     batch = answer["critical_batch_size_flat"]
     where = f" at {last['samples']} samples" if last else ""
-    return int(batch), (f"global batch above the critical batch size the branches measured where it flattens "
-                        f"({batch:.0f}{where}, the rising fit of the checkpoints' values): a point there trains worse "
-                        "per sample than the trunk")
+    return int(batch), (f"the critical batch size the branches measured where it flattens ({batch:.0f}{where}, the "
+                        "rising fit of the checkpoints' values)")
 
 
-def limit(answer: Optional[Dict[str, Any]]) -> Tuple[int, str]:
-    """The quality rule of a branch sweep: no point above the flat critical batch size; without an answer (the
-    trunk diverged, failed or did not learn, or there was nothing to branch to), no point at all, since nothing
-    measured the quality of any."""
+def verdict(answer: Dict[str, Any], global_batch: int) -> str:
+    """What the branches said of `global_batch` at the last checkpoint that compared it, in the grid's
+    non-inferiority words: "keeps up" (its rise certified within the margin), "worse" (shown beyond it),
+    "unproven" (neither), "not judged" (never branched to, or no finite comparison)."""
+    if global_batch in (answer.get("unjudged_global_batches") or []):
+        return "not judged"
+    for c in reversed(answer["checkpoints"]):
+        if str(global_batch) not in c["differences"]:
+            continue
+        said = (c.get("verdicts") or {}).get(str(global_batch))
+        if said is not None:
+            return said
+        # an answer recorded before verdicts: kept up up to the reading's value; above it, not certified
+        return "keeps up" if global_batch <= c["critical_batch_size"] else "unproven"
+    return "not judged"
+
+
+def limit(answer: Optional[Dict[str, Any]]) -> Tuple[int, Callable[[int], str]]:
+    """The quality rule of a branch sweep: no point above the flat critical batch size, each excluded with what
+    the branches said of its global batch (shown worse per sample, not certified to keep up, or not judged
+    at all: never "worse" without a branch that showed it); without an answer (the trunk diverged, failed
+    or did not learn, or there was nothing to branch to), no point at all, since nothing measured the
+    quality of any."""
     if answer is None:
-        return 0, ("no critical batch size was measured (the trunk did not train its budget ok, or nothing could "
-                   "branch: the sweep's log says which), so no point's quality was measured")
-    return flat(answer)
+        return 0, lambda _: ("no critical batch size was measured (the trunk did not train its budget ok, or nothing "
+                             "could branch: the sweep's log says which), so no point's quality was measured")
+    batch, what = flat(answer)
+
+    def why(global_batch: int) -> str:
+        said = verdict(answer, global_batch)
+        if said == "not judged":
+            return (f"global batch {global_batch} not judged: no branch compared it with the trunk (the window was too "
+                    f"short for 3 of its steps, or its branch did not finish); above {what}")
+        if said == "worse":
+            return (f"global batch {global_batch} above {what}: its branch was shown to train worse per sample than "
+                    "the trunk (its rise over the margin at branch.confidence)")
+        if said == "unproven":
+            return (f"global batch {global_batch} above {what}: unproven, its branch's rise was neither certified "
+                    "within the margin nor shown beyond it at branch.confidence")
+        return (f"global batch {global_batch} above {what}: its branch kept up at the last checkpoint that compared "
+                "it, but a smaller global batch was not certified to, or the rising fit over the checkpoints is lower")
+    return batch, why
 
 
 def section_rows(answer: Dict[str, Any]) -> List[Dict[str, str]]:
@@ -50,17 +82,19 @@ def section_rows(answer: Dict[str, Any]) -> List[Dict[str, str]]:
     rows = []
     for c in answer["checkpoints"]:
         high = c.get("next_tried")
-        own = c.get("tolerances") or {}  # answers recorded before each global batch had its own tolerance
-        diffs = ", ".join(f"{g}: {d:+.4f}" + (f" (tolerance {own[g]:.4f})" if g in own else "")
+        bounds, verdicts = c.get("bounds") or {}, c.get("verdicts") or {}
+        diffs = ", ".join(f"{g}: {d:+.4f}" + (f" (upper bound {bounds[g][1]:+.4f}: {verdicts[g]})"
+                                              if g in verdicts and g in bounds and bounds[g][1] == bounds[g][1]
+                                              else f" ({verdicts[g]})" if g in verdicts else "")
                           for g, d in c["differences"].items())
         rows.append({"samples seen": str(c["samples"]),
                      "critical batch size": f"{c['critical_batch_size']} to {high}" if high else
                      f">= {c['critical_batch_size']}",
                      "rising fit": f"{c['monotone_fit']:.0f}" if c.get("monotone_fit") else "-",
-                     "tolerance": f"{c['tolerance']:.4f}",
+                     "margin": "-" if c["tolerance"] != c["tolerance"] else f"{c['tolerance']:.4f}",
                      "trunk's fall over the window": "-" if c.get("trunk_fall") is None else
                      f"{c['trunk_fall']:.4f}" + (" (weak reading)" if c.get("weak") else ""),
-                     "branch loss - trunk loss, by global batch (its tolerance)": diffs})
+                     "branch loss - trunk loss, by global batch (one-sided upper bound: verdict)": diffs})
     return rows
 
 
@@ -101,8 +135,13 @@ def _timed(layout: str, timed_as: str) -> str:
 def headline(answer: Dict[str, Any]) -> str:
     """What the recommendation's text adds for a branch sweep: the schedule when it is the answer."""
     if not answer["recommend_schedule"]:
-        return (f" The branches measured a critical batch size of {flat(answer)[0]} where it flattens: no point "
-                "above it is recommended.")
+        batch = flat(answer)[0]
+        above = sorted({int(g) for c in answer["checkpoints"] for g in c["differences"]} |
+                       set(answer.get("unjudged_global_batches") or []))
+        said = [f"{g} {verdict(answer, g)}" for g in above if g > batch]
+        return (f" The branches certified global batches up to {batch} as keeping up with the trunk where the "
+                f"critical batch size flattens; no point above it is recommended"
+                + (f" ({', '.join(said)})." if said else "."))
     return (f" The branches' answer is a batch-size schedule, predicted to reach the trunk's final loss in "
             f"{answer['schedule_predicted_seconds']:.3g} s against {answer['constant_predicted_seconds']:.3g} s for "
             f"the best constant layout: {override(answer['schedule'])}.")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from sweeper.report import stats
 from sweeper.report.quality import LOSS, hits
@@ -25,7 +25,14 @@ METRIC_NAMES = {
 TRY_INSTEAD = ("try a lower LR (a lower optim.lr, or sweep.lr_multipliers below 1, e.g. [0.25,0.5]), "
                "a warmup (train.warmup_steps), or another train.lr_scaling rule (sqrt grows the LR "
                "more slowly than linear)")
-DID_NOT_LEARN_TRY = "try a lower or higher LR, another optimizer (optim=adamw), more epochs (train.epochs)"
+OTHER_OPTIMIZER = {"sgd": "optim=adamw", "adamw": "optim=sgd"}
+
+
+def did_not_learn_try(optimizer: Optional[str]) -> str:
+    """What to change when a point learned nothing: never the optimizer it already used."""
+    other = OTHER_OPTIMIZER.get(optimizer or "")
+    return ("try a lower or higher LR, another optimizer" + (f" ({other})" if other else "")
+            + ", more epochs (train.epochs)")
 
 
 def has_metric(trial: Trial, objective: str, metric: str = "val_accuracy") -> bool:
@@ -71,7 +78,7 @@ def under_accuracy(trial: Trial, min_accuracy: Optional[float]) -> Optional[str]
 
 def eligible(points: List[PointSummary], objective: str, min_accuracy: Optional[float],
              memory_budget_bytes: Optional[float], level: float = 0.95, metric: str = "val_accuracy",
-             batch_limit: Optional[Tuple[int, str]] = None) -> Tuple[List[PointSummary], Dict[str, str]]:
+             batch_limit: Optional[Tuple[int, Any]] = None) -> Tuple[List[PointSummary], Dict[str, str]]:
     """(eligible points, point key -> why not) before the quality guard. `batch_limit` (a global batch, why):
     a larger global batch is not eligible (sweep.strategy=branch's quality rule)."""
     excluded: Dict[str, str] = {}
@@ -87,7 +94,8 @@ def eligible(points: List[PointSummary], objective: str, min_accuracy: Optional[
         problems = [] if has_metric(trial, objective, metric) else [missing_metric(point, objective, metric)]
         problems += [p for p in (over_budget(trial, memory_budget_bytes), under_accuracy(trial, min_accuracy)) if p]
         if batch_limit is not None and trial.global_batch_size > batch_limit[0]:
-            problems.append(batch_limit[1])
+            why = batch_limit[1]  # a sentence, or what the branches said of this global batch
+            problems.append(why(trial.global_batch_size) if callable(why) else why)
         if problems:
             excluded[point.key] = "; ".join(problems)
         else:
@@ -133,11 +141,11 @@ def chance_text(point: PointSummary) -> str:
     if tokens is not None:
         loss, _, entropy = tokens
         return (f"did not learn (val loss {loss:.3f} nats per token is not below the training stream's unigram "
-                f"entropy, {entropy:.3f}, by more than its noise): {DID_NOT_LEARN_TRY}")
+                f"entropy, {entropy:.3f}, by more than its noise): {did_not_learn_try(point.trial.optimizer)}")
     accuracy = "-" if point.trial.val_accuracy is None else f"{point.trial.val_accuracy:.3f}"
     classes = point.trial.num_classes
     chance = f"1/{classes}" if classes else "1/classes"
-    return f"did not learn (val accuracy {accuracy} at chance {chance}): {DID_NOT_LEARN_TRY}"
+    return f"did not learn (val accuracy {accuracy} at chance {chance}): {did_not_learn_try(point.trial.optimizer)}"
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -3,10 +3,13 @@ windows' edges), never with a host sync per step, and agreed by every rank: a ra
 alone must not leave the others waiting in a collective.
 
 Reasons: `nonfinite` (the loss, or the gradient's norm, NaN or infinite), `spike` (several steps in a
-row far above the running loss that do not come back under it within `divergence.recover_steps`).
-A spike that comes back is a warning on the point (`spike_warning`), not a divergence. A point whose
-final validation accuracy is not separated from a guess is `did_not_learn` (`did_not_learn`), not
-diverged. Ray Tune has mishandled NaN metrics for years; the status is decided here.
+row far above the running loss that do not come back under it within `divergence.recover_steps`),
+`worse_than_guess` (the final validation loss above a uniform guess's, ln(classes), by more than its
+noise). A spike that comes back is a warning on the point (`spike_warning`), not a divergence; so is
+one that began within `recover_steps` of the end and had no steps left to come back in (unresolved:
+the point is judged by its final quality). A point whose final validation accuracy is not separated
+from a guess is `did_not_learn` (`did_not_learn`), not diverged. Ray Tune has mishandled NaN metrics
+for years; the status is decided here.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from sweeper.report.stats import above_chance
 from sweeper.worker import collectives as comm
 from sweeper.worker.step import Training
 
-NONFINITE, SPIKE = "nonfinite", "spike"
+NONFINITE, SPIKE, WORSE_THAN_GUESS = "nonfinite", "spike", "worse_than_guess"
 DID_NOT_LEARN = "did_not_learn"  # a status of its own, not a divergence reason
 # Fewer steps than this say too little about learning for the did_not_learn rule: a point that has
 # hardly started (a frontier probe, a test's toy point) is not judged.
@@ -124,14 +127,16 @@ def spikes(losses: Sequence[float], cfg: DivergenceConfig) -> List[Spike]:
 def find_spike(losses: Sequence[float], cfg: DivergenceConfig, final: bool = True,
                offset: int = 0) -> Optional[Diverged]:
     """The first spike (`spikes`) whose loss did not come back under its bar within `recover_steps`
-    steps of its start, as a divergence. Before the end of training (`final` False) a spike still
-    over its bar with fewer than `recover_steps` steps after its start is not decided yet. `offset`:
-    how many of `losses` came before this run (a continued run's history); the step named is this
-    run's (0 for a spike that began before it and never came back)."""
+    steps of its start, as a divergence. A spike still over its bar with fewer than `recover_steps`
+    steps after its start is never one: before the end of training (`final` False) it may still come
+    back; at the end (`final`) it had no room to, so it is unresolved (`unresolved_spike`), a warning,
+    and the point is judged by its final quality. (`final` is kept for the callers' sake: the rule is
+    the same.) `offset`: how many of `losses` came before this run (a continued run's history); the
+    step named is this run's (0 for a spike that began before it and never came back)."""
     for spike in spikes(losses, cfg):
         if spike.recovered(cfg):
             continue
-        if spike.recovered_after_steps is None and not final and len(losses) - 1 - spike.step < cfg.recover_steps:
+        if _no_room(spike, losses, cfg):
             return None
         where = ("by the end of training" if spike.recovered_after_steps is None
                  else f"for {spike.recovered_after_steps} steps")
@@ -142,6 +147,34 @@ def find_spike(losses: Sequence[float], cfg: DivergenceConfig, final: bool = Tru
             f"under within {cfg.recover_steps} steps (it stayed over {where}; peak {spike.peak:.4g})"
         ))
     return None
+
+
+def _no_room(spike: Spike, losses: Sequence[float], cfg: DivergenceConfig) -> bool:
+    """Still over its bar at the last loss, with fewer than `recover_steps` steps after its start: it
+    could not yet have come back in time, so nothing is decided by it."""
+    return spike.recovered_after_steps is None and len(losses) - 1 - spike.step < cfg.recover_steps
+
+
+def unresolved_spike(losses: Sequence[float], cfg: DivergenceConfig, offset: int = 0) -> Optional[Spike]:
+    """At the end of training, a spike still over its bar that began within `recover_steps` steps of
+    the end: no steps were left to see whether it comes back. Not a divergence (the ResNet recipe's
+    short budget once ended in one and was recorded diverged although it had learned); the point is
+    judged by its final quality, and the spike's height is kept. `offset` as in `recovered_spike`."""
+    if not cfg.check:
+        return None
+    found = spikes(losses, cfg)
+    if not found or not _no_room(found[-1], losses, cfg) or any(
+            not s.recovered(cfg) for s in found[:-1]):
+        return None
+    spike = found[-1]
+    return replace(spike, step=max(spike.step - offset, 0)) if offset else spike
+
+
+def unresolved_warning(spike: Spike, cfg: DivergenceConfig) -> str:
+    return (f"an unresolved loss spike from step {spike.step}: {cfg.spike_steps}+ steps over {cfg.spike_factor:g}x "
+            f"the running mean ({spike.mean:.4g}), peak {spike.peak_over_mean:.3g}x it, still over at the end of "
+            f"training with fewer than divergence.recover_steps={cfg.recover_steps} steps left to come back in; "
+            "not a divergence: the point is judged by its final validation quality")
 
 
 def recovered_spike(losses: Sequence[float], cfg: DivergenceConfig, offset: int = 0) -> Optional[Spike]:
@@ -180,6 +213,26 @@ def did_not_learn(accuracy: float, samples: int, num_classes: int, steps: int,
         return None
     return (f"validation accuracy {accuracy:.3f} ({hits}/{samples}) is not separated from a guess "
             f"(1/{num_classes}) at {level * 100:g} %")
+
+
+def worse_than_guess(loss: Optional[float], loss_se: Optional[float], num_classes: Optional[int], steps: int,
+                     cfg: DivergenceConfig) -> Optional[Diverged]:
+    """A final validation loss (nats per sample, or per token) above a uniform guess's, ln(classes) (the
+    vocabulary for a language model), by more than its noise (loss - z x standard error > ln(classes),
+    z the one-sided normal quantile at `confidence(cfg)`): the model does worse than predicting nothing,
+    so it diverged (`worse_than_guess`), whatever its accuracy. A non-finite loss is `nonfinite`. Not
+    judged as did_not_learn is not (too few steps, no figures, divergence.check off)."""
+    if not cfg.check or steps < CHANCE_MIN_STEPS or loss is None or not num_classes or num_classes < 2:
+        return None
+    if not math.isfinite(loss):
+        return Diverged(steps - 1, NONFINITE, f"the final validation loss was {loss}")
+    level, guess = confidence(cfg), math.log(num_classes)
+    # 1e-6 relative: a model that predicts a guess exactly scores ln(classes) up to float32's rounding.
+    if loss - NormalDist().inv_cdf(level) * (loss_se or 0.0) <= guess * (1 + 1e-6):
+        return None
+    return Diverged(steps - 1, WORSE_THAN_GUESS, (
+        f"the final validation loss {loss:.3f} nats is above a uniform guess's, ln({num_classes}) = {guess:.3f}, "
+        f"at {level * 100:g} %: the model predicts worse than knowing nothing"))
 
 
 def did_not_learn_tokens(loss: float, loss_se: Optional[float], unigram_bits: Optional[float], steps: int,

@@ -88,7 +88,14 @@ class Progress:
     target_accuracy: Optional[float] = None
     target_loss: Optional[float] = None
     stop_at_target: bool = False
-    curve: List[Tuple[int, float, float]] = field(default_factory=list)  # (samples seen, accuracy, loss)
+    # (samples seen, accuracy, loss, then the clock at that evaluation: seconds since the point's training
+    # started, the instrumented steps' seconds and count so far, and the seconds spent evaluating so far,
+    # this one included; a checkpoint's older entries may lack the clock)
+    curve: List[Tuple[Any, ...]] = field(default_factory=list)
+    # A continued run's clock goes on from the last carried evaluation's (the run before may have
+    # evaluated after its state was captured), with its instrumented steps.
+    clock_start: float = 0.0
+    carried_instrumented: Tuple[float, int] = (0.0, 0)
     # (optimizer steps, seconds since training started, of which evaluating, instrumented seconds and
     # steps until then)
     reached: Optional[Tuple[int, float, float, float, int]] = None
@@ -122,6 +129,9 @@ class Progress:
         its target's figures if it was reached before."""
         self.curve = [tuple(e) for e in history.evaluations] + self.curve
         self.seconds += history.eval_seconds
+        clocked = [e for e in self.curve if len(e) >= 7]
+        if clocked:
+            self.clock_start, self.carried_instrumented = clocked[-1][3], (clocked[-1][4], clocked[-1][5])
         self.reached_before = history.target if list(history.target_of or []) == self.target_of else None
         self.carried = True
 
@@ -159,6 +169,9 @@ class Progress:
             self.target_loss is not None and loss <= self.target_loss)
         spent = time.perf_counter() - began
         self.seconds += spent
+        elapsed = max(self.start_seconds, self.clock_start) + time.time() - since
+        seconds, steps = self.carried_instrumented
+        self.curve[-1] += (elapsed, seconds + self.instrumented_seconds, steps + self.instrumented_steps, self.seconds)
         if hit and self.reached is None:
             self.reached = (self.start_steps + steps_done, self.start_seconds + time.time() - since, self.seconds,
                             self.instrumented_seconds, self.instrumented_steps)

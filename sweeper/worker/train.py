@@ -547,7 +547,7 @@ def _accuracy(result: PointResult, run: Training, progress: Progress, since: flo
         return
     if progress.evaluated_at != run.samples_seen:
         _evaluate(run, progress, since)
-    _, accuracy, loss = progress.curve[-1]
+    _, accuracy, loss = progress.curve[-1][:3]
     result.accuracy.update(dict(val_accuracy=accuracy, val_loss=loss, val_loss_se=progress.loss_se,
                                 val_samples=len(run.splits.val),
                                 num_classes=run.splits.num_classes))
@@ -565,11 +565,19 @@ def _progress(result: PointResult, progress: Progress) -> None:
     if not progress.curve:
         return
     result.progress.update(dict(
-        val_accuracy_curve=[(samples, accuracy) for samples, accuracy, _ in progress.curve],
-        val_loss_curve=[(samples, loss) for samples, _, loss in progress.curve],
+        val_accuracy_curve=[(e[0], e[1]) for e in progress.curve],
+        val_loss_curve=[(e[0], e[2]) for e in progress.curve],
         evaluations=len(progress.curve),
         eval_seconds=progress.seconds,
     ))
+    # The wall clock at each evaluation (a bench reads a time to a target from it, the target chosen after
+    # the run): the instrumented steps counted at the point's step time, as the time to target counts them.
+    clocked = [e for e in progress.curve if len(e) >= 7]
+    step_time = result.throughput.step_time_seconds or 0.0
+    if clocked:
+        result.progress.update(dict(
+            val_wall_seconds_curve=[(e[0], e[3] - e[4] + e[5] * step_time) for e in clocked],
+            val_eval_seconds_curve=[(e[0], e[6]) for e in clocked]))
     if progress.has_target:
         result.progress.reached_target = int(progress.reached_before is not None or progress.reached is not None)
     target = progress.reached_before or _target_figures(progress, result.throughput.step_time_seconds)
@@ -619,12 +627,24 @@ def _divergence(result: PointResult, run: Training, diverged: Optional[Diverged]
             spike_at_step=spike.step, spike_peak_over_mean=spike.peak_over_mean,
             spike_recovered_after_steps=spike.recovered_after_steps,
             spike_warning=divergence.spike_warning(spike, spec.divergence)))
+    if diverged is None and not spec.partial:
+        # A spike with no steps left to come back in: its height kept, the point judged by its quality.
+        unresolved = divergence.unresolved_spike(before + list(result["train_loss"] or []), spec.divergence,
+                                                 len(before))
+        if unresolved is not None:
+            result.divergence.update(dict(
+                spike_at_step=unresolved.step, spike_peak_over_mean=unresolved.peak_over_mean,
+                spike_recovered_after_steps=None,
+                spike_warning=divergence.unresolved_warning(unresolved, spec.divergence)))
+    accuracy, samples = result.accuracy.val_accuracy, result.accuracy.val_samples
+    if diverged is None and not spec.partial and samples:
+        diverged = divergence.worse_than_guess(result.accuracy.val_loss, result.accuracy.val_loss_se,
+                                               run.splits.num_classes, run.steps_done, spec.divergence)
     if diverged is not None:
         result.status = "diverged"
         result.error = f"diverged ({diverged.reason}): {diverged.detail}"
         result.divergence.update(dict(diverged_at_step=diverged.step, divergence_reason=diverged.reason))
         return
-    accuracy, samples = result.accuracy.val_accuracy, result.accuracy.val_samples
     if accuracy is None or samples is None or spec.partial:
         return  # a rung before the last (smart): a model still learning, not one that learned nothing
     if models.is_language_model(spec.model):
