@@ -154,7 +154,7 @@ def test_html_page_is_self_contained_and_escaped(sweep, tmp_path):
 
 def test_html_page_without_trials_or_images():
     page = html_report.render("empty", [], {}, "No recommendation: no ok trials", {})
-    assert "No trials." in page and "No recommendation: no ok trials" in page
+    assert "No points." in page and "No recommendation: no ok trials" in page
     assert "<img" not in page
 
 
