@@ -187,3 +187,29 @@ def test_the_headline_fits_three_lines_and_the_table_names_each_verdict():
                                                      "verdict", "seeds", "to", "settle"]
     words = classes.words(rec.classes, False)
     assert "class gb32-lrx2: mb16-acc2-w1-lrx2, mb32-acc1-w1-lrx2" in words and "without batch-coupled" in words
+
+
+# --- the answer at a glance: points, and a language model's tokens/s and judged loss first ---------
+
+
+def _lm_runs():
+    return [replace(run(16, seed=s, accuracy=0.4, rate=10.0), tokens_per_second=2560.0, val_bits_per_byte=3.2 + s / 100,
+                    val_loss=2.2, val_loss_se=0.01, context=256) for s in (0, 1)]
+
+
+def test_a_language_models_rows_lead_with_tokens_per_second_and_the_judged_loss():
+    from sweeper.report import build, sections
+    from sweeper.report.quality import BITS_PER_BYTE
+
+    assert list(build._row(_lm_runs()[0]))[:3] == ["point", "tokens/s", "bits/byte"]
+    assert list(build._row(run(16)))[0] == "point"  # one word, "points", for the rows too
+    rows = sections._point_rows(_lm_runs(), BITS_PER_BYTE)
+    assert list(rows[0])[:3] == ["point", "tokens/s", "val_bits_per_byte [interval]"]
+    assert rows[0]["tokens/s"] == "2,560"
+
+
+def test_the_reports_last_table_is_headed_points():
+    from sweeper.report import html
+
+    page = html.render("s", [{"point": "mb16-acc1-w1"}], {}, "Train", {})
+    assert "<h2>Points, one run per seed (1)</h2>" in page and "Trials" not in page

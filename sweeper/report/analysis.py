@@ -147,7 +147,7 @@ def recommend(
         extra.append(reasons.critical_batch_note(best, critical_batch))
     reason = " ".join([reason, *(e for e in extra if e)])
     return done(best=best.trial, runners_up=[p.trial for p in ranked[1: 1 + MAX_RUNNERS_UP]], reason=reason,
-                ties=tie_notes, unproven=unproven, gaps=gaps, classes=cls, top=None if top is None else top.key,
+                ties=tie_notes, unproven=unproven, gaps=gaps, classes=cls, top=_best_class(top, eligible, cls, quality),
                 tolerance=max_drop if gaps else None)
 
 
@@ -198,6 +198,15 @@ def _within_drop(
                                f"the best, {quality.text(top, level)} ({top.key}), shown at {pct}: its gap is "
                                f"{quality.gap_text(gap.interval)}")
     return kept, dropped, top, gaps
+
+
+def _best_class(top: Optional[PointSummary], eligible: List[PointSummary], cls: classes.Classes,
+                quality: Quality) -> Optional[str]:
+    """The key of the best class's quality: the guard's reference, else the best among the eligible."""
+    if top is not None:
+        return top.key
+    measured = {cls.get(p.key, p).key: cls.get(p.key, p) for p in eligible if quality.value(p.trial) is not None}
+    return quality.best(measured.values()).key if measured else None
 
 
 def _rank(eligible: List[PointSummary], objective: str, level: float, quality: Quality = ACCURACY,

@@ -114,7 +114,8 @@ def build(
     # strategy's compute ledger.
     sweep_figures = tracker.sweep_metrics(parent_run_id)
     html = html_report.render(sweep.run_name, [_row(t) for t in sorted(trials, key=_speed, reverse=True)], images,
-                              "\n".join(headline.headline(rec, line)), _settings_shown(parent_run_id, cfg, budget_gb, rec.quality),
+                              "\n".join(headline.headline(rec, line)),
+                              _settings_shown(parent_run_id, cfg, budget_gb, rec.quality),
                               extra + sections.sections(trials, found, {**sweep.params, **settings_params(cfg)},
                                                         sweep_figures))
     html_path = _write_text(os.path.join(folder, "report.html"), html)
@@ -164,10 +165,14 @@ def _draw_plots(
     per layout on the throughput and memory views (LR multipliers folded too)."""
     lr_label = f"LR scaling: {params.get('lr_scaling', '?')} (base {params.get('base_batch_size', '?')})"
     layouts = points.fold_layouts(trials)
+    # A language model's throughput is tokens/s: drawn in the samples/s slot, the axis named for it.
+    tokens = [replace(t, samples_per_second=t.tokens_per_second) for t in layouts if t.tokens_per_second is not None]
+    rated, unit = (tokens, "tokens/s") if tokens and len(tokens) == sum(
+        t.samples_per_second is not None for t in layouts) else (layouts, "samples/s")
     images: Dict[str, str] = {}
     for name, draw in (
         ("throughput_vs_micro_batch", lambda p: plots.throughput_vs_micro_batch(
-            layouts, knees_per_recipe(layouts, cfg.knee_min_gain), p, cfg.knee_min_gain)),
+            rated, knees_per_recipe(rated, cfg.knee_min_gain), p, cfg.knee_min_gain, unit)),
         ("memory_vs_micro_batch", lambda p: plots.memory_vs_micro_batch(layouts, p, budget_bytes=budget)),
         ("memory_by_recipe", lambda p: plots.memory_by_recipe(layouts, p, budget_bytes=budget)),
         ("accuracy_vs_global_batch", lambda p: plots.accuracy_vs_global_batch(

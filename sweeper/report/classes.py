@@ -2,7 +2,7 @@
 accuracy class, as sweep.strategy=smart's: one global batch, LR multiplier, recipe and context; one
 micro-batch too when the model has batch-coupled layers such as BatchNorm) folded into one quality
 observation per seed, judged once; and the words saying which layouts share a class and why.
-Pure (stdlib)."""
+Pure (stdlib; scipy.stats via report.trials)."""
 
 from __future__ import annotations
 

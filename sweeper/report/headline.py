@@ -2,7 +2,7 @@
 point, its speed-up over the most accurate point, the device-hours its budget costs, its quality gap with
 interval, the override line) and a small table of the alternatives (point, throughput, gap [interval],
 verdict, seeds that would settle it), printed by the console and shown in the report. The full reasoning
-stays in the report's "Why" and the YAML. Pure (stdlib)."""
+stays in the report's "Why" and the YAML. Pure (stdlib; scipy.stats via report.stats)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import textwrap
 from typing import Dict, List, Optional
 
 from sweeper.report import stats
-from sweeper.report.noninferiority import one_sided
+from sweeper.report.noninferiority import Gap, judge_gap, one_sided
 from sweeper.report.quality import QUALITIES, Quality
 from sweeper.report.reasons import rate
 from sweeper.report.trials import PointSummary, Recommendation, seconds_to_train
@@ -25,7 +25,9 @@ def headline(rec: Recommendation, line: Optional[str]) -> List[str]:
     override line (wrapped at its spaces). Details are dropped, least useful first, until it fits; an
     override line that alone takes 3 lines is kept whole (it must be copied)."""
     if rec.best is None:
-        return _wrap(f"No recommendation: {rec.reason}")[:3]
+        lines = _wrap(f"No recommendation: {rec.reason}")
+        # The full reason is the report's "Why"; three lines say what happened.
+        return lines if len(lines) <= 3 else lines[:2] + [textwrap.shorten(lines[2], WIDTH - 6) + " [...]"]
     quality = QUALITIES[rec.quality]
     best = rec.points[rec.best.key]
     override = _wrap(f"Overrides: {line}") if line else []
@@ -108,14 +110,30 @@ def alternatives(rec: Recommendation) -> List[Dict[str, str]]:
     return [_row(rec, p, quality, p is best, tokens) for p in chosen]
 
 
+def _top_summary(rec: Recommendation) -> Optional[PointSummary]:
+    return next((c for k, p in rec.points.items() for c in [rec.classes.get(k, p)] if c.key == rec.top), None)
+
+
+def _judged(rec: Recommendation, point: PointSummary) -> Optional[Gap]:
+    """The point's gap to the best class: the guard's, else (objective accuracy, or no tolerance) the same
+    judgement at the tie floor, shown but not applied."""
+    if point.key in rec.gaps:
+        return rec.gaps[point.key]
+    top, mine = _top_summary(rec), rec.classes.get(point.key)
+    if top is None or mine is None or mine is top:
+        return None
+    quality = QUALITIES[rec.quality]
+    return judge_gap(mine, top, quality.tie_floor, rec.level, quality)
+
+
 def _row(rec: Recommendation, point: PointSummary, quality: Quality, chosen: bool, tokens: bool) -> Dict[str, str]:
     speed = rate(point.trial)
-    gap = rec.gaps.get(point.key)
+    gap = _judged(rec, point)
     mine = rec.classes.get(point.key, point)
-    verdict, settle = _verdict(rec, point, chosen), "-"
+    verdict, settle = _verdict(rec, point, chosen, gap), "-"
     if gap is not None and gap.interval is not None:
         shown = gap_text(gap.interval, quality)
-        if gap.outcome == "unproven":
+        if gap.outcome == "unproven" and point.key in rec.gaps:
             settle = _settle(rec, gap.interval)
     elif rec.top is not None and mine.key == rec.top:
         shown = "best" if mine.key == point.key else "best (class)"
@@ -131,24 +149,25 @@ def _row(rec: Recommendation, point: PointSummary, quality: Quality, chosen: boo
     }
 
 
-def _verdict(rec: Recommendation, point: PointSummary, chosen: bool) -> str:
+def _verdict(rec: Recommendation, point: PointSummary, chosen: bool, gap: Optional[Gap]) -> str:
     if chosen:
         return "recommended"
     status = point.trial.status
     if status != "ok":
         return status.replace("_", " ")
-    gap = rec.gaps.get(point.key)
     mine = rec.classes.get(point.key, point)
     best_class = rec.classes.get(rec.best.key, rec.points[rec.best.key])
     if mine.key != point.key and mine is best_class:
         return "same model, slower"
     if rec.top is not None and mine.key == rec.top:
-        return "most accurate"
-    if point.key in rec.excluded and (gap is None or gap.outcome == "eligible"):
+        return "most accurate" if point is most_accurate(rec) else "same model as the most accurate"
+    if point.key in rec.excluded and point.key not in rec.gaps:
         return "not eligible"
-    if gap is not None:
+    if point.key in rec.gaps:
         return VERDICTS[gap.outcome] + (", slower" if gap.outcome == "eligible" else "")
-    return "slower" if rate(point.trial) <= rate(rec.best) else "-"
+    if gap is not None:  # judged at the tie floor, for the table only
+        return {"eligible": "tie", "untested": "not tested", "unproven": "not a tie"}.get(gap.outcome, "less accurate")
+    return "-"
 
 
 def _settle(rec: Recommendation, interval: stats.Interval) -> str:

@@ -46,8 +46,10 @@ def throughput_vs_micro_batch(
     knees: Mapping[Series, Optional[int]],
     path: str | os.PathLike,
     min_gain: Optional[float] = None,
+    unit: str = "samples/s",
 ) -> str:
-    """samples/s against the micro-batch, one line per (accumulation, workers), +- cv x value as error
+    """samples/s (`unit`: tokens/s for a language model, whose trials carry it as samples_per_second) against
+    the micro-batch, one line per (accumulation, workers), +- cv x value as error
     bars, each series' knee ringed; trials that ran out of memory or failed as red x on the floor.
     `min_gain`, the knee rule's threshold, is named in the legend (and when no series has a knee yet).
 
@@ -72,7 +74,7 @@ def throughput_vs_micro_batch(
                             markeredgewidth=2, label="oom / diverged / failed"))
     _size_axis(ax, [t.micro_batch_size for t in trials])
     _titles(ax, "Throughput vs micro-batch size", "micro-batch size (samples per worker per step, log2)",
-            "throughput (samples/s)")
+            f"throughput ({unit})")
     _legend(ax, extra)
     return _save(fig, path)
 

@@ -194,7 +194,8 @@ def passed_over_note(passed_over: List[PointSummary], max_drop: float, top: Poin
         what = "class" if top.key.startswith("class ") else "point"
         text = f"No point faster than {top.key} is certified within {setting} of it at {pct}"
         if what == "class":
-            text = f"No point faster than the most accurate class, {top.key[6:]}, is certified within {setting} of it at {pct}"
+            text = (f"No point faster than the most accurate class, {top.key[6:]}, is certified within {setting} "
+                    f"of it at {pct}")
         if gap is not None and gap.interval is not None:
             text += f"; {fastest.key} is within {quality.amount(certifying_drop(gap.interval))} of the best at {pct}"
             # The fastest may be shown worse: the fastest point a wider tolerance could still certify
