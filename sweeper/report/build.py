@@ -166,9 +166,12 @@ def _draw_plots(
     lr_label = f"LR scaling: {params.get('lr_scaling', '?')} (base {params.get('base_batch_size', '?')})"
     layouts = points.fold_layouts(trials)
     # A language model's throughput is tokens/s: drawn in the samples/s slot, the axis named for it.
-    tokens = [replace(t, samples_per_second=t.tokens_per_second) for t in layouts if t.tokens_per_second is not None]
-    rated, unit = (tokens, "tokens/s") if tokens and len(tokens) == sum(
-        t.samples_per_second is not None for t in layouts) else (layouts, "samples/s")
+    # Points that ran out of memory or failed have neither figure and stay as they are (the red x).
+    rated, unit = layouts, "samples/s"
+    if any(t.tokens_per_second is not None for t in layouts):
+        rated = [replace(t, samples_per_second=t.tokens_per_second) if t.samples_per_second is not None else t
+                 for t in layouts]
+        unit = "tokens/s"
     images: Dict[str, str] = {}
     for name, draw in (
         ("throughput_vs_micro_batch", lambda p: plots.throughput_vs_micro_batch(
@@ -181,7 +184,7 @@ def _draw_plots(
         ("steps_to_target_vs_global_batch", lambda p: plots.steps_to_target_vs_global_batch(
             trials, p, found, lr_label)),
         ("pareto_throughput_memory", lambda p: plots.pareto_throughput_memory(
-            layouts, analysis.pareto(layouts), p, rec.best)),
+            rated, analysis.pareto(rated), p, rec.best, unit)),
     ):
         written = draw(os.path.join(folder, f"{name}.png"))
         if written:

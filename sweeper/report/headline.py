@@ -6,6 +6,7 @@ stays in the report's "Why" and the YAML. Pure (stdlib; scipy.stats via report.s
 
 from __future__ import annotations
 
+import math
 import textwrap
 from typing import Dict, List, Optional
 
@@ -87,7 +88,9 @@ def device_hours(point: PointSummary, detail: bool = True) -> Optional[str]:
         return None
     workers = point.trial.num_workers
     hours = workers * seconds / 3600.0
-    return f"{hours:.2g} device-hours" + (f" ({workers} x {seconds:,.0f} s)" if detail else "")
+    # Two significant figures without an exponent: 0.0012, 0.000016, 3.4.
+    digits = max(1, 1 - math.floor(math.log10(hours))) if hours > 0 else 1
+    return f"{hours:.{digits}f} device-hours" + (f" ({workers} x {seconds:,.3g} s)" if detail else "")
 
 
 def gap_text(interval: stats.Interval, quality: Quality) -> str:

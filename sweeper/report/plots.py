@@ -234,8 +234,10 @@ def pareto_throughput_memory(
     front: Sequence[Trial],
     path: str | os.PathLike,
     recommended: Optional[Trial] = None,
+    unit: str = "samples/s",
 ) -> str:
-    """Every ok trial as samples/s against peak memory; the Pareto front (no other trial is both faster
+    """Every ok trial as samples/s (`unit`: tokens/s for a language model, carried as samples_per_second)
+    against peak memory; the Pareto front (no other trial is both faster
     and lighter) connected, highlighted and labelled with trial keys (only the front, to stay legible).
     The `recommended` trial is starred and labelled too: off the front when a constraint (accuracy,
     memory budget) ruled out the trials that beat it here (a seed replicate is matched to its layout).
@@ -259,7 +261,7 @@ def pareto_throughput_memory(
     ys = [t.samples_per_second for t in ok]
     _pad_limits(ax, xs, ys)
     _titles(ax, "Throughput vs peak memory (Pareto front)", "peak memory, largest worker (MiB)",
-            "throughput (samples/s)")
+            f"throughput ({unit})")
     labelled = list(on_front)
     diverged = [t for t in trials if t.status == "diverged" and t.samples_per_second is not None
                 and t.peak_memory_bytes is not None]
