@@ -118,9 +118,9 @@ def test_equal_global_batch_layouts_give_one_loss_curve_through_the_cli(tmp_path
             "report/memory_vs_micro_batch.png", "report/accuracy_vs_global_batch.png",
             "report/pareto_throughput_memory.png"} <= report_files
     tags = client.get_run(parent.info.run_id).data.tags
-    assert tags["sweeper.recommendation"].startswith("Train with mb")
+    assert tags["sweeper.recommendation"].startswith("Train mb")
     assert tags["sweeper.recommended_overrides"].startswith("sweep.micro_batch_sizes=[")
-    assert "recommendation: Train with" in result.stdout
+    assert "recommendation:\nTrain mb" in result.stdout
     on_disk = tmp_path / "reports" / parent.info.run_name / "report.html"
     assert on_disk.exists() and "data:image/png;base64," in on_disk.read_text()
     # ... and rebuilt from MLflow alone, by experiment name.
@@ -129,7 +129,7 @@ def test_equal_global_batch_layouts_give_one_loss_curve_through_the_cli(tmp_path
         cwd=tmp_path, capture_output=True, text=True, timeout=120,
     )
     assert again.returncode == 0, again.stderr[-2000:]
-    assert again.stdout.startswith("Train with mb") and (tmp_path / "again" / "report.html").exists()
+    assert again.stdout.startswith("Train mb") and (tmp_path / "again" / "report.html").exists()
 
 
 def test_own_model_factory_on_synthetic_data_reports_no_accuracy(tmp_path):

@@ -92,7 +92,7 @@ def test_no_ok_trial_gives_a_placeholder_and_no_accuracy_plot(tmp_path):
     failed = [trial(64, status="oom"), trial(128, status="oom"), trial(32, status="failed")]
     for trials, folder in ((failed, tmp_path / "failed"), ([], tmp_path / "empty")):
         written = draw_all(trials, folder, budget_bytes=100 * MiB)
-        # A picture that says "no ok trials" keeps the report's layout; accuracy has nothing to say.
+        # A picture that says "no ok points" keeps the report's layout; accuracy has nothing to say.
         for name in ("throughput", "memory", "pareto"):
             assert_png(written[name])
         assert written["accuracy"] is None
@@ -156,7 +156,7 @@ def test_html_page_is_self_contained_and_escaped(sweep, tmp_path):
 
 def test_html_page_without_trials_or_images():
     page = html_report.render("empty", [], {}, "No recommendation: no ok trials", {})
-    assert "No trials." in page and "No recommendation: no ok trials" in page
+    assert "No points." in page and "No recommendation: no ok trials" in page
     assert "<img" not in page
 
 

@@ -259,8 +259,11 @@ def print_ledger(ledger: Dict[str, float]) -> None:
 
 
 def print_report(html_path: str, recommendation: str, yaml_path: str) -> None:
-    console.print(f"[bold]recommendation[/]: {escape(recommendation)}", soft_wrap=True)
-    console.print(f"  report: {html_path}", soft_wrap=True)
+    """The answer at a glance (report/headline.py: a headline of at most 3 lines of 120 characters and the
+    table of alternatives), then where the full reasoning is."""
+    console.print("[bold]recommendation[/]:", soft_wrap=True)
+    console.print(escape(recommendation), soft_wrap=True)
+    console.print(f"  report (the full reasoning): {html_path}", soft_wrap=True)
     console.print(f"  as YAML: {yaml_path}", soft_wrap=True)
     snippets = os.path.join(os.path.dirname(yaml_path), "snippets")
     if os.path.isdir(snippets):

@@ -111,10 +111,9 @@ def local_capacity(cfg: SweeperConfig) -> List[str]:
 
 
 def coupled_layers(cfg: SweeperConfig) -> List[str]:
-    """sweep.strategy=smart: what makes the model's layouts train differently at equal global batch,
-    found from its modules (smart.batch_coupled=auto) or as the user says."""
-    if cfg.sweep.strategy != "smart":
-        return []
+    """What makes the model's layouts train differently at equal global batch, found from its modules
+    (smart.batch_coupled=auto) or as the user says: smart's accuracy classes, and the report's (every
+    strategy records it as param batch_coupled_layers)."""
     said = normalize_batch_coupled(cfg.smart.batch_coupled)
     if said != "auto":
         return ["smart.batch_coupled=true"] if said == "true" else []

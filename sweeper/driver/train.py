@@ -50,6 +50,9 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
             raise ConfigError([NEEDS_BUDGET])  # a cluster without GPUs
         name, parent, done_keys = open_sweep(cfg, s, prepared.auto, resolved_yaml, interrupted)
         s.tracker.dataset = dataset_record(cfg, prepared)
+        if not cfg.sweep.resume and cfg.sweep.strategy != "smart":  # smart records it with its classes
+            # The report's accuracy classes: which layouts train the same model (report/classes.py).
+            s.tracker.log_sweep_params({"batch_coupled_layers": ", ".join(prepared.batch_coupled) or "none"})
         phases("tracking")
         console.print_where(s.uri, s.cluster.dashboard_url, s.cluster.token_path, s.cluster.results_dir)
         points, specs, frontier_failed = prepared.points, specs, False

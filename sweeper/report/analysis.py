@@ -11,9 +11,10 @@ from functools import partial
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 from sweeper.errors import ConfigError
-from sweeper.report import eligibility, reasons, stats, ties
+from sweeper.report import classes, eligibility, reasons, stats, ties
 from sweeper.report.front import knee, knees, pareto
 from sweeper.report.lr import LrRow, lr_table
+from sweeper.report import noninferiority
 from sweeper.report.noninferiority import (  # noqa: F401
     Gap,
     _settle_text,
@@ -27,7 +28,7 @@ from sweeper.report.noninferiority import (  # noqa: F401
 from sweeper.report.output import override_line, recommendation_yaml
 from sweeper.report.quality import ACCURACY, AUTO, Quality, resolve
 from sweeper.report.settings import OBJECTIVES, ReportConfig, check
-from sweeper.report.ties import ACCURACY_TIE, AccuracyTest, compare_accuracy  # noqa: F401
+from sweeper.report.ties import ACCURACY_TIE  # noqa: F401
 from sweeper.report.trials import (  # noqa: F401
     _STATUS_ORDER,
     PointSummary,
@@ -71,6 +72,7 @@ def recommend(
     quality: Union[str, Quality] = AUTO,
     max_loss_rise: Optional[float] = None,
     batch_limit: Optional[Tuple[int, str]] = None,
+    coupled: Optional[bool] = None,
 ) -> Recommendation:
     """The best point for `objective` among the eligible ones, up to three runners-up, and why
     (docs/recommendation.md states the rules in full).
@@ -97,6 +99,9 @@ def recommend(
     `batch_limit` (sweep.strategy=branch: the critical batch size the branches measured where it flattens,
     and why): the quality rule of a sweep whose points do not each train for quality; a point of a larger
     global batch is not eligible.
+    `coupled` (the model has batch-coupled layers; None: unknown) makes the points that train the same model
+    one accuracy class (report/classes.py): their quality is pooled per seed and judged once, and the class's
+    fastest layout is the one recommended. None judges every point on its own.
     """
     _check_inputs(objective, min_accuracy, memory_budget_bytes, max_accuracy_drop, level, quality, max_loss_rise)
     trials = list(trials)
@@ -124,49 +129,64 @@ def recommend(
     tie_notes: Dict[str, str] = {}
     unproven: Dict[str, str] = {}
     gaps: Dict[str, Gap] = {}
+    cls = classes.of([p for p in eligible if quality.value(p.trial) is not None], coupled, quality)
     if max_drop is not None and objective in ("throughput", "time_to_accuracy", "time_to_target"):
-        eligible, dropped, top, gaps = _within_drop(eligible, max_drop, excluded, unproven, level, quality)
-    ranked = _rank(eligible, objective, level, quality)
+        eligible, dropped, top, gaps = _within_drop(eligible, max_drop, excluded, unproven, level, quality, cls)
+    ranked = _rank(eligible, objective, level, quality, cls)
     best = ranked[0]
-    reason = reasons.winner(best, ranked, objective, min_accuracy, tie_notes, level, quality)
+    reason = reasons.winner(best, ranked, objective, min_accuracy, tie_notes, level, quality, cls)
     # The points the objective alone would have preferred: the reason says why they lost.
-    in_order = _rank([*dropped, best], objective, level, quality)
+    in_order = _rank([*dropped, best], objective, level, quality, cls)
     passed_over = in_order[: in_order.index(best)]
+    best_class = cls.get(best.key, best)
     if passed_over:
-        reason += " " + reasons.passed_over_note(passed_over, max_drop, top, level, best, gaps, quality)
-    extra = [reasons.certified_note(best, top, max_drop, gaps, level, quality),
+        reason += " " + reasons.passed_over_note(passed_over, max_drop, top, level, best_class, gaps, quality)
+    extra = [reasons.certified_note(best, best_class, top, max_drop, gaps, level, quality),
              eligibility.diverged_note(diverged) if diverged else None]
     if objective == "time_to_target" and critical_batch is not None:
         extra.append(reasons.critical_batch_note(best, critical_batch))
     reason = " ".join([reason, *(e for e in extra if e)])
     return done(best=best.trial, runners_up=[p.trial for p in ranked[1: 1 + MAX_RUNNERS_UP]], reason=reason,
-                ties=tie_notes, unproven=unproven)
+                ties=tie_notes, unproven=unproven, gaps=gaps, classes=cls, top=_best_class(top, eligible, cls, quality),
+                tolerance=max_drop if gaps else None)
 
 
 def _within_drop(
     eligible: List[PointSummary], max_drop: float, excluded: Dict[str, str], unproven: Dict[str, str], level: float,
-    quality: Quality = ACCURACY,
+    quality: Quality = ACCURACY, cls: Optional[classes.Classes] = None,
 ) -> Tuple[List[PointSummary], List[PointSummary], Optional[PointSummary], Dict[str, Gap]]:
-    """(kept, dropped, the best by quality, gaps by key): non-inferiority. The best point is kept;
-    another only when the interval of its gap to it (`Quality.gap`) lies wholly above -`max_drop` in
-    score space (certified not worse). Shown worse (wholly below) goes to `excluded`, neither to
-    `unproven`. All kept when none measured the quality."""
+    """(kept, dropped, the best class's quality, gaps by point key): non-inferiority, judged once per
+    accuracy class (`cls`: point key -> its class's quality; a point alone is its own class). The best
+    class's points are kept; another class's only when the interval of its gap to the best class
+    (`Quality.gap`) lies wholly above -`max_drop` in score space (certified not worse). Shown worse (wholly
+    below) goes to `excluded`, neither or no interval ("not tested") to `unproven` too. All kept when none
+    measured the quality."""
+    cls = cls or {}
     measured = [p for p in eligible if quality.value(p.trial) is not None]
     if not measured:
         return eligible, [], None, {}
-    top = quality.best(measured)
-    kept, dropped, gaps = [], [], {}
+    judged = {cls.get(p.key, p).key: cls.get(p.key, p) for p in measured}
+    top = quality.best(judged.values())
+    kept, dropped, gaps, verdicts = [], [], {}, {}
     pct, metric, setting = stats.percent(level), quality.metric, quality.tolerance_text(max_drop)
     for point in eligible:
         if quality.value(point.trial) is None:
             excluded[point.key] = f"no {metric} to compare with the best ({quality.tolerance_key})"
             dropped.append(point)
             continue
-        gap = gaps[point.key] = judge_gap(point, top, max_drop, level, quality)
+        mine = cls.get(point.key, point)
+        if mine.key not in verdicts:
+            verdicts[mine.key] = judge_gap(mine, top, max_drop, level, quality)
+        gap = gaps[point.key] = verdicts[mine.key]
         if gap.outcome == "eligible":
             kept.append(point)
             continue
         dropped.append(point)
+        if gap.outcome == "untested":
+            unproven[point.key] = excluded[point.key] = (
+                f"not tested against the best ({top.key}): {noninferiority.UNTESTED}, so nothing certifies its "
+                f"{metric} within {setting}")
+            continue
         if gap.outcome == "unproven":
             unproven[point.key] = (
                 f"faster but unproven: its {metric} gap to the best ({top.key}) is {quality.gap_text(gap.interval)}, "
@@ -174,15 +194,23 @@ def _within_drop(
                 f"({quality.tolerance_key}); {_settle_text(gap.interval, max_drop, level)}")
             excluded[point.key] = unproven[point.key]
             continue
-        shown = (f", shown at {pct}: its gap is {quality.gap_text(gap.interval)}" if gap.interval is not None
-                 else " (one seed and no validation-set size recorded: no interval tested the gap)")
-        excluded[point.key] = (f"{metric} {quality.text(point, level)} is more than {setting} {quality.worse()} "
-                               f"the best, {quality.text(top, level)} ({top.key}){shown}")
+        excluded[point.key] = (f"{metric} {quality.text(mine, level)} is more than {setting} {quality.worse()} "
+                               f"the best, {quality.text(top, level)} ({top.key}), shown at {pct}: its gap is "
+                               f"{quality.gap_text(gap.interval)}")
     return kept, dropped, top, gaps
 
 
-def _rank(eligible: List[PointSummary], objective: str, level: float, quality: Quality = ACCURACY
-          ) -> List[PointSummary]:
+def _best_class(top: Optional[PointSummary], eligible: List[PointSummary], cls: classes.Classes,
+                quality: Quality) -> Optional[str]:
+    """The key of the best class's quality: the guard's reference, else the best among the eligible."""
+    if top is not None:
+        return top.key
+    measured = {cls.get(p.key, p).key: cls.get(p.key, p) for p in eligible if quality.value(p.trial) is not None}
+    return quality.best(measured.values()).key if measured else None
+
+
+def _rank(eligible: List[PointSummary], objective: str, level: float, quality: Quality = ACCURACY,
+          cls: Optional[classes.Classes] = None) -> List[PointSummary]:
     # The key is the last sort criterion everywhere, so equal figures give the same answer every run.
     if objective == "throughput":
         return sorted(eligible, key=lambda p: (-reasons.rate(p.trial), p.key))
@@ -191,23 +219,24 @@ def _rank(eligible: List[PointSummary], objective: str, level: float, quality: Q
     if objective == "time_to_target":
         # A point that missed the target in some seeds ranks behind every one that reached it in all.
         return sorted(eligible, key=lambda p: (not p.reached_in_every_seed, p.trial.time_to_target_seconds, p.key))
-    # A tie is not transitive, so the order is built greedily: take the best remaining point's tie
-    # group, pick its fastest member, repeat.
+    # A tie is not transitive, so the order is built greedily: take the best remaining class's tie group
+    # (classes certified within the tie floor of it), pick the fastest point of those classes, repeat.
+    cls = cls or {}
     remaining = sorted(eligible, key=lambda p: p.key)
     ranked: List[PointSummary] = []
     while remaining:
-        pick = min(ties.tie_group(remaining, level, quality),
-                   key=lambda p: (-reasons.rate(p.trial), -quality.score(p.trial), p.key))
+        judged = {cls.get(p.key, p).key: cls.get(p.key, p) for p in remaining}
+        group = {c.key for c in ties.tie_group(list(judged.values()), level, quality)}
+        pick = min((p for p in remaining if cls.get(p.key, p).key in group),
+                   key=lambda p: (-reasons.rate(p.trial), -quality.score(cls.get(p.key, p).trial), p.key))
         ranked.append(pick)
         remaining.remove(pick)
     return ranked
 
 
-
 __all__ = [
     "ACCURACY_TIE",
     "OBJECTIVES",
-    "AccuracyTest",
     "LrRow",
     "PointSummary",
     "Recommendation",
@@ -219,7 +248,6 @@ __all__ = [
     "judge_gap",
     "judge_matched",
     "gap_words",
-    "compare_accuracy",
     "knee",
     "knees",
     "loss_interval",

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from sweeper import tracking
 from sweeper.config import ReportConfig
 from sweeper.errors import first_line
-from sweeper.report import analysis, branched, plots, reasons, snippets, points, sections
+from sweeper.report import analysis, branched, classes, headline, plots, reasons, snippets, points, sections
 from sweeper.report import html as html_report
 from sweeper.report.analysis import Recommendation, Trial
 from sweeper.report.critical_batch import CriticalBatch
@@ -92,26 +92,30 @@ def build(
     rec = analysis.recommend(trials, cfg.objective, cfg.min_accuracy, budget, cfg.max_accuracy_drop,
                              level=cfg.confidence, critical_batch=found, quality=cfg.quality,
                              max_loss_rise=cfg.max_loss_rise,
-                             batch_limit=branched.limit(answer) if is_branch else None)
+                             batch_limit=branched.limit(answer) if is_branch else None,
+                             coupled=coupled(sweep.params))
     line = analysis.override_line(rec.best) if rec.best else None
     yaml_path = _write_text(os.path.join(folder, "recommendation.yaml"), analysis.recommendation_yaml(
         rec, cfg.objective, cfg.min_accuracy, budget, cfg.max_accuracy_drop, cfg.max_loss_rise))
     images = _draw_plots(folder, trials, cfg, sweep.params, budget, rec, found)
-    text = recommendation_text(rec, line, found, points.single_context(trials))
-    extra: List[Any] = []
+    why = recommendation_text(rec, line, found, points.single_context(trials))
+    text = answer_text(rec, line, found, points.single_context(trials))
+    extra: List[Any] = [("Alternatives", headline.alternatives(rec)), ("Why", why),
+                        ("Accuracy classes", classes.words(rec.classes, coupled(sweep.params)))]
     if answer is not None:
         drawn = branched.plot(answer, os.path.join(folder, "critical_batch_over_training.png"),
                               found.critical_batch_size if found else None, points.b_simple_mean(trials))
         if drawn:
             images["critical_batch_over_training"] = drawn
-        extra = [("Critical batch size over training (sweep.strategy=branch)", branched.words(answer)),
+        extra += [("Critical batch size over training (sweep.strategy=branch)", branched.words(answer)),
                  ("Branches by checkpoint", branched.section_rows(answer))]
         text += "\n" + branched.headline(answer).strip()
     # The parent's own figures: the frontier searches' (sweep.micro_batch_sizes=auto) and the smart
     # strategy's compute ledger.
     sweep_figures = tracker.sweep_metrics(parent_run_id)
     html = html_report.render(sweep.run_name, [_row(t) for t in sorted(trials, key=_speed, reverse=True)], images,
-                              text, _settings_shown(parent_run_id, cfg, budget_gb, rec.quality),
+                              "\n".join(headline.headline(rec, line)),
+                              _settings_shown(parent_run_id, cfg, budget_gb, rec.quality),
                               extra + sections.sections(trials, found, {**sweep.params, **settings_params(cfg)},
                                                         sweep_figures))
     html_path = _write_text(os.path.join(folder, "report.html"), html)
@@ -161,10 +165,17 @@ def _draw_plots(
     per layout on the throughput and memory views (LR multipliers folded too)."""
     lr_label = f"LR scaling: {params.get('lr_scaling', '?')} (base {params.get('base_batch_size', '?')})"
     layouts = points.fold_layouts(trials)
+    # A language model's throughput is tokens/s: drawn in the samples/s slot, the axis named for it.
+    # Points that ran out of memory or failed have neither figure and stay as they are (the red x).
+    rated, unit = layouts, "samples/s"
+    if any(t.tokens_per_second is not None for t in layouts):
+        rated = [replace(t, samples_per_second=t.tokens_per_second) if t.samples_per_second is not None else t
+                 for t in layouts]
+        unit = "tokens/s"
     images: Dict[str, str] = {}
     for name, draw in (
         ("throughput_vs_micro_batch", lambda p: plots.throughput_vs_micro_batch(
-            layouts, knees_per_recipe(layouts, cfg.knee_min_gain), p, cfg.knee_min_gain)),
+            rated, knees_per_recipe(rated, cfg.knee_min_gain), p, cfg.knee_min_gain, unit)),
         ("memory_vs_micro_batch", lambda p: plots.memory_vs_micro_batch(layouts, p, budget_bytes=budget)),
         ("memory_by_recipe", lambda p: plots.memory_by_recipe(layouts, p, budget_bytes=budget)),
         ("accuracy_vs_global_batch", lambda p: plots.accuracy_vs_global_batch(
@@ -173,7 +184,7 @@ def _draw_plots(
         ("steps_to_target_vs_global_batch", lambda p: plots.steps_to_target_vs_global_batch(
             trials, p, found, lr_label)),
         ("pareto_throughput_memory", lambda p: plots.pareto_throughput_memory(
-            layouts, analysis.pareto(layouts), p, rec.best)),
+            rated, analysis.pareto(rated), p, rec.best, unit)),
     ):
         written = draw(os.path.join(folder, f"{name}.png"))
         if written:
@@ -287,6 +298,13 @@ def num_classes(row: Dict[str, Any], sweep_params: Dict[str, str]) -> Optional[i
     return KNOWN_CLASSES.get(str(sweep_params.get("dataset")))
 
 
+def coupled(params: Dict[str, str]) -> Optional[bool]:
+    """Whether the sweep's model has batch-coupled layers (param batch_coupled_layers: "none" or their
+    names); None for a record from before the param: the report then judges every point on its own."""
+    layers = params.get("batch_coupled_layers")
+    return None if layers is None else layers.strip() != "none"
+
+
 def trials_of(sweep: "tracking.SweepRecord") -> List[Trial]:
     """The sweep's child runs as Trials, each with the class count the report's pooled chance check
     needs (`num_classes`)."""
@@ -358,32 +376,53 @@ def _speed(t: Trial) -> float:
 
 
 def _row(t: Trial) -> Dict[str, str]:
+    """One run of the report's table of points; a language model's lead with tokens/s and the judged loss."""
     def fmt(value: Optional[float], pattern: str) -> str:
         return "-" if value is None else pattern.format(value)
 
-    return {
-        "trial": t.key,
+    row = {
+        "point": t.key,
         "micro": str(t.micro_batch_size),
         "accum": str(t.accumulation_steps),
         "workers": str(t.num_workers),
         "global": str(t.global_batch_size),
         "status": t.status + (f" ({t.diverged_reason})" if t.status == "diverged" and t.diverged_reason else ""),
         "samples/s": fmt(t.samples_per_second, "{:.1f}") + ("" if t.throughput_stable is not False else " (unstable)"),
-        **({} if t.tokens_per_second is None else {"tokens/s": fmt(t.tokens_per_second, "{:.0f}")}),
         "cv": fmt(t.samples_per_second_cv, "{:.1%}"),
         "peak MiB": fmt(None if t.peak_memory_bytes is None else t.peak_memory_bytes / MiB, "{:.0f}"),
         "val acc": fmt(t.val_accuracy, "{:.3f}"),
-        **({} if t.val_loss is None or t.tokens_per_second is None else {"val loss": fmt(t.val_loss, "{:.3f}")}),
-        **({} if t.val_bits_per_byte is None else {"bits/byte": fmt(t.val_bits_per_byte, "{:.3f}")}),
-        **({} if t.activation_bytes_per_token is None else {
-            "act. KiB/token": fmt(t.activation_bytes_per_token / 1024, "{:.1f}")}),
         "lr": fmt(t.lr, "{:.4g}"),
         "B_simple": fmt(t.gns_b_simple, "{:.1f}"),
     }
+    if t.tokens_per_second is None:
+        return row
+    # A language model: throughput in tokens, quality as the judged loss (bits per byte, else nats per token).
+    lead = {"point": t.key, "tokens/s": fmt(t.tokens_per_second, "{:.0f}")}
+    if t.val_bits_per_byte is not None:
+        lead["bits/byte"] = fmt(t.val_bits_per_byte, "{:.3f}")
+    elif t.val_loss is not None:
+        lead["val loss"] = fmt(t.val_loss, "{:.3f}")
+    if t.activation_bytes_per_token is not None:
+        row["act. KiB/token"] = fmt(t.activation_bytes_per_token / 1024, "{:.1f}")
+    return {**lead, **{k: v for k, v in row.items() if k not in lead}}
+
+
+def answer_text(rec: Recommendation, line: Optional[str], found: Optional[CriticalBatch] = None,
+                context: Optional[int] = None) -> str:
+    """What the console prints and the parent run's tag holds: the headline (at most 3 lines of 120
+    characters), the table of alternatives, and the critical batch size in one line."""
+    text = "\n".join(headline.headline(rec, line))
+    rows = headline.alternatives(rec)
+    if rows:
+        text += "\n" + headline.table_text(rows)
+    if found is not None:
+        text += f"\nCritical batch: {found.in_words(context)}."
+    return text
 
 
 def recommendation_text(rec: Recommendation, line: Optional[str], found: Optional[CriticalBatch] = None,
                         context: Optional[int] = None) -> str:
+    """The full reasoning: the report's "Why"."""
     if rec.best is None:
         text = f"No recommendation: {rec.reason}"
     else:

@@ -27,7 +27,7 @@ def knee(points: Sequence[Tuple[int, float]], min_gain: float = 0.10) -> Optiona
         if s1 <= 0 or t1 <= 0 or t2 <= 0:
             raise ValueError(
                 f"knee needs positive sizes and throughputs, got ({s1}, {t1}) -> ({s2}, {t2}): "
-                "leave out trials without a measured throughput"
+                "leave out points without a measured throughput"
             )
         gain_per_doubling = (t2 / t1) ** (1.0 / math.log2(s2 / s1)) - 1.0
         if gain_per_doubling < min_gain:

@@ -1,5 +1,5 @@
 """One self-contained HTML page for a sweep: the recommendation, the plots (embedded as base64 PNG)
-and the table of trials. Inline CSS, no scripts, nothing fetched from the network."""
+and the table of points. Inline CSS, no scripts, nothing fetched from the network."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ figure { margin: 0; flex: 1 1 520px; max-width: 100%; }
 figure img { width: 100%; height: auto; border: 1px solid #ddd; }
 .note { white-space: pre-wrap; margin: 0 0 8px; }
 figcaption { font-size: 12px; color: #666; }
-table { border-collapse: collapse; font-size: 13px; }
+table { border-collapse: collapse; font-size: 13px; display: block; max-width: 100%; overflow-x: auto; }
 th, td { border-bottom: 1px solid #ddd; padding: 4px 10px; text-align: left; white-space: nowrap; }
 th { background: #f4f4f4; }
 th.num, td.num { text-align: right; font-variant-numeric: tabular-nums; }
@@ -49,7 +49,7 @@ def render(
 ) -> str:
     """The page as a string.
 
-    `summary_rows`: one dict per trial; the columns are the keys in first-seen order, the values are
+    `summary_rows`: one dict per run; the columns are the keys in first-seen order, the values are
     shown as given (format numbers before), escaped. `images`: name -> PNG path, read and embedded
     (a None path is skipped; underscores in the name become spaces in the caption). `recommendation`:
     plain text, escaped, line breaks kept. `meta`: label -> value lines under the title. `sections`:
@@ -85,7 +85,7 @@ def render(
         parts.extend(figures)
         parts.append("</div>")
 
-    parts.append(f"<h2>Trials ({len(summary_rows)})</h2>")
+    parts.append(f"<h2>Points, one run per seed ({len(summary_rows)})</h2>")
     parts.append(_table(summary_rows))
     parts.extend(["</body>", "</html>", ""])
     return "\n".join(parts)
@@ -101,7 +101,7 @@ def _figure(name: str, path: str) -> str:
 
 def _table(rows: Sequence[Mapping[str, Any]]) -> str:
     if not rows:
-        return "<p>No trials.</p>"
+        return "<p>No points.</p>"
     columns: Dict[str, None] = {}
     for row in rows:
         columns.update(dict.fromkeys(row))

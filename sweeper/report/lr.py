@@ -25,8 +25,9 @@ class LrRow:
     largest_stable: Optional[float]  # the largest multiplier with an ok replicate and none diverged
     diverged: Tuple[float, ...]  # multipliers with a diverged replicate
     # With a tolerance (the metric a quality): each other multiplier's quality gap to the best one,
-    # matched by layout, recipe and seed, judged by the recommendation's rule (judge_matched):
-    # (multiplier, Gap) ascending; outcome "eligible" | "unproven" | "excluded".
+    # paired by seed (each seed's figure the mean over the layouts and recipes both ran: layouts are never
+    # seeds), judged by the recommendation's rule (judge_matched): (multiplier, Gap) ascending; outcome
+    # "eligible" | "unproven" | "excluded" | "untested".
     judged: Tuple[Tuple[float, "Gap"], ...] = ()
 
     def outcome(self, name: str) -> Tuple[float, ...]:
@@ -44,7 +45,7 @@ def lr_table(trials: Iterable[Trial], metric: Optional[str] = None, max_drop: Op
     one where higher is better, e.g. time_to_target_seconds or steps_to_target rank lower first). With
     `max_drop` (in the quality's units) and a quality metric, every other multiplier is judged against
     the best by non-inferiority at `level` (`LrRow.judged`): one within it is certified, not merely
-    inseparable."""
+    inseparable. Layouts are never counted as seeds: one seed over three layouts is one observation."""
     trials = list(trials)
     ok = [t for t in trials if t.status == "ok"]
     if metric is None:

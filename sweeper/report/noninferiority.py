@@ -1,15 +1,16 @@
-"""The recommendation's one rule for "not worse": a point's quality gap to a reference (report/quality.py:
-accuracy, or a loss) as a confidence interval (paired over shared seeds, else from the validation sets)
-judged against a tolerance in the quality's units: eligible, unproven or excluded, and the words for
-each. Pure (stdlib; scipy.stats via report.stats)."""
+"""The recommendation's one rule for "not worse", "tie" and "certified": a point's quality gap to a reference
+(report/quality.py: accuracy, or a loss) as a confidence interval (paired over shared seeds, else the
+spread over seeds, else from one seed's validation sets) judged against a tolerance in the quality's
+units: eligible, unproven, excluded or untested (no interval), and the words for each. Layouts, LR
+multipliers and recipes are never counted as seeds. Pure (stdlib; scipy.stats via report.stats)."""
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import replace
 from typing import Any, Dict, Optional
 
 from sweeper.report import stats
+from sweeper.report.classes import fold_by_seed
 from sweeper.report.quality import ACCURACY, Quality, hits
 from sweeper.report.stats import Interval
 from sweeper.report.trials import PointSummary, Trial
@@ -18,11 +19,19 @@ from sweeper.report.trials import PointSummary, Trial
 class Gap:
     """A point's quality gap to the best point (its score minus the best's: positive is better, a loss
     negated; Quality.gap) and what it shows against the tolerance: "eligible" (certified not worse: the
-    interval wholly above -drop), "excluded" (shown worse: wholly below), "unproven" (neither)."""
+    interval wholly above -drop; or the reference itself, or a layout of its accuracy class), "excluded"
+    (shown worse: wholly below), "unproven" (neither), "untested" (no interval: nothing measured the noise,
+    so no verdict)."""
 
     def __init__(self, interval: Optional[Interval], outcome: str):
         self.interval = interval
         self.outcome = outcome
+
+    def __repr__(self) -> str:
+        return f"Gap({self.outcome}, {None if self.interval is None else self.interval.text()})"
+
+
+UNTESTED = "one seed and no validation-set size recorded, or seeds that cannot be compared: no interval"
 
 
 def gap_interval(point: PointSummary, top: PointSummary, level: float = 0.95,
@@ -54,9 +63,8 @@ def judge_gap(point: PointSummary, top: PointSummary, max_drop: float, level: fl
         interval = replace(interval, how=interval.how.replace(
             stats.percent(one_sided(level)), f"one-sided {stats.percent(level)} bounds"))
     if interval is None:
-        # Nothing measures the noise: the figures are taken at face value.
-        gap = quality.score(point.trial) - quality.score(top.trial)
-        return Gap(None, "eligible" if gap >= -max_drop - 1e-12 else "excluded")
+        # Nothing measures the noise: no verdict, whatever the figures say.
+        return Gap(None, "untested")
     # The epsilon keeps decimal edges exact: 0.93 - 0.95 is not -0.02 in binary floating point.
     if interval.low >= -max_drop - 1e-12:
         return Gap(interval, "eligible")
@@ -85,32 +93,33 @@ def _settle_text(interval: Interval, max_drop: float, level: float) -> str:
 
 def judge_matched(candidate: Dict[Any, Trial], reference: Dict[Any, Trial], max_drop: float,
                   level: float = 0.95, quality: Quality = ACCURACY) -> Optional[Gap]:
-    """judge_gap for two sets of runs matched by key (e.g. (layout, seed): a recipe against fp32 at the
-    same layouts and seeds, an LR multiplier against the best one): the paired interval over the keys
-    both ran ok with the quality measured (a matched key shares the samples, their order and the
-    layout), one from the validation sets with one such key. None when no key is shared."""
+    """judge_gap for two sets of runs keyed by (unit, seed), e.g. ((layout, recipe), seed): a recipe against
+    fp32 at the same layouts, an LR multiplier against the best one. Paired by seed, never by key: per seed,
+    each side is the mean quality over the units both ran ok at that seed, so three layouts of one seed are
+    one observation, not three (the layouts of a global batch train one model, and every seed is scored on
+    one validation set). The interval is then judge_gap's over those per-seed means: paired t over two or
+    more seeds, else one seed's validation-set interval (one run's validation samples, not their sum).
+    None when no (unit, seed) is shared."""
     def measured(t: Optional[Trial]) -> bool:
         return t is not None and t.status == "ok" and quality.value(t) is not None
-    common = sorted((k for k in candidate if measured(candidate[k]) and measured(reference.get(k))), key=repr)
+    common = [k for k in candidate if measured(candidate[k]) and measured(reference.get(k))]
     if not common:
         return None
-
-    def fold(runs: Dict[Any, Trial], name: str) -> PointSummary:
-        # The match key stands in for the seed, so the gap pairs exactly the matched runs.
-        members = tuple(replace(runs[k], seed=i, point_key=name) for i, k in enumerate(common))
-        mean = statistics.fmean(quality.value(t) for t in members)
-        return PointSummary(replace(members[0], key=name, **{quality.metric: mean}), members)
-    return judge_gap(fold(candidate, "candidate"), fold(reference, "reference"), max_drop, level, quality)
+    by_seed = lambda runs: {seed: [runs[k] for k in common if k[-1] == seed]  # noqa: E731
+                            for seed in sorted({k[-1] for k in common}, key=repr)}
+    return judge_gap(fold_by_seed(by_seed(candidate), "candidate", quality),
+                     fold_by_seed(by_seed(reference), "reference", quality), max_drop, level, quality)
 
 
 def gap_words(what: str, against: str, gap: Gap, max_drop: float, level: float, faster: bool = False,
               quality: Quality = ACCURACY) -> str:
     """The outcome of `gap` (judge_gap / judge_matched) in the recommendation's words."""
     pct, key, limit = stats.percent(level), quality.tolerance_key, quality.limit(max_drop)
+    if gap.outcome == "untested":
+        return f"{what} is not tested against {against}: {UNTESTED} to judge its {quality.word} by"
     if gap.interval is None:
-        shown = "(one seed and no validation-set size recorded: no interval tested the gap)"
-    else:
-        shown = f"its {quality.metric} gap to {against} is {quality.gap_text(gap.interval)}"
+        return f"{what} trains the same model as {against}: one quality, judged once"
+    shown = f"its {quality.metric} gap to {against} is {quality.gap_text(gap.interval)}"
     if gap.outcome == "eligible":
         return (f"{what} is certified not worse than {against} at {pct}: {shown}, wholly {quality.inside()} "
                 f"{limit} ({key})")

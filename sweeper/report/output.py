@@ -8,6 +8,7 @@ from typing import Dict, List, Optional
 
 import yaml
 
+from sweeper.report import classes, headline
 from sweeper.report.lr import lr_table
 from sweeper.report.quality import QUALITIES
 from sweeper.report.settings import LR_SCALING_RULES, invalid_choice
@@ -161,8 +162,9 @@ def recommendation_yaml(
 ) -> str:
     """A small YAML report of `rec`: the objective and constraints, the confidence level, the chosen
     configuration with its measured figures (means over seeds), seeds and intervals and a Hydra
-    override line, the reason, the runners-up, the excluded points, the ties the data could not
-    break, the diverged points, every point's intervals and the LR table (`lr_table`). With no
+    override line, the reason, the runners-up, the excluded points, the ties (certified within the tie
+    floor), the diverged points, every point's intervals, the LR table (`lr_table`), the accuracy classes
+    of two or more layouts and the console's table of alternatives. With no
     eligible point, `recommendation: null` and the reason. `objective` defaults to `rec.objective`
     and must agree with it."""
     objective = rec.objective if objective is None else objective
@@ -188,5 +190,8 @@ def recommendation_yaml(
         "diverged": dict(rec.diverged),
         "points": {key: _point_figures(p, rec.quality, rec.level) for key, p in rec.points.items()},
         "lr_table": _lr_rows(rec),
+        # Layouts that train the same model: one quality per seed, judged once (report/classes.py).
+        "accuracy_classes": {name: members for name, members in classes.shared(rec.classes)},
+        "alternatives": headline.alternatives(rec),
     }
     return yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, width=1000)

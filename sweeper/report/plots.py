@@ -46,8 +46,10 @@ def throughput_vs_micro_batch(
     knees: Mapping[Series, Optional[int]],
     path: str | os.PathLike,
     min_gain: Optional[float] = None,
+    unit: str = "samples/s",
 ) -> str:
-    """samples/s against the micro-batch, one line per (accumulation, workers), +- cv x value as error
+    """samples/s (`unit`: tokens/s for a language model, whose trials carry it as samples_per_second) against
+    the micro-batch, one line per (accumulation, workers), +- cv x value as error
     bars, each series' knee ringed; trials that ran out of memory or failed as red x on the floor.
     `min_gain`, the knee rule's threshold, is named in the legend (and when no series has a knee yet).
 
@@ -57,7 +59,7 @@ def throughput_vs_micro_batch(
     trials = folding.fold_layouts(trials)
     ok = [t for t in trials if t.status == "ok" and t.samples_per_second is not None]
     if not ok:
-        return _placeholder(path, "Throughput vs micro-batch size", trials, "no ok trials with a throughput")
+        return _placeholder(path, "Throughput vs micro-batch size", trials, "no ok points with a throughput")
     fig, ax = _figure()
     by_series = _by_series(trials)
     lines = _lines(by_series, ok)
@@ -72,7 +74,7 @@ def throughput_vs_micro_batch(
                             markeredgewidth=2, label="oom / diverged / failed"))
     _size_axis(ax, [t.micro_batch_size for t in trials])
     _titles(ax, "Throughput vs micro-batch size", "micro-batch size (samples per worker per step, log2)",
-            "throughput (samples/s)")
+            f"throughput ({unit})")
     _legend(ax, extra)
     return _save(fig, path)
 
@@ -94,7 +96,7 @@ def memory_vs_micro_batch(
     trials = folding.fold_layouts(trials)
     ok = [t for t in trials if t.status == "ok" and t.peak_memory_bytes is not None]
     if not ok:
-        return _placeholder(path, "Peak memory vs micro-batch size", trials, "no ok trials with a peak memory")
+        return _placeholder(path, "Peak memory vs micro-batch size", trials, "no ok points with a peak memory")
     fig, ax = _figure()
     micro = [t.micro_batch_size for t in trials]
     top = _draw_memory(ax, _lines(_by_series(trials), ok), fit, max(t.peak_memory_bytes for t in ok))
@@ -232,8 +234,10 @@ def pareto_throughput_memory(
     front: Sequence[Trial],
     path: str | os.PathLike,
     recommended: Optional[Trial] = None,
+    unit: str = "samples/s",
 ) -> str:
-    """Every ok trial as samples/s against peak memory; the Pareto front (no other trial is both faster
+    """Every ok trial as samples/s (`unit`: tokens/s for a language model, carried as samples_per_second)
+    against peak memory; the Pareto front (no other trial is both faster
     and lighter) connected, highlighted and labelled with trial keys (only the front, to stay legible).
     The `recommended` trial is starred and labelled too: off the front when a constraint (accuracy,
     memory budget) ruled out the trials that beat it here (a seed replicate is matched to its layout).
@@ -243,10 +247,10 @@ def pareto_throughput_memory(
     ok = [t for t in trials if t.status == "ok" and t.samples_per_second is not None
           and t.peak_memory_bytes is not None]
     if not ok:
-        return _placeholder(path, "Throughput vs peak memory", trials, "no ok trials with throughput and memory")
+        return _placeholder(path, "Throughput vs peak memory", trials, "no ok points with throughput and memory")
     fig, ax = _figure()
     ax.scatter([t.peak_memory_bytes / MiB for t in ok], [t.samples_per_second for t in ok], s=28, color="0.6",
-               label="trial", zorder=2)
+               label="point", zorder=2)
     on_front = sorted((t for t in front if t.samples_per_second is not None and t.peak_memory_bytes is not None),
                       key=lambda t: t.peak_memory_bytes)
     if on_front:
@@ -257,7 +261,7 @@ def pareto_throughput_memory(
     ys = [t.samples_per_second for t in ok]
     _pad_limits(ax, xs, ys)
     _titles(ax, "Throughput vs peak memory (Pareto front)", "peak memory, largest worker (MiB)",
-            "throughput (samples/s)")
+            f"throughput ({unit})")
     labelled = list(on_front)
     diverged = [t for t in trials if t.status == "diverged" and t.samples_per_second is not None
                 and t.peak_memory_bytes is not None]
@@ -643,7 +647,7 @@ def _placeholder(path: str | os.PathLike, title: str, trials: Sequence[Trial], m
     counts: Dict[str, int] = defaultdict(int)
     for t in trials:
         counts[t.status] += 1
-    detail = ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "no trials"
+    detail = ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "no points"
     fig.text(0.5, 0.62, title, ha="center", va="center", fontsize=13)
     fig.text(0.5, 0.5, message, ha="center", va="center", fontsize=12, color="0.3")
     fig.text(0.5, 0.41, f"({_plain(detail)})", ha="center", va="center", fontsize=10, color="0.45")

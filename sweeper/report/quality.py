@@ -80,17 +80,30 @@ class Quality:
                         f"mean +/- z x its standard error over the validation set, {stats.percent(level)} (one seed)")
 
     def gap(self, point: PointSummary, top: PointSummary, level: float = 0.95) -> Optional[Interval]:
-        """The interval of `point`'s score minus `top`'s (positive: `point` is better): a paired t interval
-        over the seeds both measured (at least 2: a seed sees the same samples in the same order), else one
-        from the validation sets: Newcombe's of the pooled hits for an accuracy, the normal interval of a
-        difference of two means from their standard errors for a loss (both points are scored on the same
-        validation set, so their errors correlate positively and this unpaired interval is conservative
-        in that respect).
-        None when neither exists (one seed and no validation-set size or SE recorded)."""
+        """The interval of `point`'s score minus `top`'s (positive: `point` is better), by the one rule every
+        verdict uses:
+
+        - seeds in common (at least 2): a paired t interval over them (a seed sees the same samples in the
+          same order, so its luck cancels in the difference);
+        - else at least 2 seeds on each side: Welch's interval over the seeds (their spread, unpaired);
+        - else one seed on each side: one from the validation sets, Newcombe's of the two runs' hits for an
+          accuracy, the normal interval of a difference of two means from their standard errors for a loss
+          (both points are scored on the same validation set, so their errors correlate positively and this
+          unpaired interval is conservative in that respect);
+        - else None, not tested: one side has a spread over seeds and the other none to compare it with, or
+          one seed and no validation-set size or SE recorded.
+
+        Validation hits are never pooled over seeds: every seed is scored on the same validation set, so
+        three seeds are not three times the samples."""
         mine, theirs = self._by_seed(point), self._by_seed(top)
         common = sorted(set(mine) & set(theirs))
         if len(common) >= 2:
             return stats.paired_difference([mine[s] for s in common], [theirs[s] for s in common], level)
+        a, b = self._scores(point), self._scores(top)
+        if len(a) >= 2 and len(b) >= 2:
+            return stats.welch_difference(a, b, level)
+        if len(a) != 1 or len(b) != 1:
+            return None
         if self.is_accuracy:
             pooled = [hits(point), hits(top)]
             if pooled[0] is None or pooled[1] is None:
@@ -104,6 +117,9 @@ class Quality:
         half = stats.z_score(level) * se
         return Interval(d, d - half, d + half, 1, f"normal interval from the two validation losses' "
                                                   f"standard errors, {stats.percent(level)}")
+
+    def _scores(self, point: PointSummary) -> List[float]:
+        return [s for t in point.replicates if t.status == "ok" for s in [self.score(t)] if s is not None]
 
     def _by_seed(self, point: PointSummary) -> dict:
         return {t.seed: s for t in point.replicates if t.status == "ok" and t.seed is not None

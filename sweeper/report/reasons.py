@@ -32,11 +32,12 @@ def rate_text(trial: Trial) -> str:
 
 
 def winner(best: PointSummary, ranked: List[PointSummary], objective: str, min_accuracy: Optional[float],
-           tie_notes: Dict[str, str], level: float, quality: Quality = ACCURACY) -> str:
+           tie_notes: Dict[str, str], level: float, quality: Quality = ACCURACY,
+           cls: Optional[Dict[str, PointSummary]] = None) -> str:
     if objective == "throughput":
         decided, notes = _throughput(best, ranked)
     elif objective == "accuracy":
-        decided, notes = _quality(best, ranked, tie_notes, level, quality)
+        decided, notes = _quality(best, ranked, tie_notes, level, quality, cls or {})
     elif objective == "time_to_target":
         decided, notes = _target(best, ranked)
     else:
@@ -71,15 +72,16 @@ def _throughput(best: PointSummary, ranked: List[PointSummary]) -> Tuple[str, Li
 
 
 def _quality(best: PointSummary, ranked: List[PointSummary], tie_notes: Dict[str, str], level: float,
-             quality: Quality) -> Tuple[str, List[str]]:
+             quality: Quality, cls: Dict[str, PointSummary]) -> Tuple[str, List[str]]:
     b, metric = best.trial, quality.metric
-    top = quality.best(ranked)
-    group = [p for p in ranked if p is top or ties.tied(p, top, level, quality)]
+    judged = {p.key: cls.get(p.key, p) for p in ranked}  # a point's quality is its class's
+    top = quality.best({c.key: c for c in judged.values()}.values())
+    group = [p for p in ranked if ties.tied(judged[p.key], top, level, quality)]
     for p in group:
-        if p is not top and quality.score(p.trial) < quality.score(top.trial) - quality.tie_floor - 1e-12:
-            tie_notes[p.key] = ties.tie_sentence(p, top, ties.compare(p, top, level, quality), level, quality)
+        if judged[p.key] is not top:
+            tie_notes[p.key] = ties.tie_sentence(judged[p.key], top, level, quality)
     rivals = [p for p in group if p is not best]
-    text = lambda p: quality.text(p, level)  # noqa: E731
+    text = lambda p: quality.text(judged.get(p.key, p), level)  # noqa: E731
     highest = "highest" if quality.higher_is_better else "lowest"
     if not rivals or b.samples_per_second is None:
         decided = f"{best.key} has the {highest} {metric} of {_eligible_count(ranked)}: {text(best)} at {rate_text(b)}"
@@ -88,17 +90,15 @@ def _quality(best: PointSummary, ranked: List[PointSummary], tie_notes: Dict[str
         return decided, []
     # The tie was broken by throughput: show it against the fastest of the others it tied with.
     rival = max(rivals, key=lambda p: (rate(p.trial), quality.score(p.trial)))
-    if best is not top and best.key in tie_notes:
-        test = ties.compare(best, top, level, quality)
-        standing = (f"{best.key} has {metric} {text(best)}, which the data cannot tell apart from the best, "
-                    f"{text(top)} ({top.key}), at {stats.percent(level)} ({test.how}), and is the fastest of that tie")
-    elif best is not top:
-        standing = (f"{best.key} has {metric} {text(best)}, within {quality.tie_floor} of the best "
-                    f"({quality.value(top.trial):.3f}, {top.key}), and is the fastest of that tie")
+    floor = quality.amount(quality.tie_floor) if quality.tie_floor else "0"
+    if judged[best.key] is not top:
+        gap = ties.tie_gap(judged[best.key], top, level, quality)
+        shown = "" if gap.interval is None else f" (gap {quality.gap_text(gap.interval)})"
+        standing = (f"{best.key} has {metric} {text(best)}, certified within {floor} of the best, {text(top)} "
+                    f"({top.key}), at {stats.percent(level)}{shown}, and is the fastest of that tie")
     else:
-        noise = any(p.key in tie_notes for p in rivals)
         standing = (f"{best.key} has the {highest} {metric} ({text(best)}) and is the fastest of the points "
-                    f"{'the data cannot separate from it' if noise else f'within {quality.tie_floor} of it'}")
+                    f"certified within {floor} of it")
     decided = f"{standing}: {rate_text(b)} vs {rate_text(rival.trial)} for {rival.key} ({text(rival)})"
     notes: List[str] = []
     if rival.trial.samples_per_second is not None:
@@ -161,7 +161,14 @@ def passed_over_note(passed_over: List[PointSummary], max_drop: float, top: Poin
     pct, setting = stats.percent(level), quality.tolerance_text(max_drop)
     worse = [p for p in passed_over if p.key not in gaps or gaps[p.key].outcome == "excluded"]
     unproven = [p for p in passed_over if p.key in gaps and gaps[p.key].outcome == "unproven"]
+    untested = [p for p in passed_over if p.key in gaps and gaps[p.key].outcome == "untested"]
     sentences = []
+    if untested:
+        listed = ", ".join(f"{p.key} ({rate_text(p.trial)})" for p in untested[:MAX_LISTED])
+        more = f" and {len(untested) - MAX_LISTED} more" if len(untested) > MAX_LISTED else ""
+        sentences.append(f"Not recommended, faster but not tested against the best, {top.key} (one seed and no "
+                         f"validation-set size recorded, or seeds that cannot be compared: no interval): "
+                         f"{listed}{more}.")
     if unproven:
         shown = unproven[:MAX_LISTED]
         listed = "; ".join(f"{p.key} ({rate_text(p.trial)}, gap to the best {quality.gap_text(gaps[p.key].interval)}: "
@@ -178,16 +185,17 @@ def passed_over_note(passed_over: List[PointSummary], max_drop: float, top: Poin
                 f"{quality.worse()} the best ({'-' if top_value is None else f'{top_value:.3f}'}, {top.key})")
         if any(quality.value(p.trial) is None for p in worse):
             sentences.append(f"{lead} or was not measured.")
-        elif all(gaps[p.key].interval is not None for p in shown):
+        else:
             sentences.append(f"{lead}, shown at {pct} (the interval of the gap lies wholly {quality.outside()} "
                              f"{quality.limit(max_drop)}), so they learn less from the same samples.")
-        else:
-            sentences.append(f"{lead}, so they learn less from the same samples (one seed and no validation-set "
-                             "size recorded: no interval tested the gap).")
     if best is top:
         fastest = passed_over[0]
         gap = gaps.get(fastest.key)
+        what = "class" if top.key.startswith("class ") else "point"
         text = f"No point faster than {top.key} is certified within {setting} of it at {pct}"
+        if what == "class":
+            text = (f"No point faster than the most accurate class, {top.key[6:]}, is certified within {setting} "
+                    f"of it at {pct}")
         if gap is not None and gap.interval is not None:
             text += f"; {fastest.key} is within {quality.amount(certifying_drop(gap.interval))} of the best at {pct}"
             # The fastest may be shown worse: the fastest point a wider tolerance could still certify
@@ -200,22 +208,27 @@ def passed_over_note(passed_over: List[PointSummary], max_drop: float, top: Poin
         if unproven:
             # The fallback is this run's best point, not one certified better than the unproven ones:
             # another seed set may rank them the other way (issue 27).
-            most = "most accurate point" if quality.is_accuracy else f"best point by {quality.metric}"
+            most = f"most accurate {what}" if quality.is_accuracy else f"best {what} by {quality.metric}"
             sentences.append(f"{top.key} is this run's {most}, not certified better than the unproven ones: "
                              f"another seed set may pick {unproven[0].key}.")
     return " ".join(sentences)
 
 
-def certified_note(best: PointSummary, top: Optional[PointSummary], max_drop: Optional[float],
-                   gaps: Dict[str, Gap], level: float, quality: Quality = ACCURACY) -> Optional[str]:
-    """Where the recommended point's quality stands against the best one's."""
-    if top is None or best is top:
+def certified_note(best: PointSummary, best_class: PointSummary, top: Optional[PointSummary],
+                   max_drop: Optional[float], gaps: Dict[str, Gap], level: float, quality: Quality = ACCURACY
+                   ) -> Optional[str]:
+    """Where the recommended point's quality stands against the best class's: the layouts it shares a class
+    with, or its certified gap."""
+    if top is None:
         return None
-    gap, metric = gaps.get(best.key), quality.metric
-    mine, theirs = quality.text(best, level), quality.text(top, level)
-    if gap is None or gap.interval is None:
-        return (f"Its {metric} {mine} is within {quality.tolerance_text(max_drop)} of the best, {theirs} "
-                f"({top.key}) (one seed and no validation-set size recorded: no interval tested the gap).")
+    metric = quality.metric
+    if best_class is top:
+        if top.key == best.key:
+            return None
+        return (f"Its {metric}, {quality.text(top, level)}, is its accuracy class's ({top.key}: layouts that train "
+                f"the same model, one quality judged once), the best; {best.key} is the class's fastest layout.")
+    gap = gaps.get(best.key)
+    mine, theirs = quality.text(best_class, level), quality.text(top, level)
     return (f"Certified not worse: its {metric} {mine} against the best, {theirs} ({top.key}), has a gap of "
             f"{quality.gap_text(gap.interval)}, wholly {quality.inside()} {quality.limit(max_drop)} "
             f"({quality.tolerance_key}).")

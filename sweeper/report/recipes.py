@@ -36,9 +36,9 @@ class RecipeRow:
     accuracy_delta: Optional[float]  # mean change of val_accuracy (a fraction: 0.01 is one point)
     memory_delta: Optional[float]  # mean relative change of peak memory: -0.4 is 40 % less
     layouts_compared: int  # layouts where both this recipe and the baseline ended ok
-    # Its quality gap (report.quality: val_accuracy, or a loss) to the baseline, matched by layout and
-    # seed, judged against the quality's tolerance (analysis.judge_matched): outcome "eligible" |
-    # "unproven" | "excluded";
+    # Its quality gap (report.quality: val_accuracy, or a loss) to the baseline, paired by seed over the
+    # layouts both ran (layouts are never seeds), judged against the quality's tolerance
+    # (analysis.judge_matched): outcome "eligible" | "unproven" | "excluded" | "untested";
     # None for the baseline, without a drop, or without a shared layout and seed.
     accuracy_gap: Optional[Gap] = None
 
@@ -67,7 +67,8 @@ def compare_recipes(trials: Iterable[Trial], max_accuracy_drop: Optional[float] 
     empty when the sweep ran one recipe only. With `max_accuracy_drop` (the tolerance in `quality`'s
     units: report.max_loss_rise for a loss), each recipe's quality is judged
     against the baseline's by the recommendation's rule (non-inferiority at `level`, paired over the
-    layouts and seeds both ran): a recipe is recommended over fp32 only when certified not worse."""
+    layouts and seeds both ran, by seed: the layouts of one seed are one observation): a recipe is
+    recommended over fp32 only when certified not worse."""
     trials = list(trials)
     points = [p.trial for p in summarize_all(trials).values()]
     by_recipe: Dict[Recipe, Dict[Layout, Trial]] = {}

@@ -114,6 +114,13 @@ def _point_rows(trials: List[Trial], quality: Quality = ACCURACY) -> List[Dict[s
             "time to target s": "-" if time is None else f"{time[0]:.3g} ({time[1]:.3g}-{time[2]:.3g})",
             "B_simple": _fmt(point.gns_b_simple, "{:.1f}"),
         })
+    if not quality.is_accuracy:
+        # A language model: its rows lead with tokens/s and the judged loss, next-token accuracy after.
+        lead = ("point", "tokens/s", f"{quality.metric} [interval]")
+        for row, members in zip(rows, groups.values()):
+            rate = points.fold(members)[0].tokens_per_second
+            row["tokens/s"] = _fmt(rate, "{:,.0f}")
+        rows = [{**{k: r[k] for k in lead}, **{k: v for k, v in r.items() if k not in lead}} for r in rows]
     telling = any(len(m) > 1 for m in groups.values()) or any(
         r["B_simple"] != "-" or r["reached target"] != "-" for r in rows)
     return rows if telling else []
@@ -165,6 +172,7 @@ def lr_rows(trials: List[Trial], max_drop: Optional[float] = None, level: float 
             f"certified within {max_drop:g} of the best": listed(row.outcome("eligible")),
             "unproven": listed(row.outcome("unproven")),
             "shown worse": listed(row.outcome("excluded")),
+            "not tested": listed(row.outcome("untested")),
         }),
     } for batch, row in table.items()]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field, replace
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from sweeper.report import stats
 from sweeper.report.stats import Interval
@@ -94,6 +94,12 @@ class Recommendation:
     # report.max_accuracy_drop nor shown beyond it.
     unproven: Dict[str, str] = field(default_factory=dict)
     quality: str = "val_accuracy"  # the metric "better" was judged by (report.quality, resolved)
+    # Point key -> its quality gap to the best class (noninferiority.Gap), when a tolerance judged them.
+    gaps: Dict[str, Any] = field(default_factory=dict)
+    # Point key -> its accuracy class's quality (report/classes.py; the point itself when alone).
+    classes: Dict[str, "PointSummary"] = field(default_factory=dict)
+    tolerance: Optional[float] = None  # the non-inferiority margin applied, in the quality's units
+    top: Optional[str] = None  # the key of the best class's quality (a point's key, or "class gb32-lrx2")
 
 
 
