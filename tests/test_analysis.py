@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 import yaml
 
-from sweeper.report import stats
+from sweeper import stats
 from sweeper.report.analysis import (
     OBJECTIVES,
     Recommendation,
@@ -648,7 +648,7 @@ def test_recommendation_yaml_carries_seeds_intervals_ties_diverged_and_the_lr_ta
 
 
 def test_time_to_target_needs_a_target_in_the_sweep():
-    from sweeper.report.settings import target_problem
+    from sweeper.config.report import target_problem
 
     assert "time_to_target" in OBJECTIVES
     assert target_problem("time_to_target", None, None).startswith(

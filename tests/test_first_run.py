@@ -1,7 +1,7 @@
 """A newcomer's first run: the default configuration, and each shipped experiment's recipe, learns.
 
 Learning is judged as the report judges a point: validation hits separated from a guess (1 / classes)
-by the one-sided exact binomial test, sweeper.report.stats.above_chance.
+by the one-sided exact binomial test, sweeper.stats.above_chance.
 """
 
 import re
@@ -15,7 +15,7 @@ import yaml
 from sweeper import config, data as data_mod, plan
 from sweeper.config import MeasureConfig
 from sweeper.plan import GridPoint
-from sweeper.report.stats import above_chance
+from sweeper.stats import above_chance
 from sweeper.worker.spec import PointSpec, WorkerContext
 from sweeper.worker.train import train_point
 from tests.conftest import compose_cfg, run_cli

@@ -9,7 +9,8 @@ import math
 import pytest
 
 from sweeper.errors import ConfigError
-from sweeper.report import analysis, quality, stats
+from sweeper import stats
+from sweeper.report import analysis, quality
 from sweeper.report.analysis import Trial, recommend, summarize
 from sweeper.report.quality import ACCURACY, BITS_PER_BYTE, LOSS
 

@@ -6,7 +6,8 @@ from sweeper.cluster.connect import Cluster
 from dataclasses import replace
 
 from sweeper.cluster.resources import concurrent_trials, plan_resources, trial_resources
-from sweeper.cluster.runs import GROUP_ERROR, PointSink
+from sweeper.cluster.records import GROUP_ERROR
+from sweeper.cluster.runs import PointSink
 from sweeper.config import ClusterConfig
 from sweeper.errors import ConfigError
 from sweeper.plan import GridPoint

@@ -1,5 +1,5 @@
 """Confidence intervals and the tie test against known answers: Wilson's interval, the t interval over
-seeds, Welch's t-test (sweeper/report/stats.py). Pure, no processes."""
+seeds, Welch's t-test (sweeper/stats.py). Pure, no processes."""
 
 import math
 import statistics
@@ -7,7 +7,7 @@ import statistics
 import pytest
 from scipy import stats as scipy_stats
 
-from sweeper.report import stats
+from sweeper import stats
 
 Z95 = 1.959963984540054  # the standard normal's 97.5th percentile
 

@@ -18,7 +18,7 @@ AUTO_LOGGER_FILES = ("progress.csv", "result.json", "events.out.tfevents")
 SCRIPT = """
 import json, os, sys
 from sweeper.cluster import connect
-from sweeper.cluster.runs import Sink
+from sweeper.cluster.records import Sink
 from sweeper.config import ClusterConfig
 
 def report(config):

@@ -15,8 +15,8 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from sweeper.errors import ConfigError, first_line
-from sweeper.report import settings
-from sweeper.report.settings import LR_SCALING_RULES, ReportConfig, invalid_choice
+from sweeper.config import report as settings
+from sweeper.config.report import LR_SCALING_RULES, ReportConfig, invalid_choice
 
 USE_GPU_CHOICES = ("auto", "true", "false")
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -460,7 +460,7 @@ class SweeperConfig:
     measure: MeasureConfig = field(default_factory=MeasureConfig)
     smart: SmartConfig = field(default_factory=SmartConfig)
     branch: BranchConfig = field(default_factory=BranchConfig)
-    # Lives with its rules in sweeper/report/settings.py: the report CLI reads it without Hydra.
+    # Lives with its rules in sweeper/config/report.py.
     report: ReportConfig = field(default_factory=ReportConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)

@@ -20,7 +20,7 @@ from sweeper.driver import decode as decode_answer
 from sweeper.driver.skeleton import Phases, Session, session
 from sweeper.errors import EXIT_OK, EXIT_POINT_FAILED, ConfigError, first_line
 from sweeper.inference import roofline
-from sweeper.inference.timing import InferenceSpec, model_key
+from sweeper.inference.timing import InferenceSpec, group_label, label
 from sweeper.measure import flops
 from sweeper.plan import GridPoint
 from sweeper.report import build as report_build
@@ -35,15 +35,6 @@ def model_configs(cfg: SweeperConfig) -> List[ModelConfig]:
     if cfg.inference.mlp_widths:
         return [replace(cfg.model, width=int(w)) for w in cfg.inference.mlp_widths]
     return [cfg.model]
-
-
-def label(model: ModelConfig) -> str:
-    return model_key(model) or model.name
-
-
-def group_label(spec: InferenceSpec) -> str:
-    """A series of the sweep: the model's label, and a decoder's context ("gpt-ctx64")."""
-    return label(spec.model) if spec.context is None else f"{label(spec.model)}-ctx{spec.context}"
 
 
 def decode_contexts(cfg: SweeperConfig) -> List[Optional[int]]:

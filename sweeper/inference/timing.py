@@ -31,6 +31,15 @@ def model_key(cfg: ModelConfig) -> str:
     return ""
 
 
+def label(model: ModelConfig) -> str:
+    return model_key(model) or model.name
+
+
+def group_label(spec: InferenceSpec) -> str:
+    """A series of the sweep: the model's label, and a decoder's context ("gpt-ctx64")."""
+    return label(spec.model) if spec.context is None else f"{label(spec.model)}-ctx{spec.context}"
+
+
 @dataclass
 class InferenceSpec:
     """One batch size of one model to time (picklable, sent to a worker)."""

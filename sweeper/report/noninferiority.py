@@ -1,7 +1,7 @@
 """The recommendation's one rule for "not worse": a point's quality gap to a reference (report/quality.py:
 accuracy, or a loss) as a confidence interval (paired over shared seeds, else from the validation sets)
 judged against a tolerance in the quality's units: eligible, unproven or excluded, and the words for
-each. Pure (stdlib; scipy.stats via report.stats)."""
+each. Pure (stdlib; scipy.stats via sweeper.stats)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import statistics
 from dataclasses import replace
 from typing import Any, Dict, Optional
 
-from sweeper.report import stats
+from sweeper import stats
 from sweeper.report.quality import ACCURACY, Quality, hits
-from sweeper.report.stats import Interval
+from sweeper.stats import Interval
 from sweeper.report.trials import PointSummary, Trial
 
 

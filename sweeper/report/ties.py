@@ -1,13 +1,13 @@
 """Objective accuracy's ties: whether the data separate two points' quality (report/quality.py) at a
 confidence level, the best point's tie group, and the sentence saying why two points count as one
-result. Pure (stdlib; scipy.stats via report.stats)."""
+result. Pure (stdlib; scipy.stats via sweeper.stats)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import List
 
-from sweeper.report import stats
+from sweeper import stats
 from sweeper.report.quality import ACCURACY, Quality
 from sweeper.report.trials import PointSummary
 
