@@ -11,7 +11,7 @@ from sweeper.samples import Samples
 from sweeper.config import DataConfig, MeasureConfig, ModelConfig, TrainConfig
 from sweeper.measure import flops
 from sweeper.plan import GridPoint
-from sweeper.schema import METRIC, FrontierResult, FrontierSearch, InferenceResult, PointResult, recorded_metric_names
+from sweeper.schema import METRIC, FrontierResult, InferenceResult, PointResult, SearchFound, recorded_metric_names
 from sweeper.tracking import Tracker
 from sweeper.worker.points import run_point
 from sweeper.worker.spec import GroupFacts, PointSpec, WorkerContext
@@ -67,8 +67,8 @@ def test_a_flat_result_round_trips_and_records_only_finite_numbers():
     assert result.tags() == {"sweeper.throughput_stable": "false"}
     assert "mfu" in result and "val_accuracy" not in result  # set (to NaN), but never recorded
     frontier = FrontierResult(trial_key="frontier-w2", memory_budget_bytes=100,
-                              plain=FrontierSearch(micro_batch_size=64, fit_points=3),
-                              accumulating=FrontierSearch(micro_batch_size=48))
+                              plain=SearchFound(micro_batch_size=64, fit_points=3),
+                              accumulating=SearchFound(micro_batch_size=48))
     assert FrontierResult.from_flat(frontier.to_flat()) == frontier
     assert frontier.metrics("w2") == {
         "frontier_micro_batch_size_w2": 64.0, "frontier_fit_points_w2": 3.0,

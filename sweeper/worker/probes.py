@@ -13,7 +13,7 @@ from sweeper import data as data_mod
 from sweeper.measure import frontier as frontier_mod
 from sweeper.measure import telemetry
 from sweeper.plan import GridPoint
-from sweeper.schema import FrontierResult, FrontierSearch, PointResult
+from sweeper.schema import FrontierResult, PointResult, SearchFound
 from sweeper.worker import collectives as comm
 from sweeper.worker.points import STATUS_TIMEOUT, freeze_long_lived_objects, run_point
 from sweeper.worker.spec import FrontierSpec, WorkerContext
@@ -59,7 +59,7 @@ class _Prober:
         self.count = 0
         self.failed: Optional[str] = None
 
-    def search(self, accumulation_steps: int, upper: int) -> Optional[FrontierSearch]:
+    def search(self, accumulation_steps: int, upper: int) -> Optional[SearchFound]:
         if self.failed is not None:
             return None
         finder = frontier_mod.FrontierSearch(budget_bytes=self.budget, upper=upper, **self.fspec.search)
@@ -97,8 +97,8 @@ class _Prober:
         return result
 
 
-def _found(found: frontier_mod.Frontier) -> FrontierSearch:
-    search = FrontierSearch(
+def _found(found: frontier_mod.Frontier) -> SearchFound:
+    search = SearchFound(
         micro_batch_size=found.micro_batch_size,
         predicted_micro_batch_size=found.predicted_micro_batch_size,
         fit_probes=found.num_fit_probes,
