@@ -27,14 +27,14 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from sweeper import data as data_mod
-from sweeper import models
 from sweeper.config import DataConfig, MeasureConfig, ModelConfig, TrainConfig
 from sweeper.measure import memory, telemetry
 from sweeper.plan import GridPoint
 from sweeper.worker.points import run_point
 from sweeper.worker.probes import run_frontier
 from sweeper.worker.spec import FrontierSpec, PointSpec, WorkerContext
+from sweeper.workloads import datasets as data_mod
+from sweeper.workloads import models
 
 STEPS = 3  # per probe, for everyone: Lightning's steps_per_trial default, sweeper's warm-up steps
 

@@ -16,12 +16,12 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from sweeper.config import LossConfig, OptimConfig
-from sweeper.samples import Samples, cross_entropy
+from sweeper.workloads.samples import Samples, cross_entropy
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 CHECKPOINTING = ("none", "blocks")
 # What `blocks` wraps when the model has these: torchvision's residual blocks, the transformer
-# encoder layers, the MLP's Linear+ReLU layers (sweeper.models.MLPBlock) and the GPT's blocks, by class name so that
+# encoder layers, the MLP's Linear+ReLU layers (sweeper.workloads.mlp.MLPBlock) and the GPT's blocks, by class name so that
 # the types need not be imported. model.checkpoint_modules adds a custom model's own.
 BLOCK_TYPES = ("BasicBlock", "Bottleneck", "InvertedResidual", "EncoderBlock", "TransformerEncoderLayer",
                "MLPBlock", "GPTBlock")

@@ -5,12 +5,13 @@ contexts, and the bad inputs refused before Ray."""
 import pytest
 from hydra import compose, initialize_config_module
 
-from sweeper import gpt, plan, smart
+from sweeper import plan, smart
 from sweeper.config import register, to_typed
 from sweeper.driver.preflight import preflight
 from sweeper.plan import GridPoint
 from sweeper.report.trials import Trial
 from sweeper.worker.points import implied_oom
+from sweeper.workloads import gpt
 from tests.test_gpt import _problems as problems_of
 
 TINY = ["model=gpt", "data=text", "model.n_layer=1", "model.n_head=2", "model.d_model=32", "model.context=64",

@@ -8,16 +8,18 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from sweeper import data, models
 from sweeper.config import DataConfig, MeasureConfig, ModelConfig, TrainConfig
 from sweeper.plan import GridPoint
+from sweeper.sampler import GlobalBatchSampler
 from sweeper.worker.spec import PointSpec, WorkerContext
 from sweeper.worker.train import train_point
+from sweeper.workloads import datasets as data, models
+from sweeper.workloads.images import CIFAR_FOLDER
 
 
 def write_tiny_cifar10(root, per_batch=20, test=30):
     """Five training batches and a test batch in CIFAR-10's python pickle format."""
-    folder = root / data.CIFAR_FOLDER
+    folder = root / CIFAR_FOLDER
     folder.mkdir(parents=True)
     rng = np.random.default_rng(0)
     for name, n in [(f"data_batch_{i}", per_batch) for i in range(1, 6)] + [("test_batch", test)]:
@@ -73,7 +75,7 @@ def test_sampler_yields_only_full_micro_batches_for_every_rank():
     point = GridPoint(micro_batch_size=7, accumulation_steps=3, num_workers=2)
     lengths = []
     for rank in range(2):
-        sampler = data.GlobalBatchSampler(num_samples=100, point=point, rank=rank, steps=5, seed=0)
+        sampler = GlobalBatchSampler(num_samples=100, point=point, rank=rank, steps=5, seed=0)
         indices = list(sampler)
         assert len(indices) == len(sampler) == 5 * 7 * 3
         lengths.append(len(indices))

@@ -7,12 +7,12 @@ import math
 import pytest
 import torch
 
-from sweeper import gpt
 from sweeper.config import ModelConfig
 from sweeper.inference import roofline
 from sweeper.inference.batching_sim import LatencyCurve
 from sweeper.inference.decode_sim import Prefill, simulate
 from sweeper.inference.timing import InferenceSpec, run_inference_points
+from sweeper.workloads import gpt
 
 
 def test_decoding_with_the_cache_gives_the_logits_of_decoding_without_it():

@@ -12,8 +12,8 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from sweeper import models
 from sweeper.config import ModelConfig
+from sweeper.workloads import models
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.e2e

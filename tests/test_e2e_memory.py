@@ -6,9 +6,9 @@ import json
 import pytest
 from mlflow.tracking import MlflowClient
 
-from sweeper import models
 from sweeper.config import ModelConfig
 from sweeper.measure import memory
+from sweeper.workloads import models
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.e2e

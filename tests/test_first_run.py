@@ -12,12 +12,13 @@ import pytest
 import torch
 import yaml
 
-from sweeper import config, data as data_mod, plan
+from sweeper import config, plan
 from sweeper.config import MeasureConfig
 from sweeper.plan import GridPoint
 from sweeper.stats import above_chance
 from sweeper.worker.spec import PointSpec, WorkerContext
 from sweeper.worker.train import train_point
+from sweeper.workloads import datasets as data_mod
 from tests.conftest import compose_cfg, run_cli
 
 EXPERIMENTS = sorted(p.stem for p in (Path(__file__).parents[1] / "conf" / "experiment").glob("*.yaml"))

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 
-from sweeper.samples import Samples
+from sweeper.workloads.samples import Samples
 from sweeper.measure.flops import (
     PeakFlops,
     count_flops,

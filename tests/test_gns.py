@@ -12,13 +12,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from sweeper import data as data_mod
-from sweeper import models
 from sweeper.config import DataConfig, GnsConfig, MeasureConfig, ModelConfig, OptimConfig, TrainConfig
 from sweeper.plan import GridPoint
 from sweeper.worker.gns import Estimate, ema_ratio, estimate, squared_norm, total_norm
 from sweeper.worker.points import run_point
 from sweeper.worker.spec import PointSpec, WorkerContext
+from sweeper.workloads import datasets as data_mod
+from sweeper.workloads import models
 from tests.conftest import free_port
 
 MLP = ModelConfig(name="mlp", depth=2, width=32, input_shape=[1, 8, 8])

@@ -9,16 +9,16 @@ import pytest
 import torch
 from hydra import compose, initialize_config_module
 
-from sweeper import data as data_mod
-from sweeper import gpt, models, text
 from sweeper.config import DataConfig, MeasureConfig, ModelConfig, TrainConfig, register, to_typed, validate
 from sweeper.driver.preflight import preflight
 from sweeper.errors import ConfigError
 from sweeper.measure import flops
 from sweeper.plan import GridPoint
-from sweeper.samples import Samples, cross_entropy
 from sweeper.worker.spec import PointSpec, WorkerContext
 from sweeper.worker.train import train_point
+from sweeper.workloads import datasets as data_mod
+from sweeper.workloads import gpt, models, text
+from sweeper.workloads.samples import Samples, cross_entropy
 
 TINY = ModelConfig(name="gpt", n_layer=2, n_head=2, d_model=32, context=16, input_shape=[16])
 TEXT = DataConfig(name="text", val_fraction=0.1, num_classes=256)

@@ -7,12 +7,13 @@ import torch
 
 pytest.importorskip("transformers")
 
-from sweeper import models, recipe  # noqa: E402
+from sweeper import recipe
 from sweeper.config import DataConfig, MeasureConfig, ModelConfig, TrainConfig  # noqa: E402
 from sweeper.measure import flops  # noqa: E402
 from sweeper.plan import GridPoint  # noqa: E402
 from sweeper.worker.spec import PointSpec, WorkerContext  # noqa: E402
 from sweeper.worker.train import train_point  # noqa: E402
+from sweeper.workloads import models  # noqa: E402
 
 GPT2 = ModelConfig(name="hf", hf_type="gpt2", context=16, input_shape=[16],
                    kwargs={"n_layer": 2, "n_head": 2, "n_embd": 32, "resid_pdrop": 0.0, "embd_pdrop": 0.0,

@@ -23,8 +23,8 @@ MLFLOW_HOME = "sweeper.tracking"
 WORKER = "sweeper.worker"
 WORKER_NEVER = ("sweeper.driver", "sweeper.cluster", "sweeper.report", "sweeper.tracking")
 # Below the driver: what measures and what is measured never reach up to the report or the driver.
-LOWER = ("sweeper.measure", "sweeper.inference", "sweeper.config", "sweeper.plan", "sweeper.schema")
-LOWER_NEVER = ("sweeper.driver", "sweeper.report", "sweeper.cluster", "sweeper.tracking")
+LOWER = ("sweeper.measure", "sweeper.inference", "sweeper.config", "sweeper.plan", "sweeper.schema", "sweeper.workloads")
+LOWER_NEVER = ("sweeper.driver", "sweeper.report", "sweeper.cluster", "sweeper.tracking", "sweeper.worker")
 # The Ray layer serves the driver; it never reaches up to it or to the report (a wait it must say is a
 # callable the driver hands it).
 CLUSTER = "sweeper.cluster"

@@ -7,14 +7,14 @@ from dataclasses import replace
 import pytest
 import torch
 
-from sweeper import data as data_mod
-from sweeper import models
 from sweeper.config import DataConfig, MeasureConfig, ModelConfig, TrainConfig
 from sweeper.measure import memory, telemetry
 from sweeper.plan import GridPoint
 from sweeper.worker.points import implied_oom, run_point, run_points
 from sweeper.worker.probes import run_frontier
 from sweeper.worker.spec import FrontierSpec, PointSpec, WorkerContext
+from sweeper.workloads import datasets as data_mod
+from sweeper.workloads import models
 
 MLP = ModelConfig(name="mlp", input_shape=[1, 8, 8], depth=3, width=64)
 DATA = DataConfig(name="synthetic", num_samples=1024)

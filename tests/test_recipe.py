@@ -6,13 +6,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sweeper.samples import Samples
-from sweeper import models, recipe
+from sweeper.workloads.samples import Samples
+from sweeper import recipe
 from sweeper.config import DataConfig, LossConfig, MeasureConfig, ModelConfig, OptimConfig, TrainConfig
 from sweeper.measure import flops, memory
 from sweeper.plan import GridPoint
 from sweeper.worker.spec import PointSpec, WorkerContext
 from sweeper.worker.train import train_point
+from sweeper.workloads import models
 
 RESNET = ModelConfig(name="resnet18", input_shape=[3, 32, 32])
 MLP = ModelConfig(name="mlp", depth=4, width=256, input_shape=[1, 16, 16])

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from sweeper.samples import Samples
 from sweeper.config import DataConfig, MeasureConfig, ModelConfig, TrainConfig
 from sweeper.measure import flops
 from sweeper.plan import GridPoint
@@ -15,6 +14,7 @@ from sweeper.schema import METRIC, FrontierResult, InferenceResult, PointResult,
 from sweeper.tracking import Tracker
 from sweeper.worker.points import run_point
 from sweeper.worker.spec import GroupFacts, PointSpec, WorkerContext
+from sweeper.workloads.samples import Samples
 from tests.conftest import mlflow_store
 
 DOCS = Path(__file__).parent.parent / "docs" / "mlflow.md"

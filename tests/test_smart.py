@@ -13,11 +13,12 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from sweeper import models, smart
+from sweeper import smart
 from sweeper.config import DataConfig, ModelConfig, TrainConfig
 from sweeper.driver import smart as driver
 from sweeper.plan import GridPoint, replicate
 from sweeper.report import sections
+from sweeper.workloads import models
 from tests.conftest import interrupt_once_recorded, recorded, run_cli
 from sweeper.schema import PointResult
 from sweeper.worker.spec import PointSpec

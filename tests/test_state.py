@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from sweeper.config import DataConfig, MeasureConfig, ModelConfig, OptimConfig, TrainConfig
-from sweeper.data import GlobalBatchSampler
 from sweeper.plan import GridPoint
+from sweeper.sampler import GlobalBatchSampler
 from sweeper.worker import state
 from sweeper.worker.spec import PointSpec, Span, WorkerContext
 from sweeper.worker.train import train_point

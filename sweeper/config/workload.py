@@ -19,7 +19,7 @@ BYTE_VOCAB = 256  # data=text's vocabulary: bytes
 
 
 # Models that take token ids and predict the next token at every position, and the data that makes
-# token sequences for them (sweeper/gpt.py, sweeper/text.py).
+# token sequences for them (sweeper/workloads/gpt.py, sweeper/workloads/text.py).
 LANGUAGE_MODELS = ("gpt", "hf")
 
 
@@ -47,13 +47,13 @@ class ModelConfig:
     # The shape of one sample the model consumes; the dataset is resized to it. One float32 sample
     # may take at most 1 GiB (MAX_SAMPLE_BYTES). model=gpt: [context], set from model.context.
     input_shape: List[int] = field(default_factory=lambda: [3, 32, 32])
-    # model=gpt (sweeper/gpt.py): a decoder-only transformer trained on sequences of `context` tokens;
+    # model=gpt (sweeper/workloads/gpt.py): a decoder-only transformer trained on sequences of `context` tokens;
     # its vocabulary is the data's (256 bytes for data=text, data.vocab_size for data=tokens).
     n_layer: int = 4
     n_head: int = 4
     d_model: int = 128
     context: int = 64
-    # model=hf (sweeper/hf.py, the optional extra `.[hf]`): a Hugging Face transformers causal LM of this
+    # model=hf (sweeper/workloads/hf.py, the optional extra `.[hf]`): a Hugging Face transformers causal LM of this
     # model type (gpt2, llama, ...) built from its config with random weights, `kwargs` its config's
     # overrides; its vocabulary is the data's, its position table `context`.
     hf_type: str = "gpt2"
@@ -112,7 +112,7 @@ def check_data(data: DataConfig, local_cpus: Optional[int]) -> List[str]:
     problems: List[str] = []
     check_rule(problems, "data.val_fraction", data.val_fraction, lambda f: 0 < f < 1, "must be between 0 and 1")
     check_rule(problems, "data.num_samples", data.num_samples, is_positive, "must be positive")
-    if not is_token_data(data):  # token data: its vocabulary (sweeper.text)
+    if not is_token_data(data):  # token data: its vocabulary (sweeper.workloads.text)
         check_rule(problems, "data.num_classes", data.num_classes, lambda n: n >= 2, "must be at least 2")
     # Each DataLoader worker is a process with its own copy of the dataset object, per training
     # worker; torch warns past one per CPU. Four per CPU leaves room for loaders that wait on disk or
@@ -151,7 +151,7 @@ def _check_language_model(model: ModelConfig) -> List[str]:
     check_rule(problems, "model.context", model.context, lambda n: n >= 2,
            "must be at least 2 (a sequence of one token has no next token to predict within it), e.g. 64")
     if model.name != "gpt":
-        return problems  # model=hf: its config's own rules (sweeper.hf.check)
+        return problems  # model=hf: its config's own rules (sweeper.workloads.hf.check)
     for key in ("n_layer", "n_head", "d_model"):
         check_rule(problems, f"model.{key}", getattr(model, key), is_positive, "must be positive")
     if not problems and model.d_model % model.n_head:

@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import replace
 from typing import Any, Dict, List, Optional, Tuple
 
-from sweeper import models, tracking
+from sweeper import tracking
 from sweeper.cluster import runs
 from sweeper.config import ModelConfig, SweeperConfig, budget_bytes, tracking_uri, validate
 from sweeper.driver import console
@@ -26,6 +26,7 @@ from sweeper.plan import GridPoint
 from sweeper.report import build as report_build
 from sweeper.report import plots
 from sweeper.schema import InferenceResult, SweepSummary
+from sweeper.workloads import models
 
 Rows = List[Tuple[str, InferenceResult]]
 
@@ -208,7 +209,7 @@ def _count_flops(model: ModelConfig, num_classes: int, context: Optional[int] = 
     """FLOPs per sample of one forward; a decoder's per token of a decode step at `context` (its closed
     form, 2N + 4 L d T: the worker counts the step itself and records both)."""
     if context is not None:
-        from sweeper import gpt
+        from sweeper.workloads import gpt
 
         per_token = gpt.decode_flops_per_token(num_classes, context, model.n_layer, model.d_model)
         return flops.FlopCount(forward_per_sample=per_token, train_per_sample=3 * per_token)

@@ -10,8 +10,7 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Tuple
 
-from sweeper import data as data_mod
-from sweeper import models, plan, recipe, tracking
+from sweeper import plan, recipe, tracking
 from sweeper.cluster import storage
 from sweeper.cluster.connect import Cluster
 from sweeper.cluster.resources import capacity_problems
@@ -22,6 +21,7 @@ from sweeper.errors import ConfigError, first_line
 from sweeper.measure import estimate, flops
 from sweeper.plan import GridPoint
 from sweeper.worker.spec import PointSpec, Span
+from sweeper.workloads import datasets, models
 
 NEEDS_BUDGET = AUTO_NEEDS_BUDGET
 
@@ -56,7 +56,7 @@ class Prepared:
 def preflight(cfg: SweeperConfig) -> Tuple[Prepared, Dict[GridPoint, PointSpec]]:
     """Every check that needs no cluster, all problems collected into one ConfigError."""
     problems = validate(cfg) + models.check(cfg.model, cfg.data.num_classes)
-    problems += data_mod.check(cfg.data, cfg.model.context)
+    problems += datasets.check(cfg.data, cfg.model.context)
     problems += tracking.check(tracking_uri(cfg.tracking))
     problems += [p for p in [storage.check(cfg.cluster.storage_path)] if p]
     if not problems:
@@ -78,13 +78,13 @@ def preflight(cfg: SweeperConfig) -> Tuple[Prepared, Dict[GridPoint, PointSpec]]
         problems += grid_problems(cfg, points)
     if problems:
         raise ConfigError(problems)
-    splits = data_mod.load(cfg.data, cfg.model.input_shape)
+    splits = datasets.load(cfg.data, cfg.model.input_shape)
     counts = count_flops(cfg, splits.num_classes) if cfg.measure.flops else {}
     prepared = Prepared(points, len(splits.train), splits.num_classes, counts, coupled_layers(cfg),
                         len(splits.val) if splits.val is not None else 0, splits.identity)
     for context in cfg.sweep.context_lengths or []:
         at = at_context(cfg, context)
-        train = len(data_mod.load(cfg.data, at.model.input_shape).train)
+        train = len(datasets.load(cfg.data, at.model.input_shape).train)
         prepared.contexts[context] = (train, count_flops(at, splits.num_classes) if cfg.measure.flops else {})
     return prepared, (build_specs(cfg, prepared, points) if points else {})
 

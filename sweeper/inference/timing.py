@@ -14,10 +14,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from sweeper import errors, models
+from sweeper import errors
 from sweeper.config import ModelConfig
 from sweeper.measure import flops, telemetry
 from sweeper.schema import InferenceResult
+from sweeper.workloads import models
 
 ROLE = "inference"
 

@@ -11,7 +11,7 @@ import gc
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from sweeper import data as data_mod, models
+from sweeper.workloads import datasets, models
 from sweeper import errors
 from sweeper.measure import flops as flops_mod
 from sweeper.measure import telemetry
@@ -54,7 +54,7 @@ def run_points(
     # The data packed at each context the group trains (one for a sweep without sweep.context_lengths).
     loaded = {tuple(s.model.input_shape): None for s in specs}
     for shape in loaded:
-        loaded[shape] = data_mod.load(first.data, list(shape))
+        loaded[shape] = datasets.load(first.data, list(shape))
     facts = group_facts(specs, device, ctx, threads)
     subgroups = comm.subgroups(sorted({s.point.num_workers for s in specs}), ctx, status_timeout)
     nodes = comm.gather_objects(ctx.node, ctx) if ctx.node else []
@@ -164,7 +164,7 @@ def run_point(
     spec: PointSpec,
     ctx: WorkerContext,
     device: Optional[telemetry.Device] = None,
-    splits: Optional[data_mod.Splits] = None,
+    splits: Optional[datasets.Splits] = None,
     facts: Optional[GroupFacts] = None,
     deadline: Optional[Deadline] = None,
 ) -> PointResult:

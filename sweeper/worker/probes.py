@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable, Optional, Union
 
-from sweeper import data as data_mod
 from sweeper.measure import frontier as frontier_mod
 from sweeper.measure import telemetry
 from sweeper.plan import GridPoint
@@ -17,6 +16,7 @@ from sweeper.schema import FrontierResult, PointResult, SearchFound
 from sweeper.worker import collectives as comm
 from sweeper.worker.points import STATUS_TIMEOUT, freeze_long_lived_objects, run_point
 from sweeper.worker.spec import FrontierSpec, WorkerContext
+from sweeper.workloads import datasets
 
 
 def run_frontier(
@@ -32,7 +32,7 @@ def run_frontier(
     probes: their results agree, so their searches do too."""
     template = fspec.template
     device = telemetry.select(template.use_gpu, ctx.local_rank)
-    splits = data_mod.load(template.data, template.model.input_shape)
+    splits = datasets.load(template.data, template.model.input_shape)
     member = replace(ctx, status_group=comm.status_group(ctx, STATUS_TIMEOUT))
     freeze_long_lived_objects()
     # No budget given: a GPU's whole memory (a CPU sweep is refused one before it starts).

@@ -17,11 +17,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-from sweeper import data as data_mod
-from sweeper import models, recipe
+from sweeper import recipe
 from sweeper.measure import telemetry
+from sweeper.sampler import GlobalBatchSampler
 from sweeper.worker.gns import MicroGradients, total_norm
 from sweeper.worker.spec import PointSpec, WorkerContext
+from sweeper.workloads import datasets, models
 
 # No batch of these datasets takes a healthy loader worker anywhere near this long.
 LOADER_TIMEOUT_SECONDS = 300
@@ -46,7 +47,7 @@ class Training:
     spec: PointSpec
     ctx: WorkerContext
     device: telemetry.Device
-    splits: data_mod.Splits
+    splits: datasets.Splits
     model: nn.Module
     optimizer: torch.optim.Optimizer
     batches: Iterator[Any]
@@ -182,7 +183,7 @@ class Warmup:
             group["lr"] = base * factor
 
 
-def setup(spec: PointSpec, ctx: WorkerContext, device: telemetry.Device, splits: data_mod.Splits,
+def setup(spec: PointSpec, ctx: WorkerContext, device: telemetry.Device, splits: datasets.Splits,
           start=None) -> Training:
     """A fresh model (seeded: the same initial weights on every layout), its optimizer and its batches;
     with spec.start_from (or `start`, a Snapshot in memory: a batch schedule's previous span), the
@@ -210,7 +211,7 @@ def setup(spec: PointSpec, ctx: WorkerContext, device: telemetry.Device, splits:
         # the first, untimed step.
         model.compile()
     start_samples = start.position.samples_seen if start is not None else 0
-    sampler = data_mod.GlobalBatchSampler(len(splits.train), point, ctx.rank, spec.steps, spec.seed, start_samples)
+    sampler = GlobalBatchSampler(len(splits.train), point, ctx.rank, spec.steps, spec.seed, start_samples)
     loader = DataLoader(
         splits.train,
         batch_size=point.micro_batch_size,

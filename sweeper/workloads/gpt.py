@@ -1,6 +1,6 @@
 """sweeper's own decoder-only transformer (nanoGPT's shape): token and position embeddings, pre-norm
 blocks of causal self-attention (torch's scaled_dot_product_attention) and a 4x MLP, a final
-LayerNorm and an output head tied to the token embedding. Knows torch only.
+LayerNorm and an output head tied to the token embedding. Knows torch (and its config section) only.
 
 LayerNorm works on each position alone, so nothing couples the sequences of a micro-batch: layouts
 of one global batch train the same model (sweep.strategy=smart treats it as batch-free).
@@ -14,6 +14,8 @@ from typing import List, Optional
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from sweeper.config import ModelConfig
 
 
 class KVCache:
@@ -154,3 +156,12 @@ def train_flops_per_token(vocab_size: int, context: int, n_layer: int, d_model: 
     weights' forward and backward, plus attention's 12 L d T (scores and weighted values, forward and
     backward, counted over the whole T x T square as torch's FLOP counter counts a causal SDPA)."""
     return 6 * matmul_parameters(vocab_size, n_layer, d_model) + 12 * n_layer * d_model * context
+
+
+def from_config(cfg: ModelConfig, num_classes: int) -> GPT:
+    """model=gpt: its vocabulary is the data's (`num_classes`), its context model.context."""
+    return GPT(num_classes, cfg.context, cfg.n_layer, cfg.n_head, cfg.d_model)
+
+
+def check_config(cfg: ModelConfig, num_classes: int) -> List[str]:
+    return []  # its fields' rules are config checks (config/workload.py check_model)

@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Tuple
 
 from torch import nn
 
+from sweeper.config import ModelConfig
 from sweeper.errors import first_line
 
 INSTALL = 'pip install -e ".[hf]" (transformers 5)'
@@ -110,3 +111,12 @@ def _known_types() -> Tuple[str, ...]:
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
     return tuple(CONFIG_MAPPING_NAMES)
+
+
+def from_config(cfg: ModelConfig, num_classes: int) -> HFCausalLM:
+    """model=hf: model.hf_type with model.kwargs as its config's overrides, the data's vocabulary."""
+    return build(cfg.hf_type, dict(cfg.kwargs), num_classes, cfg.context)
+
+
+def check_config(cfg: ModelConfig, num_classes: int) -> List[str]:
+    return check(cfg.hf_type, dict(cfg.kwargs), num_classes, cfg.context)

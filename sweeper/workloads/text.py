@@ -14,11 +14,14 @@ import hashlib
 import os
 import sysconfig
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
+
+from sweeper.config import BYTE_VOCAB, TOKEN_DATA, DataConfig
+from sweeper.workloads.splits import Splits
 
 TOKEN_FILES = ("train.bin", "val.bin")
 TOKEN_DTYPE = np.uint16  # nanoGPT's prepare.py writes GPT-2 BPE ids as uint16
@@ -147,3 +150,42 @@ def check_text(val_fraction: float, context: int) -> List[str]:
                 f"files in {corpus.root}), fewer than one sequence of model.context={context} plus its "
                 "next byte: use a smaller model.context or change data.val_fraction")
     return problems
+
+
+NAMES = TOKEN_DATA
+
+
+def check(cfg: DataConfig, context: int = 0) -> List[str]:
+    """Problems that would stop `load`: found without loading anything. `context`: the language model's
+    sequence length, which the data must hold at least one sequence of."""
+    if cfg.name == "tokens":
+        return check_tokens(cfg.path, cfg.vocab_size, context)
+    return check_text(cfg.val_fraction, context)
+
+
+def source(cfg: DataConfig) -> str:
+    """Where the data comes from, as MLflow's dataset input names it."""
+    if cfg.name == "text":
+        return "the Python standard library's source files (sweeper.text)"  # recorded as before the move
+    return f"nanoGPT token files ({os.path.abspath(cfg.path) if cfg.path else 'data.path'})"
+
+
+def load(cfg: DataConfig, input_shape: Sequence[int]) -> Splits:
+    context = int(input_shape[0])
+    return _text(cfg, context) if cfg.name == "text" else _tokens(cfg, context)
+
+
+def _text(cfg: DataConfig, context: int) -> Splits:
+    corpus = stdlib_corpus(cfg.val_fraction)
+    train = corpus.read(corpus.train_files)
+    return Splits(PackedSequences(train, context), PackedSequences(corpus.read(corpus.val_files), context),
+                  num_classes=BYTE_VOCAB, byte_level=True,
+                  unigram_entropy_bits=unigram_entropy_bits(train, BYTE_VOCAB),
+                  identity=f"sha256:{corpus.digest}")
+
+
+def _tokens(cfg: DataConfig, context: int) -> Splits:
+    train, val = (token_file(os.path.abspath(cfg.path), name) for name in TOKEN_FILES)
+    return Splits(PackedSequences(train, context), PackedSequences(val, context),
+                  num_classes=int(cfg.vocab_size),
+                  unigram_entropy_bits=unigram_entropy_bits(train, cfg.vocab_size))
