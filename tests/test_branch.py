@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from sweeper import branch as rule
+from sweeper.strategies import branch as rule
 from tests.conftest import interrupt_once_recorded, recorded, run_cli
 
 BASE, WINDOW = 16, 512
@@ -132,7 +132,7 @@ def test_a_reading_whose_trunk_barely_fell_is_weak_one_bounded_by_a_failure_is_n
 
 
 def test_the_answer_says_when_the_last_reading_cannot_tell_the_batches_apart(cfg_of):
-    from sweeper.driver.branch import decide
+    from sweeper.strategies.branch_driver import decide
     from sweeper.plan import GridPoint
     from sweeper.schema import PointResult
 
@@ -201,7 +201,7 @@ def test_a_schedule_reaches_only_what_more_accumulation_reaches_and_is_timed_by_
 
 
 def test_the_answer_schedules_on_the_trunks_layout_and_times_it_there_not_at_each_batchs_fastest(cfg_of):
-    from sweeper.driver.branch import decide
+    from sweeper.strategies.branch_driver import decide
     from sweeper.plan import GridPoint
     from sweeper.schema import PointResult
 
@@ -245,7 +245,7 @@ def test_the_answers_folder_goes_once_recorded_and_stays_while_its_write_waits_i
     import tempfile
     from types import SimpleNamespace
 
-    from sweeper.driver.branch import Answer, log_answer
+    from sweeper.strategies.branch_driver import Answer, log_answer
     from sweeper.tracking import Tracker
     from tests.conftest import mlflow_store
 

@@ -5,11 +5,12 @@ contexts, and the bad inputs refused before Ray."""
 import pytest
 from hydra import compose, initialize_config_module
 
-from sweeper import plan, smart
+from sweeper import plan
 from sweeper.config import register, to_typed
 from sweeper.driver.preflight import preflight
 from sweeper.plan import GridPoint
 from sweeper.report.trials import Trial
+from sweeper.strategies import smart
 from sweeper.worker.points import implied_oom
 from sweeper.workloads import gpt
 from tests.test_gpt import _problems as problems_of

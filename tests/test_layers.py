@@ -28,14 +28,14 @@ LOWER_NEVER = ("sweeper.driver", "sweeper.report", "sweeper.cluster", "sweeper.t
 # The Ray layer serves the driver; it never reaches up to it or to the report (a wait it must say is a
 # callable the driver hands it).
 CLUSTER = "sweeper.cluster"
-CLUSTER_NEVER = ("sweeper.driver", "sweeper.report")
+CLUSTER_NEVER = ("sweeper.driver", "sweeper.report", "sweeper.strategies")
 # Pure arithmetic, tested without processes: neither they nor anything they import at module level
 # loads torch or Ray.
 PURE = (
     "sweeper.plan", "sweeper.schema", "sweeper.errors", "sweeper.units", "sweeper.journal", "sweeper.stats",
     "sweeper.config", "sweeper.config.report", "sweeper.measure.timing", "sweeper.measure.frontier", "sweeper.measure.knee",
     "sweeper.inference.roofline", "sweeper.inference.batching_sim", "sweeper.inference.decode_sim",
-    "sweeper.cluster.resources", "sweeper.cluster.records", "sweeper.smart", "sweeper.branch", "sweeper.report.analysis",
+    "sweeper.cluster.resources", "sweeper.cluster.records", "sweeper.strategies", "sweeper.strategies.smart", "sweeper.strategies.branch", "sweeper.report.analysis",
     "sweeper.report.critical_batch", "sweeper.report.snippets", "sweeper.report.points",
 )
 HEAVY = ("torch", "ray")

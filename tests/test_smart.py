@@ -13,14 +13,14 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from sweeper import smart
 from sweeper.config import DataConfig, ModelConfig, TrainConfig
-from sweeper.driver import smart as driver
 from sweeper.plan import GridPoint, replicate
 from sweeper.report import sections
 from sweeper.workloads import models
 from tests.conftest import interrupt_once_recorded, recorded, run_cli
 from sweeper.schema import PointResult
+from sweeper.strategies import smart
+from sweeper.strategies import smart_driver as driver
 from sweeper.worker.spec import PointSpec
 
 # The demo's layouts (conf/experiment/resnet_batch.yaml): micro-batch [16,64] x accumulation [1,2] x workers [1,2].

@@ -73,7 +73,7 @@ def preflight(cfg: SweeperConfig) -> Tuple[Prepared, Dict[GridPoint, PointSpec]]
         problems += local_capacity(cfg)
     points = [] if auto or problems else grid(cfg, problems)
     if points and cfg.sweep.strategy == "branch":
-        from sweeper.driver.branch import grid_problems
+        from sweeper.strategies.branch_driver import grid_problems
 
         problems += grid_problems(cfg, points)
     if problems:

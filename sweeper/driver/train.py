@@ -17,9 +17,7 @@ from sweeper.cluster import runs, storage
 from sweeper.cluster.resources import Resources, concurrent_trials
 from sweeper.cluster.resources import in_trial as resources_in_trial
 from sweeper.config import SweeperConfig, tracking_uri
-from sweeper.driver import branch as branch_driver
 from sweeper.driver import console, resume
-from sweeper.driver import smart as smart_driver
 from sweeper.driver.frontier import search_frontiers
 from sweeper.driver.preflight import NEEDS_BUDGET, Prepared, build_specs, preflight
 from sweeper.driver.skeleton import Phases, Session, session
@@ -28,6 +26,7 @@ from sweeper.measure import frontier
 from sweeper.plan import GridPoint, worker_groups
 from sweeper.report import build as report_build
 from sweeper.schema import PointResult, SweepSummary
+from sweeper.strategies import branch_driver, smart_driver
 from sweeper.worker.spec import PointSpec
 from sweeper.workloads import datasets, models
 

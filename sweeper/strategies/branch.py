@@ -3,7 +3,7 @@ local critical batch size from a trunk's and its branches' losses on the same sa
 schedule it implies, and the wall time that schedule and the best constant layout are predicted to take.
 
 Pure functions on plain values (standard library), tested on fixed loss curves. The driver runs what they
-decide (sweeper/driver/branch.py); docs/strategy.md tells the whole story.
+decide (sweeper/strategies/branch_driver.py); docs/strategy.md tells the whole story.
 
 The measurement (Merrill et al. 2025, arXiv:2505.23971): from a checkpoint of a trunk trained at global
 batch B, branch to a larger global batch G with the LR scaled by the run's rule, for a short window of

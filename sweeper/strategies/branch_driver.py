@@ -3,7 +3,7 @@ one trunk at the base global batch over the whole budget, saving its training st
 the way; from each checkpoint, one branch per larger global batch of the grid, on that global batch's
 fastest measured layout, for branch.window samples. Every run is an MLflow child run (sweeper.role trunk |
 branch, its provenance in tags); the critical batch size at each checkpoint, the schedule it implies and the
-best constant layout go on the parent run, the report and the console. The arithmetic is sweeper/branch.py's.
+best constant layout go on the parent run, the report and the console. The arithmetic is strategies/branch.py's.
 
 Two rounds after the throughput runs, each one Ray Tune run of worker groups: the trunks, then every branch.
 A resumed sweep reads back every run it holds (smart's measure_runs) and runs only what is missing: a
@@ -18,14 +18,14 @@ import statistics
 from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from sweeper import branch as rule, plan, smart
+from sweeper import plan
 from sweeper.cluster import storage
 from sweeper.config import SweeperConfig
 from sweeper.driver import console
-from sweeper.driver import smart as smart_driver
 from sweeper.driver.skeleton import Session
 from sweeper.plan import GridPoint
 from sweeper.schema import PointResult
+from sweeper.strategies import branch, smart, smart_driver
 from sweeper.worker.spec import PointSpec
 
 Record = Callable[[GridPoint, PointResult], None]
@@ -41,7 +41,7 @@ class Answer:
     base: int
     budget: int
     window: int
-    locals: List[rule.Local]
+    locals: List[branch.Local]
     schedule: List[Tuple[int, int]]
     schedule_layouts: List[str]
     schedule_seconds: Optional[float]
@@ -67,8 +67,8 @@ class Answer:
                              "differences": {str(g): d for g, d in c.differences.items()},
                              "tolerances": {str(g): t for g, t in c.tolerances.items()},
                              "trunk_fall": c.progress, "weak": c.weak}
-                            for c, fitted in zip(self.locals, rule.monotone(self.locals))],
-            "critical_batch_size_flat": rule.flat(self.locals, self.base),
+                            for c, fitted in zip(self.locals, branch.monotone(self.locals))],
+            "critical_batch_size_flat": branch.flat(self.locals, self.base),
             "schedule": [[s, g] for s, g in self.schedule], "schedule_layouts": self.schedule_layouts,
             "schedule_timed_as": self.schedule_timed_as,
             "schedule_predicted_seconds": self.schedule_seconds, "constant": self.constant,
@@ -165,14 +165,14 @@ def measure(cfg: SweeperConfig, s: Session, name: str, points: List[GridPoint], 
     trunk_layout = fastest[base]
     trunk_spec = specs[next(p for p in points if smart.layout(p) == trunk_layout)]
     budget = trunk_spec.steps * base
-    window = rule.window_samples(cfg.branch.window, budget, [base, *larger])
-    marks = rule.positions(cfg.branch.at, budget, base, window)
-    unjudged = [g for g in larger if g not in rule.judged(larger, window)]
+    window = branch.window_samples(cfg.branch.window, budget, [base, *larger])
+    marks = branch.positions(cfg.branch.at, budget, base, window)
+    unjudged = [g for g in larger if g not in branch.judged(larger, window)]
     if unjudged:
         console.warn(f"branch: global batch(es) {', '.join(map(str, unjudged))} not branched to: a window of {window} "
-                     f"samples gives them fewer than {rule.MIN_TAIL_STEPS} steps in its compared second half (a "
+                     f"samples gives them fewer than {branch.MIN_TAIL_STEPS} steps in its compared second half (a "
                      f"step's loss is measured before its update); branch.window="
-                     f"{2 * rule.MIN_TAIL_STEPS * max(unjudged)} or more would judge them")
+                     f"{2 * branch.MIN_TAIL_STEPS * max(unjudged)} or more would judge them")
         larger = [g for g in larger if g not in unjudged]
     if not larger or not marks:
         why = ("no layout of a larger global batch got through its throughput run" if not larger and not unjudged
@@ -288,13 +288,13 @@ def decide(cfg: SweeperConfig, base: int, budget: int, window: int, marks: List[
            trunks: Dict[object, Optional[PointResult]], branches: Dict[Tuple[object, int, int], PointResult],
            fastest: Dict[int, GridPoint], ok: Dict[GridPoint, PointResult], larger: List[int]) -> Optional[Answer]:
     """The local critical batch size at every checkpoint the trunks passed ok, the schedule and the best
-    constant layout, with their predicted wall times (sweeper/branch.py)."""
+    constant layout, with their predicted wall times (sweeper/strategies/branch.py)."""
     whole = {seed: t for seed, t in trunks.items() if t is not None and t.status == "ok" and t.train_loss}
     if not whole:
         console.warn("branch: no trunk trained its whole budget ok; no critical batch size to give")
         return None
     z = statistics.NormalDist().inv_cdf(0.5 + cfg.branch.confidence / 2)
-    locals_: List[rule.Local] = []
+    locals_: List[branch.Local] = []
     for k, mark in enumerate(marks, 1):
         by_seed = []
         for seed, trunk in whole.items():
@@ -303,25 +303,25 @@ def decide(cfg: SweeperConfig, base: int, budget: int, window: int, marks: List[
             for g in larger:
                 b = branches.get((seed, k, g))
                 losses = list(b.train_loss or []) if b is not None and b.status == "ok" else []
-                compared[g] = rule.compare(after, base, losses, g, window)
+                compared[g] = branch.compare(after, base, losses, g, window)
             by_seed.append(compared)
-        locals_.append(rule.local_critical(mark, base, by_seed, z, cfg.branch.tolerance))
+        locals_.append(branch.local_critical(mark, base, by_seed, z, cfg.branch.tolerance))
     rates = {g: ok[fastest[g]].throughput.samples_per_second for g in fastest}
     # The schedule runs as train.batch_schedule does: the trunk's micro-batch and workers, more accumulation.
     first = fastest[base]
     measured = {p.accumulation_steps: r.throughput.samples_per_second for p, r in ok.items()
                 if replace(p, accumulation_steps=1) == replace(first, accumulation_steps=1)}
-    reach = rule.span_accumulations(first.micro_batch_size * first.num_workers, base, measured, sorted(fastest))
-    spans = rule.schedule(locals_, base, sorted(reach))
-    schedule_seconds, _ = rule.predicted_seconds(spans, budget, locals_, base,
+    reach = branch.span_accumulations(first.micro_batch_size * first.num_workers, base, measured, sorted(fastest))
+    spans = branch.schedule(locals_, base, sorted(reach))
+    schedule_seconds, _ = branch.predicted_seconds(spans, budget, locals_, base,
                                                  {g: measured[timed] for g, (_, timed) in reach.items()})
     schedule_layouts = [replace(first, accumulation_steps=reach[g][0]).key for _, g in spans]
     timed_as = [replace(first, accumulation_steps=reach[g][1]).key for _, g in spans]
-    flat = rule.flat(locals_, base)
+    flat = branch.flat(locals_, base)
     # the fastest layout whose global batch stays at or below the critical batch size where it flattens
     constant_batch = max((g for g in fastest if g <= flat), key=lambda g: rates[g])
     constant_spans = [(0, constant_batch)]
-    constant_seconds, _ = rule.predicted_seconds(constant_spans, budget, locals_, base, rates)
+    constant_seconds, _ = branch.predicted_seconds(constant_spans, budget, locals_, base, rates)
     better = len(spans) > 1 and schedule_seconds < constant_seconds
     unreachable = [g for g in fastest if base < g <= flat and g not in reach]
     if len(spans) == 1 and unreachable:
@@ -391,7 +391,7 @@ def log_answer(s: Session, answer: Answer, name: str) -> None:
     upper = [(c.samples, float(c.high)) for c in answer.locals if c.high is not None]
     if upper:
         curves["critical_batch_size_branched_upper"] = upper
-    metrics = {"critical_batch_size_flat": rule.flat(answer.locals, answer.base)}
+    metrics = {"critical_batch_size_flat": branch.flat(answer.locals, answer.base)}
     if answer.schedule_seconds is not None:
         metrics["schedule_predicted_seconds"] = answer.schedule_seconds
     if answer.constant_seconds is not None:

@@ -2,7 +2,7 @@
 classes), each class's representative, the rungs of successive halving, and which classes a rung stops.
 
 Pure functions on plain values (standard library; scipy's t quantile), tested without processes. The
-driver runs what they decide (sweeper/driver/smart.py); docs/strategy.md tells the whole story.
+driver runs what they decide (sweeper/strategies/smart_driver.py); docs/strategy.md tells the whole story.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from sweeper import smart
+from sweeper.strategies import smart
 from sweeper.cluster import runs, storage
 from sweeper.cluster.resources import concurrent_trials
 from sweeper.config import SweeperConfig
@@ -30,7 +30,7 @@ from sweeper.driver import console
 from sweeper.driver.skeleton import Session
 from sweeper.plan import GridPoint, worker_groups
 from sweeper.schema import PointResult
-from sweeper.smart import AccuracyClass
+from sweeper.strategies.smart import AccuracyClass
 from sweeper.worker.spec import PointSpec
 
 # The sections a point takes from its layout's throughput run, and those from its class representative.
