@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List
 
 from sweeper.cluster.connect import Cluster
 from sweeper.cluster.records import Sink

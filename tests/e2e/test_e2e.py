@@ -14,7 +14,7 @@ from mlflow.tracking import MlflowClient
 
 from sweeper.config import ModelConfig
 from sweeper.workloads import models
-from tests.conftest import run_cli
+from tests.harness import run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -35,6 +35,7 @@ def _runs(tmp_path, experiment="sweeper"):
 
 # On the session's Ray (a local Ray's own start-up, its token in .sweeper/ray and nothing in $HOME, is
 # test_ui's dashboard test, whose sweep starts one).
+@pytest.mark.solo
 def test_equal_global_batch_layouts_give_one_loss_curve_through_the_cli(tmp_path):
     result = run_cli(
         *TINY_MLP, "data=digits", *TRAIN,

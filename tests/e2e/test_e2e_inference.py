@@ -3,7 +3,7 @@
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import run_cli
+from tests.harness import run_cli
 
 pytestmark = pytest.mark.e2e
 

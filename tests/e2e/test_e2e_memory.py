@@ -9,7 +9,7 @@ from mlflow.tracking import MlflowClient
 from sweeper.config import ModelConfig
 from sweeper.measure import memory
 from sweeper.workloads import models
-from tests.conftest import run_cli
+from tests.harness import run_cli
 
 pytestmark = pytest.mark.e2e
 

@@ -9,14 +9,14 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 import psutil
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import SESSION_RAY, joined_process, recorded, run_cli, seed_default_store
+from tests.harness import SESSION_RAY, joined_process, recorded, run_cli, seed_default_store
+from tests.helpers import REPO
 
 # Tests of a Ray the sweep started itself start their own (marked own_ray): a two-node cluster, signals
 # to a driver that must also stop its Ray (SIGTERM, a second Ctrl-C, the frontier and inference
@@ -25,12 +25,11 @@ from tests.conftest import SESSION_RAY, joined_process, recorded, run_cli, seed_
 # refusal), as a user resuming on their cluster does.
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parents[1]
 # Ray's workers import the slow test model from this repository.
 ENV = {"PYTHONPATH": str(REPO)}
 # A model whose forward takes 20 ms per micro-batch, so a point lasts a few seconds: long enough to
 # be interrupted in the middle.
-SLEEPY = ["model=custom", "model._target_=tests.test_training.Sleepy", "model.input_shape=[1,8,8]"]
+SLEEPY = ["model=custom", "model._target_=tests.unit.test_training.Sleepy", "model.input_shape=[1,8,8]"]
 TINY_MLP = ["model=mlp", "model.depth=2", "model.width=64", "model.input_shape=[1,8,8]"]
 COMMON = ["optim=sgd", "data=digits", "train.epochs=1", "measure.flops=false", "cluster.include_dashboard=false"]
 THREE_POINTS = ["sweep.micro_batch_sizes=[8,16,32]", "sweep.accumulation_steps=[1]", "sweep.num_workers=[1]"]
@@ -331,7 +330,7 @@ class Stalls(torch.nn.Module):
 
 def test_a_rank_that_stalls_forever_fails_its_point_at_the_deadline_and_the_others_are_measured(tmp_path):
     result = run_cli(
-        "model=custom", "model._target_=tests.test_faults.Stalls", "model.input_shape=[1,8,8]", *COMMON,
+        "model=custom", "model._target_=tests.e2e.test_faults.Stalls", "model.input_shape=[1,8,8]", *COMMON,
         *THREE_POINTS, "measure.memory_breakdown=false", "cluster.point_timeout_seconds=10",
         cwd=tmp_path, env=ENV, timeout=600,
     )
@@ -375,7 +374,7 @@ def _stop(server):
 
 
 def test_a_tracking_server_that_goes_away_mid_sweep_loses_nothing(tmp_path):
-    from tests.conftest import free_port
+    from tests.harness import free_port
 
     port = free_port()
     uri = f"http://127.0.0.1:{port}"

@@ -6,7 +6,6 @@ by the one-sided exact binomial test, sweeper.stats.above_chance.
 
 import re
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,9 +18,9 @@ from sweeper.stats import above_chance
 from sweeper.worker.spec import PointSpec, WorkerContext
 from sweeper.worker.train import train_point
 from sweeper.workloads import datasets as data_mod
-from tests.conftest import compose_cfg, run_cli
+from tests.harness import compose_cfg, run_cli
+from tests.helpers import EXPERIMENTS
 
-EXPERIMENTS = sorted(p.stem for p in (Path(__file__).parents[1] / "conf" / "experiment").glob("*.yaml"))
 # The inference experiments (task: inference, e.g. inference_batch, mlp_knee) time forward passes on
 # random inputs: they train nothing, so there is no recipe to learn.
 TRAINING = [name for name in EXPERIMENTS if config.load(compose_cfg(f"+experiment={name}")).task == "train"]

@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from tests.conftest import free_port, run_cli
+from tests.harness import free_port, run_cli
 
 pytestmark = pytest.mark.e2e
 

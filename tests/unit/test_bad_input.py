@@ -21,10 +21,10 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from tests.conftest import run_cli
+from tests.harness import run_cli
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parents[1]
-HERE = "tests.test_bad_input"
+HERE = "tests.unit.test_bad_input"
 NO_DASHBOARD = "cluster.include_dashboard=false"
 
 

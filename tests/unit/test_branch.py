@@ -13,7 +13,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from sweeper.strategies import branch as rule
-from tests.conftest import interrupt_once_recorded, recorded, run_cli
+from tests.harness import interrupt_once_recorded, recorded, run_cli
+from tests.helpers import REPO
 
 BASE, WINDOW = 16, 512
 
@@ -247,7 +248,7 @@ def test_the_answers_folder_goes_once_recorded_and_stays_while_its_write_waits_i
 
     from sweeper.strategies.branch_driver import Answer, log_answer
     from sweeper.tracking import Tracker
-    from tests.conftest import mlflow_store
+    from tests.harness import mlflow_store
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     answer = Answer(16, 1024, 128, [local(256, 32, 64)], [(0, 16)], ["mb16-acc1-w1"], 4.0, "mb32-acc1-w1", 32,
@@ -273,7 +274,6 @@ def test_the_answers_folder_goes_once_recorded_and_stays_while_its_write_waits_i
 # ---------------------------------------------------------------------------------------------------
 # Through the CLI: a branch sweep interrupted mid-branch, resumed, recorded once, answered
 
-REPO = Path(__file__).resolve().parents[1]
 BRANCH = [
     "optim=adamw", "optim.lr=0.003", "model=mlp", "model.depth=2", "model.width=32", "model.input_shape=[1,8,8]",
     "data=digits", "sweep.micro_batch_sizes=[16,32]", "sweep.accumulation_steps=[1,2]", "sweep.num_workers=[1]",

@@ -3,14 +3,14 @@
 import os
 import socket
 from dataclasses import fields, is_dataclass
-from pathlib import Path
 
 import pytest
 
 from sweeper import config
 from sweeper.config import SweeperConfig
 from sweeper.errors import ConfigError
-from tests.conftest import compose_cfg, run_cli
+from tests.harness import compose_cfg, run_cli
+from tests.helpers import EXPERIMENTS
 
 
 def test_demo_experiment_composes_to_typed_config(cfg_of):
@@ -103,7 +103,7 @@ BAD_INPUTS = [
 def bad_input_outcomes(tmp_path_factory):
     """Every BAD_INPUTS case through the CLI's own `main()` in one subprocess (test_bad_input's runner),
     each in a folder of its own: Python, torch and the driver's imports paid once, not ~7 s per case."""
-    from tests.test_bad_input import run_cases
+    from tests.unit.test_bad_input import run_cases
 
     return run_cases([overrides for overrides, _ in BAD_INPUTS], tmp_path_factory.mktemp("config_bad_input"))
 
@@ -165,7 +165,6 @@ def test_own_experiment_files_with_config_dir(tmp_path):
     assert "width: 4096" in result.stdout
 
 
-EXPERIMENTS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "experiment").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)

@@ -13,7 +13,7 @@ from sweeper.report.trials import Trial
 from sweeper.strategies import smart
 from sweeper.worker.points import implied_oom
 from sweeper.workloads import gpt
-from tests.test_gpt import _problems as problems_of
+from tests.helpers import problems as problems_of
 
 TINY = ["model=gpt", "data=text", "model.n_layer=1", "model.n_head=2", "model.d_model=32", "model.context=64",
         "train.samples=512", "sweep.micro_batch_sizes=[8]", "sweep.accumulation_steps=[1]", "sweep.num_workers=[1]"]

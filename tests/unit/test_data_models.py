@@ -96,7 +96,7 @@ def make_tiny_model(num_classes, hidden=8):
 
 
 def test_custom_model_factory_gets_kwargs_and_num_classes():
-    cfg = ModelConfig(name="custom", _target_="tests.test_data_models.make_tiny_model", kwargs={"hidden": 5})
+    cfg = ModelConfig(name="custom", _target_="tests.unit.test_data_models.make_tiny_model", kwargs={"hidden": 5})
     assert models.check(cfg) == []
     model = models.build(cfg, num_classes=4)
     assert model[1].out_features == 5 and model[3].out_features == 4
@@ -133,18 +133,19 @@ def make_unlabelled_splits():
 
 def test_a_model_factory_must_return_a_module():
     def cfg(target):
-        return ModelConfig(name="custom", _target_=f"tests.test_data_models.{target}")
+        return ModelConfig(name="custom", _target_=f"tests.unit.test_data_models.{target}")
 
     problems = models.check(cfg("make_not_a_model"))
     assert problems == [
-        "model._target_='tests.test_data_models.make_not_a_model' returned list, not an nn.Module: the factory "
+        "model._target_='tests.unit.test_data_models.make_not_a_model' returned list, not an nn.Module: the factory "
         "must return the model itself (a torch.nn.Module)"
     ]
     # Checked on the meta device: nothing is allocated for the weights.
     assert models.check(cfg("make_huge_model")) == []
     assert models.check(cfg("make_tiny_model")) == []
-    assert "raised TypeError" in models.check(ModelConfig(name="custom", _target_="tests.test_data_models.make_tiny_"
-                                                           "model", kwargs={"nope": 1}))[0]
+    assert "raised TypeError" in models.check(ModelConfig(name="custom",
+                                                           _target_="tests.unit.test_data_models.make_tiny_model",
+                                                           kwargs={"nope": 1}))[0]
 
 
 @pytest.mark.parametrize("target,says", [
@@ -153,11 +154,11 @@ def test_a_model_factory_must_return_a_module():
     ("write_tiny_cifar10", "raised TypeError"),
 ])
 def test_a_data_factory_must_return_train_and_val_datasets(target, says):
-    problems = data.check(DataConfig(name="custom", _target_=f"tests.test_data_models.{target}"))
+    problems = data.check(DataConfig(name="custom", _target_=f"tests.unit.test_data_models.{target}"))
     assert len(problems) == 1 and problems[0].startswith("data._target_=") and says in problems[0], problems
 
 
 def test_a_data_factory_that_keeps_its_contract_passes_and_loads():
-    cfg = DataConfig(name="custom", _target_="tests.test_data_models.make_splits", kwargs={"n": 5})
+    cfg = DataConfig(name="custom", _target_="tests.unit.test_data_models.make_splits", kwargs={"n": 5})
     assert data.check(cfg) == []
     assert len(data.load(cfg, [8]).train) == 5

@@ -84,7 +84,7 @@ def test_continuous_batching_of_decode_requests():
     (["inference.contexts=[1]"], "inference.contexts contains 1"),
 ])
 def test_bad_decode_input_is_one_line_naming_the_key(overrides, says):
-    from tests.test_gpt import _problems
+    from tests.helpers import problems as _problems
 
     problems = _problems("+experiment=gpt_decode", *overrides)
     assert any(says in p for p in problems), problems

@@ -16,7 +16,7 @@ from sweeper.plan import GridPoint
 from sweeper.worker.divergence import CHANCE_MIN_STEPS, did_not_learn, find_spike, recovered_spike, spikes
 from sweeper.worker.points import run_point
 from sweeper.worker.spec import PointSpec, WorkerContext
-from tests.conftest import free_port
+from tests.harness import free_port
 
 NAN_AT = 7
 
@@ -41,7 +41,7 @@ class NanAt(torch.nn.Module):
         return out
 
 
-MODEL = ModelConfig(name="nan", _target_="tests.test_divergence.NanAt", input_shape=[1, 8, 8])
+MODEL = ModelConfig(name="nan", _target_="tests.unit.test_divergence.NanAt", input_shape=[1, 8, 8])
 MEASURE = MeasureConfig(warmup_steps=2, windows=4, stable_windows=2, flops=False, memory_breakdown=False)
 
 
@@ -95,7 +95,7 @@ def _gloo_worker(rank, port, out):
     try:
         finite_model = ModelConfig(name="mlp", depth=1, width=16, input_shape=[1, 8, 8])
         point_spec = replace(spec(GridPoint(8, 1, 2)), model=finite_model,
-                             loss=LossConfig(_target_="tests.test_divergence.nan_loss_on_rank_1"))
+                             loss=LossConfig(_target_="tests.unit.test_divergence.nan_loss_on_rank_1"))
         result = run_point(point_spec, WorkerContext(rank=rank, world_size=2))
         out[rank] = (result.status, result.get("diverged_at_step"), result.get("optimizer_steps"))
     finally:
@@ -182,7 +182,7 @@ class Guess(torch.nn.Module):
 
 
 def test_a_plateau_at_a_guess_with_chance_accuracy_did_not_learn_and_keeps_its_figures():
-    guess = ModelConfig(name="guess", _target_="tests.test_divergence.Guess", input_shape=[1, 8, 8])
+    guess = ModelConfig(name="guess", _target_="tests.unit.test_divergence.Guess", input_shape=[1, 8, 8])
     plateau = PointSpec(model=guess, data=DataConfig(name="digits"), train=TrainConfig(seed=1), measure=MEASURE,
                         point=GridPoint(8, 1, 1), lr=0.0, steps=CHANCE_MIN_STEPS + 2)
     result = run_point(plateau, WorkerContext())
@@ -206,7 +206,7 @@ class SkewedGuess(Guess):
 
 def test_a_falling_loss_with_chance_accuracy_still_did_not_learn():
     """The old rule let a point whose loss came down off; what decides is the accuracy against a guess."""
-    skewed = ModelConfig(name="skewed", _target_="tests.test_divergence.SkewedGuess", input_shape=[1, 8, 8])
+    skewed = ModelConfig(name="skewed", _target_="tests.unit.test_divergence.SkewedGuess", input_shape=[1, 8, 8])
     falling = PointSpec(model=skewed, data=DataConfig(name="digits"), train=TrainConfig(seed=1), measure=MEASURE,
                         point=GridPoint(32, 1, 1), lr=0.3, steps=CHANCE_MIN_STEPS + 2)
     result = run_point(falling, WorkerContext())

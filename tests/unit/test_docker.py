@@ -21,8 +21,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 DOCKER = REPO / "docker"
 COMPOSE = DOCKER / "compose.yaml"
 SCHEMA = DOCKER / "schema" / "compose-spec.json"

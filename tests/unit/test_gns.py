@@ -19,7 +19,7 @@ from sweeper.worker.points import run_point
 from sweeper.worker.spec import PointSpec, WorkerContext
 from sweeper.workloads import datasets as data_mod
 from sweeper.workloads import models
-from tests.conftest import free_port
+from tests.harness import free_port
 
 MLP = ModelConfig(name="mlp", depth=2, width=32, input_shape=[1, 8, 8])
 DIGITS = DataConfig(name="digits")

@@ -7,11 +7,8 @@ import os
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_module
 
-from sweeper.config import DataConfig, MeasureConfig, ModelConfig, TrainConfig, register, to_typed, validate
-from sweeper.driver.preflight import preflight
-from sweeper.errors import ConfigError
+from sweeper.config import DataConfig, MeasureConfig, ModelConfig, TrainConfig
 from sweeper.measure import flops
 from sweeper.plan import GridPoint
 from sweeper.worker.spec import PointSpec, WorkerContext
@@ -19,6 +16,7 @@ from sweeper.worker.train import train_point
 from sweeper.workloads import datasets as data_mod
 from sweeper.workloads import gpt, models, text
 from sweeper.workloads.samples import Samples, cross_entropy
+from tests.helpers import problems as _problems
 
 TINY = ModelConfig(name="gpt", n_layer=2, n_head=2, d_model=32, context=16, input_shape=[16])
 TEXT = DataConfig(name="text", val_fraction=0.1, num_classes=256)
@@ -106,19 +104,6 @@ def test_a_language_model_that_learned_only_token_frequencies_did_not_learn():
     assert why and "not below the training stream's unigram entropy 3.119 nats" in why
     assert did_not_learn_tokens(5.5, 0.01, entropy_bits, 100, cfg) is not None  # a uniform guess: ln 256
     assert did_not_learn_tokens(5.5, 0.01, entropy_bits, 5, cfg) is None  # too few steps to judge
-
-
-def _problems(*overrides):
-    register()
-    with initialize_config_module(config_module="conf", version_base=None):
-        cfg = to_typed(compose("config", overrides=list(overrides)))
-    problems = validate(cfg)
-    if not problems:
-        try:
-            preflight(cfg)
-        except ConfigError as exc:
-            problems = exc.problems
-    return problems
 
 
 def _tokens_folder(tmp_path, train, val):

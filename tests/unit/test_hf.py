@@ -69,7 +69,7 @@ def test_layouts_of_one_global_batch_train_a_transformers_model_alike():
     (["data=digits"], "model=hf trains on token sequences"),
 ])
 def test_bad_transformers_input_is_one_line_naming_the_key(overrides, says):
-    from tests.test_gpt import _problems
+    from tests.helpers import problems as _problems
 
     problems = _problems("model=hf", "data=text", *overrides)
     assert any(says in p for p in problems), problems

@@ -36,8 +36,8 @@ class Broken(torch.nn.Module):
         raise RuntimeError("shape mismatch in my layer\nsecond line")
 
 
-SLEEPY = ModelConfig(name="sleepy", _target_="tests.test_inference.Sleepy", input_shape=[8])
-BROKEN = ModelConfig(name="broken", _target_="tests.test_inference.Broken", input_shape=[8])
+SLEEPY = ModelConfig(name="sleepy", _target_="tests.unit.test_inference.Sleepy", input_shape=[8])
+BROKEN = ModelConfig(name="broken", _target_="tests.unit.test_inference.Broken", input_shape=[8])
 TINY_MLP = ModelConfig(name="mlp", input_shape=[16], depth=2, width=64)
 
 
@@ -66,6 +66,7 @@ def test_latency_summary_is_derived_from_the_samples():
         summarize_latency([], batch_size=1)
 
 
+@pytest.mark.solo
 def test_a_forward_of_known_duration_reads_as_that_latency():
     r = run_inference_point(spec(SLEEPY, batch_size=4))
     assert r["status"] == "ok" and r["role"] == "inference" and r["trial_key"] == "bs4"
@@ -79,6 +80,7 @@ def test_a_forward_of_known_duration_reads_as_that_latency():
     assert 0.75 * 4 / SLEEP_SECONDS < r["samples_per_second"] <= 4 / SLEEP_SECONDS
 
 
+@pytest.mark.solo
 def test_timing_goes_on_until_the_minimum_duration():
     r = run_inference_point(spec(SLEEPY, timed_runs=3, min_timed_seconds=0.15))
     assert r["timed_seconds"] >= 0.15

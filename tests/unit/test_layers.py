@@ -13,7 +13,7 @@ from typing import Dict, List, Set, Tuple
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1] / "sweeper"
+ROOT = pathlib.Path(__file__).resolve().parents[2] / "sweeper"
 
 # The one package that imports Ray, the one module that imports MLflow (README, "Where things happen").
 RAY_HOME = "sweeper.cluster"
@@ -23,7 +23,8 @@ MLFLOW_HOME = "sweeper.tracking"
 WORKER = "sweeper.worker"
 WORKER_NEVER = ("sweeper.driver", "sweeper.cluster", "sweeper.report", "sweeper.tracking")
 # Below the driver: what measures and what is measured never reach up to the report or the driver.
-LOWER = ("sweeper.measure", "sweeper.inference", "sweeper.config", "sweeper.plan", "sweeper.schema", "sweeper.workloads")
+LOWER = ("sweeper.measure", "sweeper.inference", "sweeper.config", "sweeper.plan", "sweeper.schema",
+         "sweeper.workloads")
 LOWER_NEVER = ("sweeper.driver", "sweeper.report", "sweeper.cluster", "sweeper.tracking", "sweeper.worker")
 # The Ray layer serves the driver; it never reaches up to it or to the report (a wait it must say is a
 # callable the driver hands it).
@@ -33,9 +34,10 @@ CLUSTER_NEVER = ("sweeper.driver", "sweeper.report", "sweeper.strategies")
 # loads torch or Ray.
 PURE = (
     "sweeper.plan", "sweeper.schema", "sweeper.errors", "sweeper.units", "sweeper.journal", "sweeper.stats",
-    "sweeper.config", "sweeper.config.report", "sweeper.measure.timing", "sweeper.measure.frontier", "sweeper.measure.knee",
-    "sweeper.inference.roofline", "sweeper.inference.batching_sim", "sweeper.inference.decode_sim",
-    "sweeper.cluster.resources", "sweeper.cluster.records", "sweeper.strategies", "sweeper.strategies.smart", "sweeper.strategies.branch", "sweeper.report.analysis",
+    "sweeper.config", "sweeper.config.report", "sweeper.measure.timing", "sweeper.measure.frontier",
+    "sweeper.measure.knee", "sweeper.inference.roofline", "sweeper.inference.batching_sim",
+    "sweeper.inference.decode_sim", "sweeper.cluster.resources", "sweeper.cluster.records", "sweeper.strategies",
+    "sweeper.strategies.smart", "sweeper.strategies.branch", "sweeper.report.analysis",
     "sweeper.report.critical_batch", "sweeper.report.snippets", "sweeper.report.points",
 )
 HEAVY = ("torch", "ray")

@@ -6,7 +6,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_module
@@ -19,9 +18,9 @@ from sweeper.__main__ import launch_files
 from sweeper.plan import GridPoint
 from sweeper.schema import PointResult, SweepSummary
 from sweeper.tracking import Monitor, Tracker
-from tests.conftest import mlflow_store
+from tests.harness import mlflow_store
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture

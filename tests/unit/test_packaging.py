@@ -5,9 +5,8 @@ import os
 import subprocess
 import sys
 import zipfile
-from pathlib import Path
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _cfg_job(cwd, env=None):

@@ -156,7 +156,7 @@ def inf_gradient_at_step_2():
 
 def test_fp16_counts_the_step_its_grad_scaler_skipped_and_the_halved_scale():
     spec = PointSpec(**SPEC, point=GridPoint(16, 2, 1, "fp16"),
-                     loss=LossConfig(_target_="tests.test_recipe.inf_gradient_at_step_2"))
+                     loss=LossConfig(_target_="tests.unit.test_recipe.inf_gradient_at_step_2"))
     result = train_point(spec, WorkerContext())
     assert result.status == "ok"  # an overflowing gradient is the scaler's business, not a divergence
     assert result["grad_scaler_skipped_steps"] == 1

@@ -12,7 +12,7 @@ from mlflow.tracking import MlflowClient
 from sweeper.plan import GridPoint
 from sweeper.schema import PointResult, SweepSummary
 from sweeper.tracking import Tracker, redact
-from tests.conftest import mlflow_store
+from tests.harness import mlflow_store
 
 POINT = GridPoint(8, 2, 1)
 RESULT = {"trial_key": POINT.key, "status": "ok", "samples_per_second": 10.0, "train_loss": [2.0, 1.0],
@@ -143,7 +143,7 @@ def test_a_planted_run_name_cannot_place_a_report_outside_the_reports_folder(tmp
 
 
 def test_a_password_in_the_tracking_uri_is_in_no_output_hydra_file_or_error(tmp_path):
-    from tests.conftest import free_port, run_cli
+    from tests.harness import free_port, run_cli
 
     secret = "pa55-w0rd-xyz"
     result = run_cli(f"tracking.uri=http://alice:{secret}@127.0.0.1:{free_port()}", "cluster.include_dashboard=false",

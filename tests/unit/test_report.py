@@ -13,7 +13,7 @@ from sweeper.report import sections
 from sweeper.report.quality import ACCURACY, BITS_PER_BYTE
 from sweeper.schema import PointResult
 from sweeper.tracking import Tracker
-from tests.conftest import mlflow_store
+from tests.harness import mlflow_store
 
 MiB = 2**20
 # (micro, accum, workers) -> (status, samples/s, peak MiB, val accuracy)

@@ -143,7 +143,7 @@ def test_an_autoscaling_cluster_waits_instead_of_refusing(capsys):
 
 
 def test_the_cli_refuses_a_million_local_workers_before_the_grid(tmp_path):
-    from tests.conftest import run_cli
+    from tests.harness import run_cli
 
     # A local Ray (own_ray: not the session's joined one), whose capacity is this machine's. Its points
     # would also get 0 optimizer steps (train.epochs): the capacity is what is said, alone.

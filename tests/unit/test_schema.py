@@ -15,9 +15,9 @@ from sweeper.tracking import Tracker
 from sweeper.worker.points import run_point
 from sweeper.worker.spec import GroupFacts, PointSpec, WorkerContext
 from sweeper.workloads.samples import Samples
-from tests.conftest import mlflow_store
+from tests.harness import mlflow_store
 
-DOCS = Path(__file__).parent.parent / "docs" / "mlflow.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "mlflow.md"
 # Figures a one-process CPU point cannot have: a GPU's, a worker group's (its first point or a later
 # one, restarts, nodes), a budget's and an estimate's (not asked for here).
 LANGUAGE_MODEL_ONLY = {

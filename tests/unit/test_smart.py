@@ -7,7 +7,6 @@ import random
 import statistics
 from collections import Counter
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,11 +16,12 @@ from sweeper.config import DataConfig, ModelConfig, TrainConfig
 from sweeper.plan import GridPoint, replicate
 from sweeper.report import sections
 from sweeper.workloads import models
-from tests.conftest import interrupt_once_recorded, recorded, run_cli
+from tests.harness import interrupt_once_recorded, recorded, run_cli
 from sweeper.schema import PointResult
 from sweeper.strategies import smart
 from sweeper.strategies import smart_driver as driver
 from sweeper.worker.spec import PointSpec
+from tests.helpers import REPO
 
 # The demo's layouts (conf/experiment/resnet_batch.yaml): micro-batch [16,64] x accumulation [1,2] x workers [1,2].
 DEMO = [GridPoint(m, a, w) for m in (16, 64) for a in (1, 2) for w in (1, 2)]
@@ -393,7 +393,6 @@ def test_the_full_grid_estimate_is_each_points_whole_budget_and_evaluations():
 # Through the CLI: measured, interrupted mid-rung, resumed, finished
 
 
-REPO = Path(__file__).resolve().parents[1]
 SMART = [
     "optim=sgd", "model=mlp", "model.depth=2", "model.width=32", "model.input_shape=[1,8,8]", "data=digits",
     "sweep.micro_batch_sizes=[16,32]", "sweep.accumulation_steps=[1,2]", "sweep.num_workers=[1]",

@@ -78,14 +78,14 @@ def test_a_checkpoint_of_another_model_is_refused_in_one_line(tmp_path):
                                                         "train.batch_schedule with sweep.strategy=smart"),
 ])
 def test_bad_checkpoint_settings_are_one_line_before_ray(overrides, says):
-    from tests.test_gpt import _problems
+    from tests.helpers import problems as _problems
 
     problems = _problems("model=mlp", "data=digits", *overrides)
     assert any(says in p for p in problems), problems
 
 
 def test_a_checkpoint_past_the_budget_is_refused(tmp_path):
-    from tests.test_gpt import _problems
+    from tests.helpers import problems as _problems
 
     train_point(_spec(GridPoint(16, 1, 1), 4, save_state_to=str(tmp_path / "s")), WorkerContext())
     problems = _problems("model=mlp", "data=digits", "model.depth=2", "model.width=64", "model.input_shape=[1,8,8]",
@@ -154,7 +154,7 @@ def test_a_schedule_becomes_each_points_spans_with_their_layout_lr_and_steps():
     ("32", "is invalid: give [samples seen, global batch] pairs"),
 ])
 def test_a_bad_schedule_is_one_line_before_ray(schedule, says):
-    from tests.test_gpt import _problems
+    from tests.helpers import problems as _problems
 
     problems = _problems(*MLP_CLI, f"train.batch_schedule={schedule}")
     assert any(says in p for p in problems), problems
@@ -220,7 +220,7 @@ def test_a_schedule_evaluates_in_every_span_and_times_the_target_where_it_is_fir
 
 
 def test_a_checkpoint_of_another_model_is_refused_before_ray_naming_the_field(tmp_path):
-    from tests.test_gpt import _problems
+    from tests.helpers import problems as _problems
 
     train_point(_spec(GridPoint(16, 1, 1), 4, save_state_to=str(tmp_path / "s")), WorkerContext())
     problems = _problems("model=mlp", "data=digits", "model.depth=2", "model.width=128", "model.input_shape=[1,8,8]",

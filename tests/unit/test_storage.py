@@ -8,7 +8,7 @@ from pathlib import Path
 from sweeper.cluster import storage
 from sweeper.plan import GridPoint
 from sweeper.schema import PointResult
-from tests.test_state import _spec
+from tests.unit.test_state import _spec
 
 
 def test_a_checkpoint_folder_goes_to_a_uri_and_comes_back_through_ray_trains_checkpoint(tmp_path):

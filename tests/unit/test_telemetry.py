@@ -120,6 +120,7 @@ def test_nvml_status_with_simulated_driver_failure(fresh_nvml, monkeypatch):
 # Utilization sampling
 
 
+@pytest.mark.solo
 def test_sampler_sees_a_busy_thread_and_a_quiet_sleep(one_torch_thread):
     device = cpu_device()
     matrix = torch.randn(256, 256)
@@ -233,6 +234,7 @@ def test_cuda_device_finds_its_nvml_handle_by_uuid_simulated(fresh_nvml, monkeyp
 # Timing marks and memory
 
 
+@pytest.mark.solo
 def test_cpu_marks_measure_a_sleep():
     device = cpu_device()
     start = device.mark()

@@ -5,7 +5,7 @@ from mlflow.tracking import MlflowClient
 from sweeper.plan import GridPoint
 from sweeper.schema import PointResult, SweepSummary
 from sweeper.tracking import Tracker, check
-from tests.conftest import mlflow_store
+from tests.harness import mlflow_store
 
 
 def test_a_point_is_a_nested_child_and_is_never_recorded_twice(tmp_path):

@@ -16,7 +16,7 @@ from sweeper.worker.evaluate import recalibrate_batchnorm
 from sweeper.worker.points import run_points
 from sweeper.worker.spec import PointSpec, WorkerContext
 from sweeper.worker.train import train_point
-from tests.conftest import free_port
+from tests.harness import free_port
 
 MLP = ModelConfig(name="mlp", input_shape=[1, 8, 8], depth=3, width=32)
 DIGITS = DataConfig(name="digits")
@@ -103,7 +103,7 @@ class SmallBatchNormNet(torch.nn.Module):
         return self.head(self.features(x))
 
 
-BN_NET = ModelConfig(name="bnnet", _target_="tests.test_training.SmallBatchNormNet", input_shape=[1, 8, 8])
+BN_NET = ModelConfig(name="bnnet", _target_="tests.unit.test_training.SmallBatchNormNet", input_shape=[1, 8, 8])
 
 
 def test_accumulation_and_two_ranks_train_and_score_a_batchnorm_model_alike():
@@ -159,7 +159,7 @@ def _lonely_failure_worker(rank, port):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    model = ModelConfig(name="fails", _target_="tests.test_training.FailsOnRankOne", input_shape=[1, 8, 8])
+    model = ModelConfig(name="fails", _target_="tests.unit.test_training.FailsOnRankOne", input_shape=[1, 8, 8])
     try:
         run_points([spec(GridPoint(8, 2, 2), model=model)], WorkerContext(rank=rank, world_size=2), lambda r: None,
                    status_timeout=datetime.timedelta(seconds=5))
@@ -186,8 +186,9 @@ class Sleepy(torch.nn.Module):
         return self.linear(x.flatten(1))
 
 
+@pytest.mark.solo
 def test_throughput_and_phases_match_a_step_of_known_duration():
-    sleepy = ModelConfig(name="sleepy", _target_="tests.test_training.Sleepy", input_shape=[1, 8, 8])
+    sleepy = ModelConfig(name="sleepy", _target_="tests.unit.test_training.Sleepy", input_shape=[1, 8, 8])
     s = PointSpec(
         model=sleepy, data=DIGITS, train=TRAIN, measure=MeasureConfig(warmup_steps=2, windows=3, stable_windows=3,
                                                                       stability_tolerance=0.2),
