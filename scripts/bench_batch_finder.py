@@ -3,7 +3,7 @@
 
 For each: the probes it ran (each a few training steps), its wall time and the batch size it answered,
 against the true maximum, found by bisection over the same probe (peak memory grows with the batch;
-tests/work/test_oom.py checks the search against an exhaustive scan on a small model).
+tests/unit/test_oom.py checks the search against an exhaustive scan on a small model).
 
     pip install -e ".[bench]"      # Lightning is a benchmark-only extra
     python scripts/bench_batch_finder.py [--model resnet18] [--budget-gb 0.2]

@@ -5,16 +5,11 @@ predicted wall times; and through the CLI, a branch sweep."""
 import json
 import math
 import random
-import re
-from collections import Counter
 from pathlib import Path
 
 import pytest
-from mlflow.tracking import MlflowClient
 
 from sweeper.strategies import branch as rule
-from tests.harness import interrupt_once_recorded, recorded, run_cli
-from tests.helpers import REPO
 
 BASE, WINDOW = 16, 512
 
@@ -269,83 +264,6 @@ def test_the_answers_folder_goes_once_recorded_and_stays_while_its_write_waits_i
     assert (kept / "answer.json").exists() and tracker.pending == 1
     tracker.client.log_artifacts = real
     assert tracker.replay() == (1, 0)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Through the CLI: a branch sweep interrupted mid-branch, resumed, recorded once, answered
-
-BRANCH = [
-    "optim=adamw", "optim.lr=0.003", "model=mlp", "model.depth=2", "model.width=32", "model.input_shape=[1,8,8]",
-    "data=digits", "sweep.micro_batch_sizes=[16,32]", "sweep.accumulation_steps=[1,2]", "sweep.num_workers=[1]",
-    "sweep.strategy=branch", "branch.at=[0.2,0.5]", "branch.window=384", "smart.throughput_steps=12", "train.epochs=2",
-    "measure.warmup_steps=2", "measure.windows=3", "measure.flops=false", "measure.memory_breakdown=false",
-    "cluster.include_dashboard=false",
-]
-
-
-@pytest.mark.e2e
-def test_a_branch_sweep_interrupted_mid_branch_resumes_each_branch_once_and_answers(tmp_path):
-    # checkpoints on a URI, as on a cluster (s3://, gs:// take the same path): written locally, uploaded, fetched
-    args = [*BRANCH, f"cluster.storage_path=file://{tmp_path}/store"]
-    interrupt_once_recorded(args, tmp_path, "branch-")  # once the trunk is recorded and its branches under way
-    held = recorded(tmp_path / "mlflow.db", "branch-")
-    store = tmp_path / "store"
-    assert len(list(store.glob("*/trunk/*/s*/meta.json"))) == 2  # the trunk's checkpoints, kept for the resume
-
-    again = run_cli(*args, "sweep.resume=true", cwd=tmp_path, env={"PYTHONPATH": str(REPO)}, timeout=400)
-    out = again.stdout + again.stderr
-    assert again.returncode == 0, out[-3000:]
-    assert not list(store.glob("*/trunk"))  # every branch recorded: the checkpoints are deleted
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    runs = client.search_runs([client.get_experiment_by_name("sweeper").experiment_id], max_results=1000)
-    parent = next(r for r in runs if r.data.tags.get("sweeper.role") == "sweep")
-    assert parent.info.status == "FINISHED"
-    complete = [r for r in runs if "sweeper.trial_key" in r.data.tags]
-    keys = Counter(r.data.tags["sweeper.trial_key"] for r in complete)
-    assert max(keys.values()) == 1  # nothing measured or recorded twice
-    roles = Counter(r.data.tags["sweeper.role"] for r in complete)
-    # 4 layouts (global batches 16, 32, 32, 64); the trunk at 16; 2 checkpoints x 2 larger global batches
-    assert (roles["throughput"], roles["trunk"], roles["branch"], roles["trial"]) == (4, 1, 4, 4)
-    assert 1 <= held < 4  # interrupted mid-branch; the resume ran only the branches it lacked
-    trunk = next(r for r in complete if r.data.tags["sweeper.role"] == "trunk")
-    trunk_key = trunk.data.tags["sweeper.trial_key"]
-    marks = sorted(int(m.value) for m in client.get_metric_history(trunk.info.run_id, "saved_at_samples"))
-    assert len(marks) == 2
-    for run in (r for r in complete if r.data.tags["sweeper.role"] == "branch"):
-        tags, metrics = run.data.tags, run.data.metrics
-        assert tags["sweeper.branch_trunk"] == trunk_key and tags["sweeper.status"] == "ok"
-        assert int(metrics["branch_checkpoint_samples"]) in marks
-        assert tags["sweeper.continued_from"].startswith(f"file://{tmp_path}/store/")
-        assert tags["sweeper.continued_from"].endswith(f"/s{int(metrics['branch_checkpoint_samples'])}")
-        assert metrics["branch_global_batch"] in (32, 64)
-        # the window's steps at the branch's own global batch, from the checkpoint on
-        steps = len(client.get_metric_history(run.info.run_id, "train_loss"))
-        assert steps * metrics["branch_global_batch"] == metrics["branch_window_samples"]
-    # the critical batch size at each checkpoint, as a curve over samples seen; the answer as an artifact
-    curve = client.get_metric_history(parent.info.run_id, "critical_batch_size_branched")
-    assert sorted(m.step for m in curve) == marks and all(m.value in (16, 32, 64) for m in curve)
-    answer = json.loads(Path(client.download_artifacts(parent.info.run_id, "branch/answer.json", str(tmp_path)))
-                        .read_text())
-    assert [c["samples"] for c in answer["checkpoints"]] == marks and answer["schedule"][0] == [0, 16]
-    # every span on the trunk's micro-batch and workers, as train.batch_schedule runs it, and timed by a
-    # layout the grid measured there
-    assert all(re.fullmatch(r"mb16-acc\d+-w1", k) for k in answer["schedule_layouts"])
-    assert len(answer["schedule_timed_as"]) == len(answer["schedule"])
-    assert set(answer["schedule_timed_as"]) <= {"mb16-acc1-w1", "mb16-acc2-w1"}  # what this grid measured at mb16-w1
-    # no point above where it flattens is recommended; the report and the console say what it measured
-    flat = int(client.get_run(parent.info.run_id).data.metrics["critical_batch_size_flat"])
-    chosen = client.get_run(parent.info.run_id).data.tags.get("sweeper.recommendation", "")
-    assert chosen and global_batch(chosen) <= flat
-    page = next((tmp_path / "reports").glob("*/report.html")).read_text()
-    assert "Critical batch size over training (sweep.strategy=branch)" in page
-    assert "<figcaption>critical batch over training</figcaption>" in page
-    assert "critical batch size over training" in out
-
-
-def global_batch(key: str) -> int:
-    """The global batch of the recommendation's point ("Train with mb32-acc2-w1 ...")."""
-    m, a, w = map(int, re.search(r"Train with mb(\d+)-acc(\d+)-w(\d+)", key).groups())
-    return m * a * w
 
 
 def test_the_schedule_snippets_change_accumulation_at_sample_counts(tmp_path):

@@ -5,23 +5,19 @@ an interrupted smart sweep resumed mid-rung to a finished record."""
 import math
 import random
 import statistics
-from collections import Counter
 from dataclasses import replace
 
 import pytest
 import torch
-from mlflow.tracking import MlflowClient
 
 from sweeper.config import DataConfig, ModelConfig, TrainConfig
 from sweeper.plan import GridPoint, replicate
 from sweeper.report import sections
 from sweeper.workloads import models
-from tests.harness import interrupt_once_recorded, recorded, run_cli
 from sweeper.schema import PointResult
 from sweeper.strategies import smart
 from sweeper.strategies import smart_driver as driver
 from sweeper.worker.spec import PointSpec
-from tests.helpers import REPO
 
 # The demo's layouts (conf/experiment/resnet_batch.yaml): micro-batch [16,64] x accumulation [1,2] x workers [1,2].
 DEMO = [GridPoint(m, a, w) for m in (16, 64) for a in (1, 2) for w in (1, 2)]
@@ -387,82 +383,3 @@ def test_the_full_grid_estimate_is_each_points_whole_budget_and_evaluations():
     assert estimate == pytest.approx(1.5 + 70 * 0.032 + 4 * 0.5)
     oom = replace(TP, status="oom")
     assert driver.full_grid_estimate([point], {point: spec}, {smart.layout(point): oom}, {}, {}) == 1.5
-
-
-# ---------------------------------------------------------------------------------------------------
-# Through the CLI: measured, interrupted mid-rung, resumed, finished
-
-
-SMART = [
-    "optim=sgd", "model=mlp", "model.depth=2", "model.width=32", "model.input_shape=[1,8,8]", "data=digits",
-    "sweep.micro_batch_sizes=[16,32]", "sweep.accumulation_steps=[1,2]", "sweep.num_workers=[1]",
-    "sweep.seeds=[0,1]", "sweep.strategy=smart", "smart.rungs=2", "smart.eta=2", "smart.throughput_steps=12",
-    "train.epochs=1", "eval.every_samples=512", "measure.warmup_steps=2", "measure.windows=3",
-    "measure.flops=false", "measure.memory_breakdown=false", "cluster.include_dashboard=false",
-]
-
-
-# Both the interrupted sweep and its resume join the session's Ray (a sweep interrupted on a cluster);
-# tests/test_faults.py interrupts sweeps that started their own. Interrupted once rung 2, whose runs continue
-# from rung 1's checkpoints, is under way: the resume continues the runs it lacks from those checkpoints.
-@pytest.mark.e2e
-def test_a_smart_sweep_interrupted_mid_rung_resumes_to_every_point_recorded_once(tmp_path):
-    interrupt_once_recorded(SMART, tmp_path, "r2-")  # once rung 2 is under way
-    held = recorded(tmp_path / "mlflow.db", "r2-")
-    results = tmp_path / ".sweeper" / "ray" / "results"
-    kept = [p.name for p in results.glob("*/rungs/*")]
-    assert len(kept) == 6 and all(k.startswith("r1-") for k in kept), kept  # the interrupted sweep keeps them
-
-    again = run_cli(*SMART, "sweep.resume=true", cwd=tmp_path, env={"PYTHONPATH": str(REPO)}, timeout=400)
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert not list(results.glob("*/rungs"))  # every class recorded: the rungs' checkpoints are deleted
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    runs = client.search_runs([client.get_experiment_by_name("sweeper").experiment_id], max_results=1000)
-    parent = next(r for r in runs if r.data.tags.get("sweeper.role") == "sweep")
-    assert parent.info.status == "FINISHED"
-    complete = [r for r in runs if "sweeper.trial_key" in r.data.tags]
-    by_role = Counter(r.data.tags["sweeper.role"] for r in complete)
-    keys_of = Counter(r.data.tags["sweeper.trial_key"] for r in complete)
-    assert max(keys_of.values()) == 1  # nothing measured or recorded twice
-    # 4 layouts' throughput runs; 3 classes (gb16, gb32, gb64) x 2 seeds at rung 1, the best half at rung 2
-    assert by_role["throughput"] == 4 and by_role["trial"] == 8
-    rung2 = [r for r in complete if r.data.tags["sweeper.trial_key"].startswith("r2-")]
-    assert sum(k.startswith("r1-") for k in keys_of) == 6 and 2 <= len(rung2) <= 6
-    # interrupted mid-rung 2; the resume measured neither the layouts nor rung 1 again, nor rung 2's recorded runs
-    assert 1 <= held < len(rung2)
-    experiments = [p.name for p in results.iterdir()
-                   if any(f.name.startswith("experiment_state") for f in p.iterdir())]
-    assert sum("-rung" not in e for e in experiments) == 1, experiments  # the layouts' runs: the sweep's name
-    assert sum("-rung1" in e for e in experiments) == 1 and sum("-rung2" in e for e in experiments) == 2, experiments
-    # each rung-2 run continued from its unit's rung-1 checkpoint, trained only the steps after it, and is
-    # recorded as one run from step 0 (its loss per step from the first step on)
-    rung1 = {r.data.tags["sweeper.trial_key"][3:]: r for r in complete if r.data.tags["sweeper.trial_key"][:3] == "r1-"}
-    for run in rung2:
-        unit = run.data.tags["sweeper.trial_key"][3:]
-        assert run.data.tags["sweeper.continued_from"].endswith("/rungs/r1-" + unit)
-        before = rung1[unit].data.metrics["optimizer_steps"]
-        assert run.data.metrics["optimizer_steps"] == before + int(run.data.params["steps"])
-        assert len(client.get_metric_history(run.info.run_id, "train_loss")) == run.data.metrics["optimizer_steps"]
-    assert client.get_run(parent.info.run_id).data.metrics["smart_continued_runs"] == len(rung2)
-    points = [r for r in complete if r.data.tags["sweeper.role"] == "trial"]
-    for run in points:
-        tags = run.data.tags
-        assert tags["sweeper.accuracy_from"] in keys_of and tags["sweeper.throughput_from"] in keys_of
-        assert tags["sweeper.status"] in ("ok", "stopped")
-        assert tags["sweeper.throughput_from"] == "tp-" + tags["sweeper.trial_key"].rsplit("-s", 1)[0]
-    # the two members of gb32 (mb16-acc2, mb32-acc1) carry their representative's accuracy exactly
-    gb32 = [r for r in points if r.data.tags["sweeper.accuracy_class"] == "gb32" and r.data.params["seed"] == "0"]
-    assert len(gb32) == 2 and gb32[0].data.metrics["val_loss"] == gb32[1].data.metrics["val_loss"]
-    metrics = client.get_run(parent.info.run_id).data.metrics
-    assert metrics["compute_point_seconds"] == pytest.approx(
-        metrics["compute_throughput_point_seconds"] + metrics["compute_accuracy_point_seconds"]
-        + metrics["compute_stopped_point_seconds"])
-    assert metrics["smart_accuracy_classes"] == 3 and metrics["full_grid_point_seconds_estimate"] > 0
-    assert metrics["smart_measurement_runs"] == by_role["throughput"] + by_role["rung"]
-    assert metrics["num_trials_ok"] + metrics.get("num_trials_stopped", 0) == 8
-    assert all(r.info.status != "RUNNING" for r in runs)
-    # the report says what the strategy spent against the whole grid, with the parent's figures
-    page = next((tmp_path / "reports").glob("*/report.html")).read_text()
-    assert "Compute spent (sweep.strategy=smart)" in page
-    assert f"The sweep spent {metrics['compute_point_seconds']:.1f} point-seconds" in page
-    assert f"~{metrics['full_grid_point_seconds_estimate']:.1f} point-seconds" in page
