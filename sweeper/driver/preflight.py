@@ -138,6 +138,33 @@ def grid(cfg: SweeperConfig, problems: List[str]) -> List[GridPoint]:
     return points
 
 
+def _point_spec(cfg: SweeperConfig, point: GridPoint, steps: int, flop_counts: Dict,
+                estimate: Optional[int]) -> PointSpec:
+    """What one point's workers are told: its slice of the config, its scaled LR, its step budget."""
+    return PointSpec(
+        model=at_context(cfg, point.context).model,
+        data=cfg.data,
+        train=cfg.train,
+        measure=cfg.measure,
+        point=point,
+        lr=point.lr_multiplier * plan.scaled_lr(
+            cfg.optim.lr, point.global_batch_size, cfg.train.base_batch_size, cfg.train.lr_scaling
+        ),
+        steps=steps,
+        optim=cfg.optim,
+        loss=cfg.loss,
+        eval=cfg.eval,
+        divergence=cfg.divergence,
+        gns=cfg.gns,
+        profile=cfg.profile,
+        flop_count=flop_counts.get(point.checkpointing),
+        memory_budget_bytes=budget_bytes(cfg.device),
+        memory_estimate_bytes=estimate,
+        timeout_seconds=cfg.cluster.point_timeout_seconds,
+        start_from=cfg.train.start_from,
+    )
+
+
 def build_specs(cfg: SweeperConfig, prepared: Prepared, points: List[GridPoint]) -> Dict[GridPoint, PointSpec]:
     """A PointSpec per point, or a ConfigError naming every point too large for the data to time."""
     problems: List[str] = []
@@ -153,28 +180,7 @@ def build_specs(cfg: SweeperConfig, prepared: Prepared, points: List[GridPoint])
         budget = plan.sample_budget(num_train, cfg.train.epochs, cfg.train.samples, point.context, cfg.model.context)
         # A continued point trains what is left of the budget after the checkpoint's samples.
         steps = plan.optimizer_steps(budget - start, 1, point.global_batch_size)
-        spec = PointSpec(
-            model=at_context(cfg, point.context).model,
-            data=cfg.data,
-            train=cfg.train,
-            measure=cfg.measure,
-            point=point,
-            lr=point.lr_multiplier * plan.scaled_lr(
-                cfg.optim.lr, point.global_batch_size, cfg.train.base_batch_size, cfg.train.lr_scaling
-            ),
-            steps=steps,
-            optim=cfg.optim,
-            loss=cfg.loss,
-            eval=cfg.eval,
-            divergence=cfg.divergence,
-            gns=cfg.gns,
-            profile=cfg.profile,
-            flop_count=counts.get(point.checkpointing),
-            memory_budget_bytes=budget_bytes(cfg.device),
-            memory_estimate_bytes=estimates.get(point),
-            timeout_seconds=cfg.cluster.point_timeout_seconds,
-            start_from=cfg.train.start_from,
-        )
+        spec = _point_spec(cfg, point, steps, counts, estimates.get(point))
         problem = continuation_problem(cfg, spec, meta)
         if problem:  # the checkpoint's, the same for every point: said once
             problems.append(problem)

@@ -211,17 +211,7 @@ def setup(spec: PointSpec, ctx: WorkerContext, device: telemetry.Device, splits:
         # the first, untimed step.
         model.compile()
     start_samples = start.position.samples_seen if start is not None else 0
-    sampler = GlobalBatchSampler(len(splits.train), point, ctx.rank, spec.steps, spec.seed, start_samples)
-    loader = DataLoader(
-        splits.train,
-        batch_size=point.micro_batch_size,
-        sampler=sampler,
-        drop_last=True,
-        num_workers=spec.data.loader_workers,
-        pin_memory=device.is_cuda,
-        # A loader worker process that stalls (NFS, a deadlock) raises instead of hanging the group.
-        timeout=LOADER_TIMEOUT_SECONDS if spec.data.loader_workers > 0 else 0,
-    )
+    loader = _loader(spec, ctx, device, splits, start_samples)
     losses = torch.zeros(spec.steps, dtype=torch.float64, device=device.torch_device)
     scaler = recipe.grad_scaler(device.torch_device, point.precision)
     if scaler is not None and start is not None and start.scaler:
@@ -250,6 +240,23 @@ def setup(spec: PointSpec, ctx: WorkerContext, device: telemetry.Device, splits:
                     seconds_before=start.position.train_seconds if start is not None else 0.0,
                     read_seconds=None if start is None else start.extra.get("read_seconds"),
                     history=start.history if start is not None else state.History())
+
+
+def _loader(spec: PointSpec, ctx: WorkerContext, device: telemetry.Device, splits: datasets.Splits,
+            start_samples: int) -> DataLoader:
+    """This rank's micro-batches, full ones only, from `start_samples` into the stream on."""
+    point = spec.point
+    sampler = GlobalBatchSampler(len(splits.train), point, ctx.rank, spec.steps, spec.seed, start_samples)
+    return DataLoader(
+        splits.train,
+        batch_size=point.micro_batch_size,
+        sampler=sampler,
+        drop_last=True,
+        num_workers=spec.data.loader_workers,
+        pin_memory=device.is_cuda,
+        # A loader worker process that stalls (NFS, a deadlock) raises instead of hanging the group.
+        timeout=LOADER_TIMEOUT_SECONDS if spec.data.loader_workers > 0 else 0,
+    )
 
 
 def _read_start(spec: PointSpec):
