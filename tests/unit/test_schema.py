@@ -82,7 +82,7 @@ def test_every_metric_a_cpu_point_can_have_is_produced_and_recorded(tmp_path):
     spec = PointSpec(
         model=model, data=DataConfig(name="digits"), train=TrainConfig(epochs=1), point=GridPoint(16, 2, 1),
         lr=0.1, steps=8, measure=MeasureConfig(warmup_steps=2, windows=3, stable_windows=2, stability_tolerance=0.5),
-        flop_count=flops.count_flops(lambda: __import__("sweeper.models").models.build(model, 10),
+        flop_count=flops.count_flops(lambda: __import__("sweeper.workloads.models").workloads.models.build(model, 10),
                                      Samples((1, 8, 8), 10)),
     )
     peak = flops.PeakFlops(1e10, "a test's figure")
