@@ -121,7 +121,8 @@ def check_cluster(cluster: ClusterConfig) -> List[str]:
         )
     check_rule(problems, "cluster.max_failures", cluster.max_failures, is_not_negative, "must be >= 0 (0: no restarts)")
     for key in ("start_timeout_seconds", "collective_timeout_seconds", "point_timeout_seconds", "health_check_seconds"):
-        check_rule(problems, f"cluster.{key}", getattr(cluster, key), is_positive, "must be a positive number of seconds")
+        check_rule(problems, f"cluster.{key}", getattr(cluster, key), is_positive,
+                   "must be a positive number of seconds")
     check_rule(
         problems, "cluster.dashboard_port", cluster.dashboard_port, lambda port: 1 <= port <= 65535,
         "a TCP port must be between 1 and 65535, e.g. 8265",

@@ -180,7 +180,8 @@ def check_sweep(sweep: SweepConfig) -> List[str]:
         problems += check_sizes(
             "sweep.global_batch_sizes", sweep.global_batch_sizes, "[64,128]", ", or null to keep the whole grid"
         )
-    check_rule(problems, "sweep.max_concurrent_trials", sweep.max_concurrent_trials, is_positive, "must be >= 1, or null")
+    check_rule(problems, "sweep.max_concurrent_trials", sweep.max_concurrent_trials, is_positive,
+               "must be >= 1, or null")
     check_rule(
         problems, "sweep.points_per_worker_group", sweep.points_per_worker_group, is_positive,
         "must be >= 1, or null for one worker group for the whole grid",

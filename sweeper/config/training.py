@@ -190,7 +190,8 @@ def check_loss(loss: LossConfig) -> List[str]:
         problems.append(
             f"loss.name={loss.name!r} is unknown: the built-in loss is cross_entropy; give loss._target_ for another"
         )
-    check_rule(problems, "loss.label_smoothing", loss.label_smoothing, lambda s: 0 <= s < 1, "must be in [0, 1), e.g. 0.1")
+    check_rule(problems, "loss.label_smoothing", loss.label_smoothing, lambda s: 0 <= s < 1,
+               "must be in [0, 1), e.g. 0.1")
     if loss._target_:
         problems += check_factory("loss._target_", loss._target_, "a loss(logits, targets) callable")
     return problems

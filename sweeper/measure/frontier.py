@@ -1,8 +1,8 @@
 """The memory frontier: the largest micro-batch whose training step fits a memory budget, from a linear
 memory model (peak = fixed + per-sample x micro-batch) fitted to a few probes, then one verification.
 
-Pure arithmetic (standard library, sweeper.plan and frontier.* from sweeper.config): which size to probe next, the fit, and how a global batch is
-reached with the largest micro-batch that fits.
+Pure arithmetic (standard library, sweeper.plan and frontier.* from sweeper.config): which size to probe
+next, the fit, and how a global batch is reached with the largest micro-batch that fits.
 """
 
 from __future__ import annotations

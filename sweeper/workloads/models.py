@@ -13,7 +13,8 @@ from sweeper.config import ModelConfig, check_factory, is_language_model
 from sweeper.workloads import factory, gpt, hf, mlp, vision
 from sweeper.workloads.samples import Samples
 
-# model.name -> the module that builds and checks it (`from_config(cfg, num_classes)`, `check_config(cfg, num_classes)`);
+# model.name -> the module that builds and checks it (`from_config(cfg, num_classes)`,
+# `check_config(cfg, num_classes)`);
 # any other name is a torchvision model (vision.py). Adding a model: docs/adding-a-workload.md.
 BUILT_IN = {"mlp": mlp, "gpt": gpt, "hf": hf}
 
