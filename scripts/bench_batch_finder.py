@@ -3,7 +3,7 @@
 
 For each: the probes it ran (each a few training steps), its wall time and the batch size it answered,
 against the true maximum, found by bisection over the same probe (peak memory grows with the batch;
-tests/test_oom.py checks the search against an exhaustive scan on a small model).
+tests/unit/test_oom.py checks the search against an exhaustive scan on a small model).
 
     pip install -e ".[bench]"      # Lightning is a benchmark-only extra
     python scripts/bench_batch_finder.py [--model resnet18] [--budget-gb 0.2]
@@ -27,14 +27,14 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from sweeper import data as data_mod
-from sweeper import models
 from sweeper.config import DataConfig, MeasureConfig, ModelConfig, TrainConfig
 from sweeper.measure import memory, telemetry
 from sweeper.plan import GridPoint
 from sweeper.worker.points import run_point
 from sweeper.worker.probes import run_frontier
 from sweeper.worker.spec import FrontierSpec, PointSpec, WorkerContext
+from sweeper.workloads import datasets as data_mod
+from sweeper.workloads import models
 
 STEPS = 3  # per probe, for everyone: Lightning's steps_per_trial default, sweeper's warm-up steps
 

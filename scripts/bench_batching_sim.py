@@ -34,7 +34,7 @@ P50_GOAL, P99_GOAL = 0.15, 0.25
 
 
 def build_mlp():
-    """Seed 003's MLP (depth 8, width 1024): the layers of sweeper.models.MLP, built here so the replica
+    """Seed 003's MLP (depth 8, width 1024): the layers of sweeper.workloads.mlp.MLP, built here so the replica
     does not import the project's config stack."""
     from torch import nn
 

@@ -44,7 +44,7 @@ def main() -> int:
     moved = bandwidth.measure_cpu_bandwidth(args.threads)
     print(f"machine: {args.threads} thread(s); bandwidth {moved.bytes_per_second / 1e9:.1f} GB/s ({moved.source})")
     for ctx in args.contexts:
-        from sweeper import gpt
+        from sweeper.workloads import gpt
 
         per_token = gpt.decode_flops_per_token(256, ctx, args.n_layer, args.d_model)
         count = flops.FlopCount(forward_per_sample=per_token, train_per_sample=3 * per_token)

@@ -21,12 +21,12 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from sweeper import data as data_mod
-from sweeper import models
 from sweeper.config import DataConfig, GnsConfig, MeasureConfig, ModelConfig, OptimConfig, TrainConfig
 from sweeper.plan import GridPoint
 from sweeper.worker.spec import PointSpec, WorkerContext
 from sweeper.worker.train import train_point
+from sweeper.workloads import datasets as data_mod
+from sweeper.workloads import models
 
 
 def plain_step(model_cfg, splits, micro, accum, lr, precision="fp32", optim="sgd") -> Callable[[], None]:

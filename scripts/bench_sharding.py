@@ -27,9 +27,9 @@ import torch.nn.functional as F
 
 from sweeper import recipe
 from sweeper.config import OptimConfig
-from sweeper.gpt import GPT
+from sweeper.workloads.gpt import GPT
 from sweeper.measure import memory, sharded_memory
-from sweeper.samples import Samples
+from sweeper.workloads.samples import Samples
 from sweeper.worker import sharding
 
 MIB = 2 ** 20

@@ -22,12 +22,12 @@ from typing import Callable, Dict, List
 import torch
 from bench_overhead import plain_step
 
-from sweeper import data as data_mod
 from sweeper.config import DataConfig, DivergenceConfig, GnsConfig, ModelConfig, OptimConfig, TrainConfig
 from sweeper.measure import telemetry
 from sweeper.plan import GridPoint
 from sweeper.worker import step as step_mod
 from sweeper.worker.spec import PointSpec, WorkerContext
+from sweeper.workloads import datasets as data_mod
 
 
 def sweeper_step(spec: PointSpec, splits: data_mod.Splits) -> Callable[[], None]:

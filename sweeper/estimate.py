@@ -7,11 +7,12 @@ from __future__ import annotations
 import sys
 from typing import List, Optional
 
-from sweeper import models, plan
+from sweeper import plan
 from sweeper.config import SweeperConfig, budget_bytes
 from sweeper.errors import first_line
 from sweeper.measure.estimate import point_estimates, predicted_frontier
 from sweeper.units import format_bytes
+from sweeper.workloads import models
 
 
 def _mib(n: float) -> str:

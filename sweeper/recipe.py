@@ -16,13 +16,13 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from sweeper.config import LossConfig, OptimConfig
-from sweeper.samples import Samples, cross_entropy
+from sweeper.workloads.samples import Samples, cross_entropy
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 CHECKPOINTING = ("none", "blocks")
 # What `blocks` wraps when the model has these: torchvision's residual blocks, the transformer
-# encoder layers, the MLP's Linear+ReLU layers (sweeper.models.MLPBlock) and the GPT's blocks, by class name so that
-# the types need not be imported. model.checkpoint_modules adds a custom model's own.
+# encoder layers, the MLP's Linear+ReLU layers (sweeper.workloads.mlp.MLPBlock) and the GPT's blocks,
+# by class name so that the types need not be imported. model.checkpoint_modules adds a custom model's own.
 BLOCK_TYPES = ("BasicBlock", "Bottleneck", "InvertedResidual", "EncoderBlock", "TransformerEncoderLayer",
                "MLPBlock", "GPTBlock")
 
@@ -112,7 +112,7 @@ def _contains(outer: nn.Module, module: nn.Module) -> bool:
 
 def _block_names(model: nn.Module, extra_types: Sequence[str]) -> set:
     """BLOCK_TYPES, `extra_types` (model.checkpoint_modules) and the blocks a model declares itself
-    (`checkpoint_block_types`: a transformers model's decoder layers, sweeper.hf)."""
+    (`checkpoint_block_types`: a transformers model's decoder layers, sweeper.workloads.hf)."""
     return set(BLOCK_TYPES) | set(extra_types) | set(getattr(model, "checkpoint_block_types", ()))
 
 

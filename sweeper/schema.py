@@ -544,7 +544,7 @@ class InferenceResult(Record):
 
 
 @dataclass
-class FrontierSearch(Record):
+class SearchFound(Record):
     """One search (without, or with, gradient accumulation): its answer and the line it fitted.
     Recorded on the parent run as `frontier_<name>_w<workers>` (with accumulation:
     `frontier_accumulating_<name>_w<workers>`)."""
@@ -575,10 +575,10 @@ class FrontierResult:
     status: str = "ok"
     error: Optional[str] = None
     memory_budget_bytes: Optional[int] = None
-    plain: Optional[FrontierSearch] = None
-    accumulating: Optional[FrontierSearch] = None
+    plain: Optional[SearchFound] = None
+    accumulating: Optional[SearchFound] = None
 
-    def searches(self) -> Iterator[Tuple[str, FrontierSearch]]:
+    def searches(self) -> Iterator[Tuple[str, SearchFound]]:
         for name, prefix in FRONTIER_PREFIXES.items():
             found = getattr(self, name)
             if found is not None:
@@ -604,7 +604,7 @@ class FrontierResult:
             if name is None:
                 raise ValueError(f"FrontierResult has no field for {key!r}: add it to sweeper/schema.py")
             parts.setdefault(name, {})[key[len(FRONTIER_PREFIXES[name]):]] = value
-        searches = {name: FrontierSearch.from_flat(part) for name, part in parts.items()}
+        searches = {name: SearchFound.from_flat(part) for name, part in parts.items()}
         return cls(**own, **searches)  # type: ignore[arg-type]
 
     def metrics(self, label: str) -> Dict[str, float]:
@@ -619,7 +619,7 @@ class FrontierResult:
     @staticmethod
     def metric_names() -> List[str]:
         """Every recorded name, before the `_w<workers>` suffix."""
-        names = [p + n for p in FRONTIER_PREFIXES.values() for n in FrontierSearch.names(METRIC)]
+        names = [p + n for p in FRONTIER_PREFIXES.values() for n in SearchFound.names(METRIC)]
         return names + ["memory_budget_bytes"]
 
 

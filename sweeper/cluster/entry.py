@@ -22,7 +22,7 @@ from ray.tune.integration.ray_train import TuneReportCallback
 
 from sweeper.cluster import storage
 from sweeper.cluster.resources import Resources, in_trial
-from sweeper.cluster.runs import GROUP_ERROR
+from sweeper.cluster.records import GROUP_ERROR
 from sweeper.plan import GridPoint
 from sweeper.schema import PointResult
 from sweeper.worker.spec import WorkerContext

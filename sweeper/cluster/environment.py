@@ -3,7 +3,7 @@ token (for the local Ray sweeper starts, or the cluster it joins), usage stats, 
 
 Ray reads these variables when it is first imported (its C++ token loader caches them), so `prepare()`
 runs before the driver imports Ray at all: `sweeper.__main__` calls it before the task's modules are
-imported, and `connect()` again (it is idempotent). Imports no Ray, by design; tests/test_ray_environment.py
+imported, and `connect()` again (it is idempotent). Imports no Ray, by design; tests/unit/test_ray_environment.py
 fails if anything on the driver's way to `connect()` imports Ray first.
 """
 

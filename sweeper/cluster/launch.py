@@ -13,7 +13,7 @@ from ray import tune
 from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY
 from ray.tune.result import AUTO_RESULT_KEYS
 
-from sweeper.cluster.runs import Sink
+from sweeper.cluster.records import Sink
 from sweeper.errors import last_line
 
 # What each running Tune experiment's Relay hands results to, by experiment name. Tune pickles its

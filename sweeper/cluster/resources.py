@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List, Sequence
+from typing import Callable, List, Sequence
 
 from sweeper.cluster.connect import Cluster
 from sweeper.config import ClusterConfig
@@ -45,7 +45,8 @@ def trial_resources(resources: Resources, num_workers: int) -> dict:
     return {"CPU": resources.cpus_per_trial + resources.cpus_per_worker, **({"GPU": 1} if resources.use_gpu else {})}
 
 
-def plan_resources(cfg: ClusterConfig, cluster: Cluster, points: List[GridPoint]) -> Resources:
+def plan_resources(cfg: ClusterConfig, cluster: Cluster, points: List[GridPoint],
+                   note: Callable[[str], None] = print) -> Resources:
     """Per-worker resources for the largest worker group, or a ConfigError instead of Ray's silent hang (a
     trial that asks for more than the cluster can place stays PENDING/RUNNING forever: Ray Train V2
     retries its worker group's start without limit).
@@ -53,16 +54,15 @@ def plan_resources(cfg: ClusterConfig, cluster: Cluster, points: List[GridPoint]
     Placement is checked node by node for cluster.placement_strategy. With cpus_per_worker null, a
     trial that fits on one node gets the largest node's CPUs (one trial per node at a time, so
     co-located trials cannot distort each other's throughput); one that cannot is spread over the
-    cluster with an equal share per worker."""
+    cluster with an equal share per worker. A cluster that can grow is waited for: `note` (the driver's
+    console) says so, the one place this arithmetic speaks."""
     max_workers = max(p.num_workers for p in points)
     use_gpu = wants_gpu(cfg, cluster)
     nodes = cluster.node_resources
     strategy = cfg.placement_strategy
     problems = capacity_problems(cfg, cluster, [max_workers])
     if problems and cluster.can_grow:
-        from sweeper.driver import console  # the one place this arithmetic speaks: a wait, not an error
-
-        console.note(waits_for_capacity(cfg, cluster, max_workers, use_gpu))
+        note(waits_for_capacity(cfg, cluster, max_workers, use_gpu))
         return _resources(cfg, use_gpu, cfg.cpus_per_worker or 1.0)
     if problems:
         raise ConfigError(problems)

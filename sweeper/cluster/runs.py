@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List
 
 from sweeper.cluster.connect import Cluster
+from sweeper.cluster.records import Sink
 from sweeper.cluster.resources import Resources, trial_resources
-from sweeper.errors import is_oom_text, last_line
+from sweeper.errors import is_oom_text
 from sweeper.plan import GridPoint
 from sweeper.schema import FrontierResult, InferenceResult, PointResult
 
@@ -22,39 +23,6 @@ if TYPE_CHECKING:  # torch is imported by the workers, not by the driver's Ray l
     from sweeper.worker.spec import FrontierSpec, PointSpec
 
 PointCallback = Callable[[GridPoint, PointResult], None]
-
-# A trial's last result when its Ray Train worker group failed for good (entry._fit): the trial ends
-# without an error of its own, so Tune does not retry what Ray Train already restarted.
-GROUP_ERROR = "worker_group_error"
-
-
-class Sink:
-    """The driver-side receiver of one Tune experiment's trial events (see cluster.launch.Relay).
-    `config` is the trial's entry of the param space; `result` has Tune's own fields removed.
-
-    `trial_result` and `trial_ended` are what a subclass implements; a worker group's failure reported as a
-    result (GROUP_ERROR) reaches `trial_ended` as the trial's error."""
-
-    def __init__(self) -> None:
-        self._group_errors: Dict[str, str] = {}
-
-    def started(self, trial_id: str, config: Dict[str, Any]) -> None: ...
-
-    def result(self, trial_id: str, config: Dict[str, Any], result: Dict[str, Any]) -> None:
-        if GROUP_ERROR in result:
-            self._group_errors[trial_id] = last_line(str(result[GROUP_ERROR]))
-        else:
-            self.trial_result(trial_id, config, result)
-
-    def ended(self, trial_id: str, config: Dict[str, Any], error: Optional[str]) -> None:
-        group_error = self._group_errors.pop(trial_id, None)
-        self.trial_ended(trial_id, config, error if error is not None else group_error)
-
-    def trial_result(self, trial_id: str, config: Dict[str, Any], result: Dict[str, Any]) -> None: ...
-
-    def trial_ended(self, trial_id: str, config: Dict[str, Any], error: Optional[str]) -> None:
-        """The trial finished (error None) or failed (the last line of its error)."""
-
 
 class PointSink(Sink):
     """Grid points, one result each, whatever happens to their worker group."""

@@ -15,7 +15,7 @@ from sweeper.config import SweeperConfig, budget_bytes
 from sweeper.driver import console
 from sweeper.errors import first_line
 from sweeper.inference import roofline
-from sweeper.inference.timing import InferenceSpec
+from sweeper.inference.timing import InferenceSpec, group_label
 from sweeper.schema import InferenceResult
 
 Rows = List[Tuple[str, InferenceResult]]
@@ -46,8 +46,6 @@ def record(cfg: SweeperConfig, tracker: tracking.Tracker, series: List[Inference
            facts: Dict[str, Any]) -> Dict[str, Tuple[Optional[int], Optional[int]]]:
     """Per context (one spec of each series), the measured and predicted decode knee (as the inference
     plot draws them), with the KV cache and budget figures logged on the parent run and printed."""
-    from sweeper.driver.inference import group_label
-
     knees: Dict[str, Tuple[Optional[int], Optional[int]]] = {}
     metrics: Dict[str, float] = {}
     bandwidth = facts.get("bandwidth_bytes_per_second")

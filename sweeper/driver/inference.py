@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import replace
 from typing import Any, Dict, List, Optional, Tuple
 
-from sweeper import models, tracking
+from sweeper import tracking
 from sweeper.cluster import runs
 from sweeper.config import ModelConfig, SweeperConfig, budget_bytes, tracking_uri, validate
 from sweeper.driver import console
@@ -20,12 +20,13 @@ from sweeper.driver import decode as decode_answer
 from sweeper.driver.skeleton import Phases, Session, session
 from sweeper.errors import EXIT_OK, EXIT_POINT_FAILED, ConfigError, first_line
 from sweeper.inference import roofline
-from sweeper.inference.timing import InferenceSpec, model_key
+from sweeper.inference.timing import InferenceSpec, group_label, label
 from sweeper.measure import flops
 from sweeper.plan import GridPoint
 from sweeper.report import build as report_build
 from sweeper.report import plots
 from sweeper.schema import InferenceResult, SweepSummary
+from sweeper.workloads import models
 
 Rows = List[Tuple[str, InferenceResult]]
 
@@ -35,15 +36,6 @@ def model_configs(cfg: SweeperConfig) -> List[ModelConfig]:
     if cfg.inference.mlp_widths:
         return [replace(cfg.model, width=int(w)) for w in cfg.inference.mlp_widths]
     return [cfg.model]
-
-
-def label(model: ModelConfig) -> str:
-    return model_key(model) or model.name
-
-
-def group_label(spec: InferenceSpec) -> str:
-    """A series of the sweep: the model's label, and a decoder's context ("gpt-ctx64")."""
-    return label(spec.model) if spec.context is None else f"{label(spec.model)}-ctx{spec.context}"
 
 
 def decode_contexts(cfg: SweeperConfig) -> List[Optional[int]]:
@@ -217,7 +209,7 @@ def _count_flops(model: ModelConfig, num_classes: int, context: Optional[int] = 
     """FLOPs per sample of one forward; a decoder's per token of a decode step at `context` (its closed
     form, 2N + 4 L d T: the worker counts the step itself and records both)."""
     if context is not None:
-        from sweeper import gpt
+        from sweeper.workloads import gpt
 
         per_token = gpt.decode_flops_per_token(num_classes, context, model.n_layer, model.d_model)
         return flops.FlopCount(forward_per_sample=per_token, train_per_sample=3 * per_token)

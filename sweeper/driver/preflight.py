@@ -10,8 +10,7 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Tuple
 
-from sweeper import data as data_mod
-from sweeper import models, plan, recipe, tracking
+from sweeper import plan, recipe, tracking
 from sweeper.cluster import storage
 from sweeper.cluster.connect import Cluster
 from sweeper.cluster.resources import capacity_problems
@@ -22,6 +21,7 @@ from sweeper.errors import ConfigError, first_line
 from sweeper.measure import estimate, flops
 from sweeper.plan import GridPoint
 from sweeper.worker.spec import PointSpec, Span
+from sweeper.workloads import datasets, models
 
 NEEDS_BUDGET = AUTO_NEEDS_BUDGET
 
@@ -56,7 +56,7 @@ class Prepared:
 def preflight(cfg: SweeperConfig) -> Tuple[Prepared, Dict[GridPoint, PointSpec]]:
     """Every check that needs no cluster, all problems collected into one ConfigError."""
     problems = validate(cfg) + models.check(cfg.model, cfg.data.num_classes)
-    problems += data_mod.check(cfg.data, cfg.model.context)
+    problems += datasets.check(cfg.data, cfg.model.context)
     problems += tracking.check(tracking_uri(cfg.tracking))
     problems += [p for p in [storage.check(cfg.cluster.storage_path)] if p]
     if not problems:
@@ -73,18 +73,18 @@ def preflight(cfg: SweeperConfig) -> Tuple[Prepared, Dict[GridPoint, PointSpec]]
         problems += local_capacity(cfg)
     points = [] if auto or problems else grid(cfg, problems)
     if points and cfg.sweep.strategy == "branch":
-        from sweeper.driver.branch import grid_problems
+        from sweeper.strategies.branch_driver import grid_problems
 
         problems += grid_problems(cfg, points)
     if problems:
         raise ConfigError(problems)
-    splits = data_mod.load(cfg.data, cfg.model.input_shape)
+    splits = datasets.load(cfg.data, cfg.model.input_shape)
     counts = count_flops(cfg, splits.num_classes) if cfg.measure.flops else {}
     prepared = Prepared(points, len(splits.train), splits.num_classes, counts, coupled_layers(cfg),
                         len(splits.val) if splits.val is not None else 0, splits.identity)
     for context in cfg.sweep.context_lengths or []:
         at = at_context(cfg, context)
-        train = len(data_mod.load(cfg.data, at.model.input_shape).train)
+        train = len(datasets.load(cfg.data, at.model.input_shape).train)
         prepared.contexts[context] = (train, count_flops(at, splits.num_classes) if cfg.measure.flops else {})
     return prepared, (build_specs(cfg, prepared, points) if points else {})
 
@@ -137,6 +137,33 @@ def grid(cfg: SweeperConfig, problems: List[str]) -> List[GridPoint]:
     return points
 
 
+def _point_spec(cfg: SweeperConfig, point: GridPoint, steps: int, flop_counts: Dict,
+                estimate: Optional[int]) -> PointSpec:
+    """What one point's workers are told: its slice of the config, its scaled LR, its step budget."""
+    return PointSpec(
+        model=at_context(cfg, point.context).model,
+        data=cfg.data,
+        train=cfg.train,
+        measure=cfg.measure,
+        point=point,
+        lr=point.lr_multiplier * plan.scaled_lr(
+            cfg.optim.lr, point.global_batch_size, cfg.train.base_batch_size, cfg.train.lr_scaling
+        ),
+        steps=steps,
+        optim=cfg.optim,
+        loss=cfg.loss,
+        eval=cfg.eval,
+        divergence=cfg.divergence,
+        gns=cfg.gns,
+        profile=cfg.profile,
+        flop_count=flop_counts.get(point.checkpointing),
+        memory_budget_bytes=budget_bytes(cfg.device),
+        memory_estimate_bytes=estimate,
+        timeout_seconds=cfg.cluster.point_timeout_seconds,
+        start_from=cfg.train.start_from,
+    )
+
+
 def build_specs(cfg: SweeperConfig, prepared: Prepared, points: List[GridPoint]) -> Dict[GridPoint, PointSpec]:
     """A PointSpec per point, or a ConfigError naming every point too large for the data to time."""
     problems: List[str] = []
@@ -152,28 +179,7 @@ def build_specs(cfg: SweeperConfig, prepared: Prepared, points: List[GridPoint])
         budget = plan.sample_budget(num_train, cfg.train.epochs, cfg.train.samples, point.context, cfg.model.context)
         # A continued point trains what is left of the budget after the checkpoint's samples.
         steps = plan.optimizer_steps(budget - start, 1, point.global_batch_size)
-        spec = PointSpec(
-            model=at_context(cfg, point.context).model,
-            data=cfg.data,
-            train=cfg.train,
-            measure=cfg.measure,
-            point=point,
-            lr=point.lr_multiplier * plan.scaled_lr(
-                cfg.optim.lr, point.global_batch_size, cfg.train.base_batch_size, cfg.train.lr_scaling
-            ),
-            steps=steps,
-            optim=cfg.optim,
-            loss=cfg.loss,
-            eval=cfg.eval,
-            divergence=cfg.divergence,
-            gns=cfg.gns,
-            profile=cfg.profile,
-            flop_count=counts.get(point.checkpointing),
-            memory_budget_bytes=budget_bytes(cfg.device),
-            memory_estimate_bytes=estimates.get(point),
-            timeout_seconds=cfg.cluster.point_timeout_seconds,
-            start_from=cfg.train.start_from,
-        )
+        spec = _point_spec(cfg, point, steps, counts, estimates.get(point))
         problem = continuation_problem(cfg, spec, meta)
         if problem:  # the checkpoint's, the same for every point: said once
             problems.append(problem)

@@ -85,7 +85,7 @@ def session(cfg: SweeperConfig, phases: Phases, sizing: List[GridPoint],
             tracker = tracking.Tracker(uri, cfg.tracking.experiment_name, monitor=monitor)
         else:
             tracker.monitor = monitor
-        s = Session(cluster, tracker, plan_resources(cfg.cluster, cluster, sizing), uri)
+        s = Session(cluster, tracker, plan_resources(cfg.cluster, cluster, sizing, console.note), uri)
         yield s
     except BaseException as exc:
         stop = interruption(exc)

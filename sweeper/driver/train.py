@@ -12,14 +12,12 @@ from collections import Counter
 from dataclasses import asdict, replace
 from typing import Any, Dict, List, Optional, Tuple
 
-from sweeper import data as data_mod, models, plan, tracking
+from sweeper import plan, tracking
 from sweeper.cluster import runs, storage
 from sweeper.cluster.resources import Resources, concurrent_trials
 from sweeper.cluster.resources import in_trial as resources_in_trial
 from sweeper.config import SweeperConfig, tracking_uri
 from sweeper.driver import console, resume
-from sweeper.driver import branch as branch_driver
-from sweeper.driver import smart as smart_driver
 from sweeper.driver.frontier import search_frontiers
 from sweeper.driver.preflight import NEEDS_BUDGET, Prepared, build_specs, preflight
 from sweeper.driver.skeleton import Phases, Session, session
@@ -28,7 +26,9 @@ from sweeper.measure import frontier
 from sweeper.plan import GridPoint, worker_groups
 from sweeper.report import build as report_build
 from sweeper.schema import PointResult, SweepSummary
+from sweeper.strategies import branch_driver, smart_driver
 from sweeper.worker.spec import PointSpec
+from sweeper.workloads import datasets, models
 
 SYNTHETIC_NOTE = "not measured: synthetic data has random labels, so accuracy would mean nothing"
 Rows = List[Tuple[GridPoint, PointResult]]
@@ -250,7 +250,7 @@ def measure_branch(
 
 def dataset_record(cfg: SweeperConfig, prepared: Prepared) -> tracking.DatasetRecord:
     """The data every point trains on, for each point's MLflow dataset input."""
-    source = data_mod.source(cfg.data) + (f", {prepared.data_identity}" if prepared.data_identity else "")
+    source = datasets.source(cfg.data) + (f", {prepared.data_identity}" if prepared.data_identity else "")
     config = {**asdict(cfg.data), "identity": prepared.data_identity}
     return tracking.DatasetRecord.of(cfg.data.name, source, config, prepared.num_train, prepared.num_val)
 

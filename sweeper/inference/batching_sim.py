@@ -206,6 +206,75 @@ def simulate(arrivals: Sequence[float], curve: LatencyCurve, max_batch_size: int
              sample_service: bool = True, seed: int = 0) -> SimResult:
     """Run the batcher `policy` over `arrivals` (sorted seconds); return latency, throughput, batch sizes.
 
+    The batcher feeds ONE device that runs one batch at a time; `policy` picks the batcher (`_next_batch`
+    says how each closes a batch: Ray Serve blocking or offloaded, Triton).
+
+    Latency runs from the request's time in `arrivals` (the client's send) to its answer. The path
+    outside the batcher is measured separately (e.g. at low load) and given as a constant or as samples
+    drawn once per request:
+    - ``inbound_seconds``: client to batcher (handle call, routing, event-loop hops). The path is FIFO: a
+      request reaches the batcher no earlier than the one sent before it, so one stalled request (a
+      paused router or event loop) holds back every request behind it, and the more so the higher the
+      rate. That bunching changes batch sizes and the tail, which a delay added afterwards cannot.
+    - ``overhead_seconds``: batch end to the client (response path), added as a pure delay.
+
+    Service times are drawn from the curve's measured spread when it has samples and `sample_service`,
+    else its medians.
+    """
+    times = _checked_arrivals(arrivals, max_batch_size, max_wait_seconds, policy)
+    rng = np.random.default_rng(seed)
+    n, cap, wait = int(times.size), int(max_batch_size), float(max_wait_seconds)
+    # Arrival at the batcher: sent + path delay, never before the request sent ahead of it.
+    at_batcher = np.maximum.accumulate(times + _draw(inbound_seconds, "inbound_seconds", n, rng))
+    a: List[float] = at_batcher.tolist()
+
+    # Service time per batch size, drawn cheaply: median[k] * spread[k][index].
+    median = [0.0] + [curve.seconds(k) for k in range(1, cap + 1)]
+    spreads = [None] + [curve._relative_spread(k) if sample_service else None for k in range(1, cap + 1)]
+    draws = rng.random(n)
+
+    finish_of = np.empty(n)
+    sizes: List[int] = []
+    busy = 0.0
+    i = 0
+    closed = -math.inf  # when the previous batch closed (Serve: the batcher went back to its queue)
+    free = -math.inf  # when the device (and, for "serve", the event loop) became free
+    while i < n:
+        close, start, count = _next_batch(policy, a, i, cap, wait, closed, free)
+        spread = spreads[count]
+        service = median[count]
+        if spread is not None:
+            service *= float(spread[int(draws[len(sizes)] * len(spread))])
+        free = start + service
+        closed = close
+        busy += service
+        finish_of[i:i + count] = free
+        sizes.append(count)
+        i += count
+
+    latencies = finish_of - times + _draw(overhead_seconds, "overhead_seconds", n, rng)
+    return _result(policy, curve, cap, wait, times, finish_of, latencies, sizes, busy)
+
+
+def _checked_arrivals(arrivals: Sequence[float], max_batch_size: int, max_wait_seconds: float,
+                      policy: str) -> np.ndarray:
+    _check_setting(max_batch_size, max_wait_seconds, policy)
+    times = np.asarray(arrivals, dtype=float)
+    if times.ndim != 1 or times.size == 0:
+        raise ValueError("arrivals must be a non-empty 1-D sequence of seconds")
+    if not np.all(np.isfinite(times)):
+        raise ValueError("arrivals contain non-finite values")
+    if np.any(np.diff(times) < 0):
+        raise ValueError("arrivals must be sorted: pass them through trace_arrivals() or np.sort first")
+    return times
+
+
+def _next_batch(policy: str, a: List[float], i: int, cap: int, wait: float, closed: float,
+                free: float) -> Tuple[float, float, int]:
+    """The next batch from request `i` on (arrivals at the batcher `a`): when it closes, when it starts on
+    the device, and how many requests it holds. `closed`: when the previous batch closed; `free`: when the
+    device became free.
+
     The batcher feeds ONE device that runs one batch at a time. `policy` picks the batcher:
 
     * ``"serve"`` -- Ray Serve ``@serve.batch(max_batch_size, batch_wait_timeout_s)`` (ray 2.60,
@@ -230,80 +299,30 @@ def simulate(arrivals: Sequence[float], curve: LatencyCurve, max_batch_size: int
     * ``"triton"`` -- Triton's dynamic batcher with ``max_queue_delay``: when the device is free, launch
       as soon as ``max_batch_size`` requests are queued or the *oldest* queued request has waited
       ``max_wait`` since it arrived; the batch takes everything queued, up to ``max_batch_size``.
-
-    Latency runs from the request's time in `arrivals` (the client's send) to its answer. The path
-    outside the batcher is measured separately (e.g. at low load) and given as a constant or as samples
-    drawn once per request:
-    - ``inbound_seconds``: client to batcher (handle call, routing, event-loop hops). The path is FIFO: a
-      request reaches the batcher no earlier than the one sent before it, so one stalled request (a
-      paused router or event loop) holds back every request behind it, and the more so the higher the
-      rate. That bunching changes batch sizes and the tail, which a delay added afterwards cannot.
-    - ``overhead_seconds``: batch end to the client (response path), added as a pure delay.
-
-    Service times are drawn from the curve's measured spread when it has samples and `sample_service`,
-    else its medians.
     """
-    _check_setting(max_batch_size, max_wait_seconds, policy)
-    times = np.asarray(arrivals, dtype=float)
-    if times.ndim != 1 or times.size == 0:
-        raise ValueError("arrivals must be a non-empty 1-D sequence of seconds")
-    if not np.all(np.isfinite(times)):
-        raise ValueError("arrivals contain non-finite values")
-    if np.any(np.diff(times) < 0):
-        raise ValueError("arrivals must be sorted: pass them through trace_arrivals() or np.sort first")
-    rng = np.random.default_rng(seed)
-    n, cap, wait = int(times.size), int(max_batch_size), float(max_wait_seconds)
-    # Arrival at the batcher: sent + path delay, never before the request sent ahead of it.
-    at_batcher = np.maximum.accumulate(times + _draw(inbound_seconds, "inbound_seconds", n, rng))
-    a: List[float] = at_batcher.tolist()
+    full_at = a[i + cap - 1] if i + cap - 1 < len(a) else math.inf  # arrival of the request that fills the batch
+    if policy == "triton":
+        close = max(free, min(full_at, a[i] + wait))
+        return close, close, min(cap, bisect.bisect_right(a, close, i) - i)
+    if policy == "serve_offloaded":
+        take = max(closed, a[i])
+        close = min(take + wait, max(take, full_at))
+        return close, max(close, free), min(cap, bisect.bisect_right(a, close, i) - i)
+    # serve, blocking handler
+    if a[i] <= closed and closed + wait <= free:
+        # Left-over requests, timer started when the previous batch closed and already expired:
+        # the batch closes as soon as the loop is free, without what arrived during the run.
+        return free, free, min(cap, bisect.bisect_right(a, closed, i) - i)
+    take = closed if a[i] <= closed else max(free, a[i])
+    close = min(take + wait, max(free, full_at))
+    close = max(close, free)
+    return close, close, min(cap, bisect.bisect_right(a, close, i) - i)
 
-    # Service time per batch size, drawn cheaply: median[k] * spread[k][index].
-    median = [0.0] + [curve.seconds(k) for k in range(1, cap + 1)]
-    spreads = [None] + [curve._relative_spread(k) if sample_service else None for k in range(1, cap + 1)]
-    draws = rng.random(n)
 
-    finish_of = np.empty(n)
-    sizes: List[int] = []
-    busy = 0.0
+def _result(policy: str, curve: LatencyCurve, cap: int, wait: float, times: np.ndarray, finish_of: np.ndarray,
+            latencies: np.ndarray, sizes: List[int], busy: float) -> SimResult:
+    n = int(times.size)
     inf = math.inf
-    i = 0
-    closed = -inf  # when the previous batch closed (Serve: the batcher went back to its queue)
-    free = -inf  # when the device (and, for "serve", the event loop) became free
-    while i < n:
-        full_at = a[i + cap - 1] if i + cap - 1 < n else inf  # arrival of the request that fills the batch
-        if policy == "triton":
-            close = max(free, min(full_at, a[i] + wait))
-            start = close
-            count = min(cap, bisect.bisect_right(a, close, i) - i)
-        elif policy == "serve_offloaded":
-            take = max(closed, a[i])
-            close = min(take + wait, max(take, full_at))
-            start = max(close, free)
-            count = min(cap, bisect.bisect_right(a, close, i) - i)
-        else:  # serve, blocking handler
-            if a[i] <= closed and closed + wait <= free:
-                # Left-over requests, timer started when the previous batch closed and already expired:
-                # the batch closes as soon as the loop is free, without what arrived during the run.
-                close = free
-                count = min(cap, bisect.bisect_right(a, closed, i) - i)
-            else:
-                take = closed if a[i] <= closed else max(free, a[i])
-                close = min(take + wait, max(free, full_at))
-                close = max(close, free)
-                count = min(cap, bisect.bisect_right(a, close, i) - i)
-            start = close
-        spread = spreads[count]
-        service = median[count]
-        if spread is not None:
-            service *= float(spread[int(draws[len(sizes)] * len(spread))])
-        free = start + service
-        closed = close
-        busy += service
-        finish_of[i:i + count] = free
-        sizes.append(count)
-        i += count
-
-    latencies = finish_of - times + _draw(overhead_seconds, "overhead_seconds", n, rng)
     span = float(finish_of.max() - times[0])
     arrival_span = float(times[-1] - times[0])
     batch_sizes = np.asarray(sizes, dtype=int)

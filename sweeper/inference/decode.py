@@ -17,9 +17,9 @@ from typing import Any, Callable, Dict, List, Tuple
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from sweeper import gpt
 from sweeper.measure import flops as flops_mod
 from sweeper.measure import telemetry
+from sweeper.workloads import gpt
 
 # The prefill is timed this many times (a prompt is long: a few runs give its median).
 PREFILL_RUNS = 5

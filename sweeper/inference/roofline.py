@@ -36,7 +36,7 @@ The seed: "65 TFLOPS of fp32 and 300 GB/s, so the magic ratio should be 216"; a 
 - Had the seed run PyTorch's default fp32 (8.1 TFLOPS, 320 GB/s, W = 33.6 MB, a = 135 KB per sample),
   B* = 63.6 (64 on the grid), which agrees better with the knee it measured "around ~128" than
   either fp16 figure does; the seed does not say which it ran.
-tests/test_roofline.py holds these numbers as known answers.
+tests/unit/test_roofline.py holds these numbers as known answers.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Dict, Optional, Sequence
 
-from sweeper.report.analysis import knee as _analysis_knee
+from sweeper.measure.knee import knee as _series_knee
 
 # Seed 003's example: "65 TFLOPS" (the T4's fp16 tensor-core peak), "300 GB/s" (the datasheet says 320).
 SEED_003_PEAK_FLOPS_PER_SECOND = 65e12
@@ -298,7 +298,7 @@ def measured_knee(
     ordered = sorted((int(b), float(t)) for b, t in zip(batch_sizes, samples_per_second))
     if len(ordered) < 2:
         return None
-    _analysis_knee(ordered, min_gain)  # the same checks on the input (positive, no duplicates)
+    _series_knee(ordered, min_gain)  # the same checks on the input (positive, no duplicates)
     climbing = [
         i for i, ((b1, t1), (b2, t2)) in enumerate(zip(ordered, ordered[1:]))
         if (t2 / t1) ** (1.0 / math.log2(b2 / b1)) - 1.0 >= min_gain

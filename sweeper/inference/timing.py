@@ -14,10 +14,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from sweeper import errors, models
+from sweeper import errors
 from sweeper.config import ModelConfig
 from sweeper.measure import flops, telemetry
 from sweeper.schema import InferenceResult
+from sweeper.workloads import models
 
 ROLE = "inference"
 
@@ -29,6 +30,15 @@ def model_key(cfg: ModelConfig) -> str:
     if cfg.name == "mlp" and not cfg._target_:
         return f"mlp{cfg.width}"
     return ""
+
+
+def label(model: ModelConfig) -> str:
+    return model_key(model) or model.name
+
+
+def group_label(spec: InferenceSpec) -> str:
+    """A series of the sweep: the model's label, and a decoder's context ("gpt-ctx64")."""
+    return label(spec.model) if spec.context is None else f"{label(spec.model)}-ctx{spec.context}"
 
 
 @dataclass

@@ -17,11 +17,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 
-from sweeper import models
 from sweeper.config import ModelConfig
 from sweeper.errors import first_line
 from sweeper.inference.roofline import Bandwidth, KneePrediction, predict_knee, table_bandwidth
 from sweeper.measure import flops, telemetry
+from sweeper.workloads import models
 
 _GB = re.compile(r"(\d+)\s*GB", re.IGNORECASE)
 

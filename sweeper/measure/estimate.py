@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Dict, Iterable, Tuple
 
-from sweeper import models
 from sweeper.config import SweeperConfig
 from sweeper.measure import frontier, memory
 from sweeper.plan import GridPoint
+from sweeper.workloads import models
 
 
 def step_peak(cfg: SweeperConfig, num_classes: int, micro_batch_size: int, accumulation_steps: int = 1,

@@ -20,7 +20,7 @@ from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
 from sweeper.errors import first_line
-from sweeper.samples import Samples, cross_entropy
+from sweeper.workloads.samples import Samples, cross_entropy
 
 DTYPE_KEYS = ("fp32", "tf32", "fp16", "bf16")
 # TF32 is a matmul mode, not a tensor dtype: no torch.dtype maps to it.

@@ -1,8 +1,8 @@
 """The memory frontier: the largest micro-batch whose training step fits a memory budget, from a linear
 memory model (peak = fixed + per-sample x micro-batch) fitted to a few probes, then one verification.
 
-Pure arithmetic (standard library and sweeper.plan only): which size to probe next, the fit, and how a global batch is
-reached with the largest micro-batch that fits.
+Pure arithmetic (standard library, sweeper.plan and frontier.* from sweeper.config): which size to probe
+next, the fit, and how a global batch is reached with the largest micro-batch that fits.
 """
 
 from __future__ import annotations
@@ -11,7 +11,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from sweeper.config import FrontierConfig, check_frontier
 from sweeper.plan import DEFAULT_CHECKPOINTING, DEFAULT_PRECISION, GridPoint
+
+_KNOBS = FrontierConfig()
 
 
 @dataclass(frozen=True)
@@ -106,11 +109,12 @@ class FrontierSearch:
     """
 
     budget_bytes: float
-    first_probe: int = 8
-    growth: int = 4
-    max_fit_probes: int = 3
-    max_verifications: int = 3
-    multiple_of: int = 1
+    # frontier.* (config/sweep.py holds their defaults and rules, once)
+    first_probe: int = _KNOBS.first_probe
+    growth: int = _KNOBS.growth
+    max_fit_probes: int = _KNOBS.max_fit_probes
+    max_verifications: int = _KNOBS.max_verifications
+    multiple_of: int = _KNOBS.multiple_of
     step_down: float = 0.05
     # The largest micro-batch that can be run at all (the data a worker gets per step): no probe exceeds it.
     upper: Optional[int] = None
@@ -120,11 +124,11 @@ class FrontierSearch:
     _predicted: Optional[int] = None
 
     def __post_init__(self) -> None:
-        for name in ("first_probe", "growth", "max_fit_probes", "max_verifications", "multiple_of"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)}: must be >= 1")
-        if self.max_fit_probes < 2:
-            raise ValueError(f"max_fit_probes={self.max_fit_probes}: a line needs two probes, use >= 2")
+        knobs = FrontierConfig(first_probe=self.first_probe, growth=self.growth, max_fit_probes=self.max_fit_probes,
+                               max_verifications=self.max_verifications, multiple_of=self.multiple_of)
+        problems = check_frontier(knobs)
+        if problems:
+            raise ValueError("; ".join(problems))
         if self.budget_bytes <= 0:
             raise ValueError(f"budget_bytes={self.budget_bytes}: must be positive")
 

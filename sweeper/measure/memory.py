@@ -27,7 +27,7 @@ from torch.nn.modules.module import (
 
 from sweeper import recipe
 from sweeper.config import OptimConfig
-from sweeper.samples import Samples, cross_entropy
+from sweeper.workloads.samples import Samples, cross_entropy
 
 _CATEGORIES = {
     "parameters_bytes": _MemRefType.PARAM,

@@ -3,7 +3,7 @@ with the reason in words. Its parts live beside it and are re-exported here: qua
 means: accuracy or a loss, its intervals), trials.py (runs folded over seeds), eligibility.py (which
 points may be recommended at all), noninferiority.py (the "not worse" rule), ties.py (objective
 accuracy's ties), reasons.py (the words), front.py (knees, Pareto front), lr.py (the LR table),
-output.py (override line, YAML); recipes compared: recipes.py. Pure (stdlib; scipy.stats via report.stats)."""
+output.py (override line, YAML); recipes compared: recipes.py. Pure (stdlib; scipy.stats via sweeper.stats)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from functools import partial
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 from sweeper.errors import ConfigError
-from sweeper.report import classes, eligibility, reasons, stats, ties
+from sweeper import stats
+from sweeper.report import classes, eligibility, reasons, ties
 from sweeper.report.front import knee, knees, pareto
 from sweeper.report.lr import LrRow, lr_table
 from sweeper.report import noninferiority
@@ -27,7 +28,7 @@ from sweeper.report.noninferiority import (  # noqa: F401
 )
 from sweeper.report.output import override_line, recommendation_yaml
 from sweeper.report.quality import ACCURACY, AUTO, Quality, resolve
-from sweeper.report.settings import OBJECTIVES, ReportConfig, check
+from sweeper.config.report import OBJECTIVES, ReportConfig, check
 from sweeper.report.ties import ACCURACY_TIE  # noqa: F401
 from sweeper.report.trials import (  # noqa: F401
     _STATUS_ORDER,

@@ -453,7 +453,7 @@ def _optional_float(text: str) -> Optional[float]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from sweeper.report import settings as report_settings
+    from sweeper.config import report as report_settings
 
     parser = argparse.ArgumentParser(
         prog="python -m sweeper.report",

@@ -2,7 +2,7 @@
 (a classifier's validation hits not separated from chance, a language model's loss not below its
 training stream's unigram entropy), the objective's figure missing, over the memory budget, under
 report.min_accuracy; and, when none is left, the reason naming the constraint to relax. Pure (stdlib;
-scipy.stats via report.stats)."""
+scipy.stats via sweeper.stats)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import math
 from collections import Counter
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from sweeper.report import stats
+from sweeper import stats
 from sweeper.report.quality import LOSS, hits
 from sweeper.report.trials import PointSummary, Trial, _finite, seconds_to_train
 

@@ -10,7 +10,7 @@ import math
 import textwrap
 from typing import Dict, List, Optional
 
-from sweeper.report import stats
+from sweeper import stats
 from sweeper.report.noninferiority import Gap, judge_gap, one_sided
 from sweeper.report.quality import QUALITIES, Quality
 from sweeper.report.reasons import rate

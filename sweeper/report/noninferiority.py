@@ -2,17 +2,17 @@
 (report/quality.py: accuracy, or a loss) as a confidence interval (paired over shared seeds, else the
 spread over seeds, else from one seed's validation sets) judged against a tolerance in the quality's
 units: eligible, unproven, excluded or untested (no interval), and the words for each. Layouts, LR
-multipliers and recipes are never counted as seeds. Pure (stdlib; scipy.stats via report.stats)."""
+multipliers and recipes are never counted as seeds. Pure (stdlib; scipy.stats via sweeper.stats)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import Any, Dict, Optional
 
-from sweeper.report import stats
+from sweeper import stats
 from sweeper.report.classes import fold_by_seed
 from sweeper.report.quality import ACCURACY, Quality, hits
-from sweeper.report.stats import Interval
+from sweeper.stats import Interval
 from sweeper.report.trials import PointSummary, Trial
 
 

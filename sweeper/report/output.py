@@ -11,8 +11,8 @@ import yaml
 from sweeper.report import classes, headline
 from sweeper.report.lr import lr_table
 from sweeper.report.quality import QUALITIES
-from sweeper.report.settings import LR_SCALING_RULES, invalid_choice
-from sweeper.report.stats import Interval
+from sweeper.config.report import LR_SCALING_RULES, invalid_choice
+from sweeper.stats import Interval
 from sweeper.report.trials import PointSummary, Recommendation, Trial, seconds_to_train
 
 

@@ -5,7 +5,7 @@ confidence intervals and the tolerance key that bounds how much worse a faster p
 Every rule that compares two points' quality (non-inferiority, ties, the LR table, recipes against fp32)
 works on the *score*: the value signed so that higher is better (a loss negated). A gap is the score of
 one point minus another's, so "positive is better" and a tolerance is always `gap >= -tolerance`; the
-words shown turn it back into the metric's own direction. Pure (stdlib; scipy.stats via report.stats)."""
+words shown turn it back into the metric's own direction. Pure (stdlib; scipy.stats via sweeper.stats)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import statistics
 from dataclasses import dataclass, replace
 from typing import Iterable, List, Optional, Sequence, Tuple
 
-from sweeper.report import stats
-from sweeper.report.settings import QUALITY_CHOICES
-from sweeper.report.stats import Interval
+from sweeper import stats
+from sweeper.config.report import QUALITY_CHOICES
+from sweeper.stats import Interval
 from sweeper.report.trials import PointSummary, Trial, _finite
 
 AUTO = "auto"
@@ -189,7 +189,7 @@ LOSS = Quality("val_loss", False, "nats per token", "report.max_loss_rise", se_m
 BITS_PER_BYTE = Quality("val_bits_per_byte", False, "bits per byte", "report.max_loss_rise",
                         se_metric="val_loss_se", se_scale=1.0 / math.log(2))
 QUALITIES = {q.metric: q for q in (ACCURACY, LOSS, BITS_PER_BYTE)}
-CHOICES = QUALITY_CHOICES  # its one home is report/settings.py (stdlib, read by the config)
+CHOICES = QUALITY_CHOICES  # its one home is config/report.py (stdlib)
 
 
 def resolve(name: str, trials: Sequence[Trial]) -> Quality:

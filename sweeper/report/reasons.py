@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Optional, Tuple
 
-from sweeper.report import stats, ties
+from sweeper import stats
+from sweeper.report import ties
 from sweeper.report.eligibility import bytes_text
 from sweeper.report.noninferiority import Gap, _settle_text, certifying_drop
 from sweeper.report.quality import ACCURACY, Quality

@@ -11,7 +11,7 @@ from sweeper.report.analysis import Trial
 from sweeper.report.critical_batch import CriticalBatch
 from sweeper.report.html import Section
 from sweeper.report.quality import ACCURACY, AUTO, QUALITIES, Quality, resolve
-from sweeper.report.settings import ReportConfig
+from sweeper.config.report import ReportConfig
 
 
 def lr_rule(params: Dict[str, str]) -> str:

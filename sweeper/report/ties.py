@@ -1,13 +1,13 @@
 """Objective accuracy's ties: a point is tied with the best when the one non-inferiority judgement
 (report/noninferiority.py: paired by seed, else the spread over seeds, else one seed's validation sets)
 certifies its quality within the quality's tie floor of the best's; the best point's tie group, and the
-sentence saying why two points count as one result. Pure (stdlib; scipy.stats via report.stats)."""
+sentence saying why two points count as one result. Pure (stdlib; scipy.stats via sweeper.stats)."""
 
 from __future__ import annotations
 
 from typing import List
 
-from sweeper.report import stats
+from sweeper import stats
 from sweeper.report.noninferiority import Gap, judge_gap
 from sweeper.report.quality import ACCURACY, Quality
 from sweeper.report.trials import PointSummary

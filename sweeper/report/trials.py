@@ -1,5 +1,5 @@
 """A sweep's runs as the report reads them (Trial) and seed replicates folded into points with
-confidence intervals (PointSummary, summarize). Pure (stdlib; scipy.stats via report.stats)."""
+confidence intervals (PointSummary, summarize). Pure (stdlib; scipy.stats via sweeper.stats)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import statistics
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from sweeper.report import stats
-from sweeper.report.stats import Interval
+from sweeper import stats
+from sweeper.stats import Interval
 
 
 @dataclass(frozen=True)

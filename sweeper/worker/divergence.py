@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 
 from sweeper.config import DivergenceConfig
-from sweeper.report.settings import ReportConfig
-from sweeper.report.stats import above_chance
+from sweeper.config.report import ReportConfig
+from sweeper.stats import above_chance
 from sweeper.worker import collectives as comm
 from sweeper.worker.step import Training
 

@@ -13,9 +13,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, Subset
 
-from sweeper.samples import cross_entropy
 from sweeper.worker.collectives import all_reduce
 from sweeper.worker.spec import PointSpec, WorkerContext
+from sweeper.workloads.samples import cross_entropy
 
 EVAL_BATCH_SIZE = 256
 

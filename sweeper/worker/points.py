@@ -11,7 +11,7 @@ import gc
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from sweeper import data as data_mod, models
+from sweeper.workloads import datasets, models
 from sweeper import errors
 from sweeper.measure import flops as flops_mod
 from sweeper.measure import telemetry
@@ -54,7 +54,7 @@ def run_points(
     # The data packed at each context the group trains (one for a sweep without sweep.context_lengths).
     loaded = {tuple(s.model.input_shape): None for s in specs}
     for shape in loaded:
-        loaded[shape] = data_mod.load(first.data, list(shape))
+        loaded[shape] = datasets.load(first.data, list(shape))
     facts = group_facts(specs, device, ctx, threads)
     subgroups = comm.subgroups(sorted({s.point.num_workers for s in specs}), ctx, status_timeout)
     nodes = comm.gather_objects(ctx.node, ctx) if ctx.node else []
@@ -66,21 +66,8 @@ def run_points(
     for i, spec in enumerate(specs):
         point_start = time.time()
         members = spec.point.num_workers
-        cause = implied_oom(spec.point, out_of_memory)
-        if cause is not None:
-            # Every member saw the same agreed oom, so every member skips the same points.
-            result = PointResult(
-                trial_key=spec.point.key, status="oom", oom_implied_by=cause.key,
-                error=f"oom (implied): {cause.key} ran out of memory and this point needs at least as much",
-            )
-        elif ctx.rank < members:
-            group, status_group = subgroups.get(members, (ctx.group, None))
-            member = WorkerContext(ctx.rank, members, ctx.local_rank, group, status_group)
-            result = run_point(spec, member, device, loaded[tuple(spec.model.input_shape)], facts, deadline)
-            if result.status == "oom":
-                out_of_memory.append(spec.point)
-        else:
-            result = PointResult(trial_key=spec.point.key, status="idle")  # rank 0's result is the one used
+        result = _one_point(spec, ctx, subgroups, device, loaded[tuple(spec.model.input_shape)], facts, deadline,
+                            out_of_memory)
         result.cost.worker_group_points = len(specs)
         if nodes:
             result.cost.num_nodes = len(set(nodes[:members]))
@@ -93,6 +80,29 @@ def run_points(
         # Stamped before reporting: the report's round trip is the harness's cost between points.
         previous_end = time.time()
         report(result)
+
+
+def _one_point(spec: PointSpec, ctx: WorkerContext, subgroups, device, splits, facts, deadline: Deadline,
+               out_of_memory: List[GridPoint]) -> PointResult:
+    """This rank's result for one point of the group: measured on its members, idle on the other ranks,
+    or oom without running when a point it needs no more memory than already ran out (`out_of_memory`,
+    which a measured oom joins)."""
+    members = spec.point.num_workers
+    cause = implied_oom(spec.point, out_of_memory)
+    if cause is not None:
+        # Every member saw the same agreed oom, so every member skips the same points.
+        return PointResult(
+            trial_key=spec.point.key, status="oom", oom_implied_by=cause.key,
+            error=f"oom (implied): {cause.key} ran out of memory and this point needs at least as much",
+        )
+    if ctx.rank >= members:
+        return PointResult(trial_key=spec.point.key, status="idle")  # rank 0's result is the one used
+    group, status_group = subgroups.get(members, (ctx.group, None))
+    member = WorkerContext(ctx.rank, members, ctx.local_rank, group, status_group)
+    result = run_point(spec, member, device, splits, facts, deadline)
+    if result.status == "oom":
+        out_of_memory.append(spec.point)
+    return result
 
 
 def startup_split(group_start: float, process_start: Optional[float], entered: float, ready: float) -> Dict[str, float]:
@@ -164,7 +174,7 @@ def run_point(
     spec: PointSpec,
     ctx: WorkerContext,
     device: Optional[telemetry.Device] = None,
-    splits: Optional[data_mod.Splits] = None,
+    splits: Optional[datasets.Splits] = None,
     facts: Optional[GroupFacts] = None,
     deadline: Optional[Deadline] = None,
 ) -> PointResult:

@@ -9,14 +9,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable, Optional, Union
 
-from sweeper import data as data_mod
 from sweeper.measure import frontier as frontier_mod
 from sweeper.measure import telemetry
 from sweeper.plan import GridPoint
-from sweeper.schema import FrontierResult, FrontierSearch, PointResult
+from sweeper.schema import FrontierResult, PointResult, SearchFound
 from sweeper.worker import collectives as comm
 from sweeper.worker.points import STATUS_TIMEOUT, freeze_long_lived_objects, run_point
 from sweeper.worker.spec import FrontierSpec, WorkerContext
+from sweeper.workloads import datasets
 
 
 def run_frontier(
@@ -32,7 +32,7 @@ def run_frontier(
     probes: their results agree, so their searches do too."""
     template = fspec.template
     device = telemetry.select(template.use_gpu, ctx.local_rank)
-    splits = data_mod.load(template.data, template.model.input_shape)
+    splits = datasets.load(template.data, template.model.input_shape)
     member = replace(ctx, status_group=comm.status_group(ctx, STATUS_TIMEOUT))
     freeze_long_lived_objects()
     # No budget given: a GPU's whole memory (a CPU sweep is refused one before it starts).
@@ -59,7 +59,7 @@ class _Prober:
         self.count = 0
         self.failed: Optional[str] = None
 
-    def search(self, accumulation_steps: int, upper: int) -> Optional[FrontierSearch]:
+    def search(self, accumulation_steps: int, upper: int) -> Optional[SearchFound]:
         if self.failed is not None:
             return None
         finder = frontier_mod.FrontierSearch(budget_bytes=self.budget, upper=upper, **self.fspec.search)
@@ -97,8 +97,8 @@ class _Prober:
         return result
 
 
-def _found(found: frontier_mod.Frontier) -> FrontierSearch:
-    search = FrontierSearch(
+def _found(found: frontier_mod.Frontier) -> SearchFound:
+    search = SearchFound(
         micro_batch_size=found.micro_batch_size,
         predicted_micro_batch_size=found.predicted_micro_batch_size,
         fit_probes=found.num_fit_probes,

@@ -16,12 +16,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-from sweeper import data as data_mod
-from sweeper import models, recipe
+from sweeper import recipe
 from sweeper.measure import telemetry
+from sweeper.sampler import GlobalBatchSampler
 from sweeper.worker.gns import MicroGradients, total_norm
 from sweeper.worker.sharding import accumulation_context
 from sweeper.worker.spec import PointSpec, WorkerContext
+from sweeper.workloads import datasets, models
 
 # No batch of these datasets takes a healthy loader worker anywhere near this long.
 LOADER_TIMEOUT_SECONDS = 300
@@ -34,7 +35,7 @@ class Training:
     spec: PointSpec
     ctx: WorkerContext
     device: telemetry.Device
-    splits: data_mod.Splits
+    splits: datasets.Splits
     model: nn.Module
     optimizer: torch.optim.Optimizer
     batches: Iterator[Any]
@@ -170,7 +171,7 @@ class Warmup:
             group["lr"] = base * factor
 
 
-def setup(spec: PointSpec, ctx: WorkerContext, device: telemetry.Device, splits: data_mod.Splits,
+def setup(spec: PointSpec, ctx: WorkerContext, device: telemetry.Device, splits: datasets.Splits,
           start=None) -> Training:
     """A fresh model (seeded: the same initial weights on every layout), its optimizer and its batches;
     with spec.start_from (or `start`, a Snapshot in memory: a batch schedule's previous span), the
@@ -198,17 +199,7 @@ def setup(spec: PointSpec, ctx: WorkerContext, device: telemetry.Device, splits:
         # the first, untimed step.
         model.compile()
     start_samples = start.position.samples_seen if start is not None else 0
-    sampler = data_mod.GlobalBatchSampler(len(splits.train), point, ctx.rank, spec.steps, spec.seed, start_samples)
-    loader = DataLoader(
-        splits.train,
-        batch_size=point.micro_batch_size,
-        sampler=sampler,
-        drop_last=True,
-        num_workers=spec.data.loader_workers,
-        pin_memory=device.is_cuda,
-        # A loader worker process that stalls (NFS, a deadlock) raises instead of hanging the group.
-        timeout=LOADER_TIMEOUT_SECONDS if spec.data.loader_workers > 0 else 0,
-    )
+    loader = _loader(spec, ctx, device, splits, start_samples)
     losses = torch.zeros(spec.steps, dtype=torch.float64, device=device.torch_device)
     scaler = recipe.grad_scaler(device.torch_device, point.precision)
     if scaler is not None and start is not None and start.scaler:
@@ -237,6 +228,23 @@ def setup(spec: PointSpec, ctx: WorkerContext, device: telemetry.Device, splits:
                     seconds_before=start.position.train_seconds if start is not None else 0.0,
                     read_seconds=None if start is None else start.extra.get("read_seconds"),
                     history=start.history if start is not None else state.History())
+
+
+def _loader(spec: PointSpec, ctx: WorkerContext, device: telemetry.Device, splits: datasets.Splits,
+            start_samples: int) -> DataLoader:
+    """This rank's micro-batches, full ones only, from `start_samples` into the stream on."""
+    point = spec.point
+    sampler = GlobalBatchSampler(len(splits.train), point, ctx.rank, spec.steps, spec.seed, start_samples)
+    return DataLoader(
+        splits.train,
+        batch_size=point.micro_batch_size,
+        sampler=sampler,
+        drop_last=True,
+        num_workers=spec.data.loader_workers,
+        pin_memory=device.is_cuda,
+        # A loader worker process that stalls (NFS, a deadlock) raises instead of hanging the group.
+        timeout=LOADER_TIMEOUT_SECONDS if spec.data.loader_workers > 0 else 0,
+    )
 
 
 def _read_start(spec: PointSpec):

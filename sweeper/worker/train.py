@@ -15,16 +15,16 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from sweeper import data as data_mod, models
 from sweeper.measure import telemetry, timing
 from sweeper.schema import PointResult
 from sweeper.worker import collectives as comm
-from sweeper.worker.deadline import Deadline
 from sweeper.worker import divergence, gns
+from sweeper.worker.deadline import Deadline
 from sweeper.worker.divergence import Diverged
 from sweeper.worker.evaluate import Progress
 from sweeper.worker.spec import PointSpec, WorkerContext
 from sweeper.worker.step import Training, setup
+from sweeper.workloads import datasets, models
 
 TRACE_FILE = "rank0.pt.trace.json.gz"
 
@@ -86,7 +86,7 @@ def train_point(
     spec: PointSpec,
     ctx: WorkerContext,
     device: Optional[telemetry.Device] = None,
-    splits: Optional[data_mod.Splits] = None,
+    splits: Optional[datasets.Splits] = None,
     deadline: Optional[Deadline] = None,
 ) -> PointResult:
     """Train `spec.steps` optimizer steps and measure them (with train.batch_schedule, each span in turn).
@@ -98,14 +98,14 @@ def train_point(
 
 
 def _train_schedule(spec: PointSpec, ctx: WorkerContext, device: Optional[telemetry.Device],
-                    splits: Optional[data_mod.Splits], deadline: Optional[Deadline]) -> PointResult:
+                    splits: Optional[datasets.Splits], deadline: Optional[Deadline]) -> PointResult:
     """train.batch_schedule: each span trains on from the one before's training state (handed over in
     memory by the same capture and apply a checkpoint on disk uses), at its own layout and LR. The point's
     result is the last span's (its throughput and memory, at the schedule's last layout) with the whole
     loss curve, the samples and time of every span, and the schedule."""
     from dataclasses import replace as with_
 
-    splits = splits or data_mod.load(spec.data, spec.model.input_shape)
+    splits = splits or datasets.load(spec.data, spec.model.input_shape)
     first = with_(spec, later_spans=[], save_state_to=None)
     spans = [(0, spec.point, spec.lr, spec.steps)]
     spans += [(s.start_samples, s.point, s.lr, s.steps) for s in spec.later_spans]
@@ -149,7 +149,7 @@ def _train_schedule(spec: PointSpec, ctx: WorkerContext, device: Optional[teleme
 
 
 def _train_span(spec: PointSpec, ctx: WorkerContext, device: Optional[telemetry.Device] = None,
-                splits: Optional[data_mod.Splits] = None, deadline: Optional[Deadline] = None, start=None,
+                splits: Optional[datasets.Splits] = None, deadline: Optional[Deadline] = None, start=None,
                 hand_over: bool = False):
     """One run of `spec.steps` steps (from `start`, a Snapshot in memory, when given). With `hand_over`,
     returns (result, the training state it ended at) for the next span."""
@@ -157,7 +157,7 @@ def _train_span(spec: PointSpec, ctx: WorkerContext, device: Optional[telemetry.
         raise ValueError(f"grid point wants {spec.point.num_workers} workers, world size is {ctx.world_size}")
     cfg = spec.measure
     device = device or telemetry.select(spec.use_gpu, ctx.local_rank)
-    run = setup(spec, ctx, device, splits or data_mod.load(spec.data, spec.model.input_shape), start)
+    run = setup(spec, ctx, device, splits or datasets.load(spec.data, spec.model.input_shape), start)
     track_memory = cfg.memory_breakdown or run.budget_mode == "simulated"
     roles = timing.step_roles(spec.steps, cfg.warmup_steps, spec.profile_steps, cfg.windows, track_memory)
     clock = Clock(run, sum(role.opens_window is not None for role in roles), deadline)
