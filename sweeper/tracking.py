@@ -151,6 +151,19 @@ class SweepRecord:
     children: List[Dict[str, Any]]
 
 
+def artifacts_beside_store(uri: str, experiment_name: str) -> Optional[str]:
+    """Where a new experiment of a SQLite store keeps its artifacts: MLflow's default, ./mlruns, is the
+    working directory's, which for a sweep run as a Ray job (`ray job submit --working-dir .`) is a
+    temporary copy Ray unpacks per job: its config.yaml, which a resume compares, and its report were
+    then lost. Beside the store instead when the store is elsewhere; None (MLflow's default) otherwise."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    folder = os.path.dirname(os.path.abspath(uri[len("sqlite:///"):]))
+    if folder == os.path.abspath(os.getcwd()):
+        return None  # ./mlruns, beside the store already
+    return os.path.join(folder, "mlruns", experiment_name)
+
+
 class Tracker:
     """The sweep's record: one parent run, one child per point; writes the store cannot take go to a
     journal (sweeper.journal) and are replayed at the end or on resume."""
@@ -201,7 +214,9 @@ class Tracker:
             self.client = MlflowClient(tracking_uri=uri)
             experiment = self.client.get_experiment_by_name(experiment_name)
             if experiment is None:
-                self.experiment_id = self.client.create_experiment(experiment_name, tags=dict([EXPERIMENT_KIND]))
+                self.experiment_id = self.client.create_experiment(
+                    experiment_name, artifact_location=artifacts_beside_store(uri, experiment_name),
+                    tags=dict([EXPERIMENT_KIND]))
             else:
                 self.experiment_id = experiment.experiment_id
                 if EXPERIMENT_KIND[0] not in experiment.tags:
@@ -278,10 +293,12 @@ class Tracker:
 
     def recorded_config(self, run_id: str) -> Optional[str]:
         """The resolved config a sweep recorded (its `config.yaml` artifact), or None."""
-        import mlflow.artifacts
-
         try:
-            return mlflow.artifacts.load_text(f"runs:/{run_id}/config.yaml")
+            # Through this store's client: `runs:/` URIs resolve against MLflow's global tracking URI,
+            # which is ./mlflow.db unless set, not tracking.uri (a resume to another store read nothing).
+            with tempfile.TemporaryDirectory() as folder:
+                with open(self.client.download_artifacts(run_id, "config.yaml", folder)) as f:
+                    return f.read()
         except Exception:  # noqa: BLE001 - a sweep without its config cannot be checked: the caller refuses it
             return None
 

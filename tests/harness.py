@@ -45,6 +45,7 @@ class SessionRay:
 
     def __init__(self):
         self.address = None
+        self.head: Optional[RayHead] = None  # its ports, token and dashboard
         self.folder = None
         self._env = None
         self._probe = None
@@ -66,33 +67,14 @@ class SessionRay:
 
     def _start_once(self) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="sweeper-test-ray-"))
-        token = self.folder / "auth_token"
-        token.write_text(os.urandom(32).hex())
-        token.chmod(0o600)
-        port = free_port()
-        self._env = {
-            "RAY_AUTH_MODE": "token",
-            "RAY_AUTH_TOKEN_PATH": str(token),
-            # Ray's workers import test models (tests.unit.test_training.Sleepy, ...) from this repository.
-            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
-            "RAY_USAGE_STATS_ENABLED": "0",
-        }
-        started = subprocess.run(
-            [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--port={port}",
-             f"--num-cpus={os.cpu_count()}", "--num-gpus=0",
-             # A dashboard, as a user's cluster has: a joining sweep prints its address first thing.
-             "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-             # Its own ports: other Rays on this machine (other sweeps, the tests that start their own)
-             # would otherwise meet at 8265 and friends.
-             f"--dashboard-port={free_port()}", f"--ray-client-server-port={free_port()}",
-             f"--dashboard-agent-listen-port={free_port()}", f"--metrics-export-port={free_port()}",
-             f"--temp-dir={self.folder / 'tmp'}", "--disable-usage-stats"],
-            env={**os.environ, **self._env}, capture_output=True, text=True, timeout=300,
-        )
+        head = RayHead(self.folder, num_cpus=os.cpu_count())
+        self._env = head.env
+        started = subprocess.run(head.command(), env={**os.environ, **self._env}, capture_output=True, text=True,
+                                 timeout=300)
         if started.returncode != 0:
             raise RuntimeError(f"`ray start --head` for the test session failed:\n{started.stdout[-3000:]}\n"
                                f"{started.stderr[-3000:]}")
-        self.address = f"127.0.0.1:{port}"
+        self.address, self.head = head.address, head
 
     def wait_idle(self, timeout: float = 60) -> None:
         """Until every CPU is free again (a sweep's actors and placement groups gone)."""
@@ -161,7 +143,65 @@ class SessionRay:
             except psutil.Error:
                 pass
         shutil.rmtree(self.folder, ignore_errors=True)
-        self.address = self.folder = self._probe = None
+        self.address = self.head = self.folder = self._probe = None
+
+
+class RayHead:
+    """`ray start --head` as the tests start it, in `folder` (its temporary files and its token): token
+    auth on, as Ray 2.60 does for any new cluster (a joining process needs `env`: RAY_AUTH_MODE=token
+    and the token's path), a dashboard, and every port its own (other Rays on this machine, other
+    sweeps, the tests that start their own, would otherwise meet at 8265, the dashboard agent's 52365
+    and friends)."""
+
+    def __init__(self, folder: Path, num_cpus: int):
+        self.folder, self.num_cpus = Path(folder), num_cpus
+        self.token = self.folder / "auth_token"
+        self.token.write_text(os.urandom(32).hex())
+        self.token.chmod(0o600)
+        self.port, self.dashboard_port = free_port(), free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.dashboard = f"http://127.0.0.1:{self.dashboard_port}"
+        self.env = {
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": str(self.token),
+            # Ray's workers import test models (tests.unit.test_training.Sleepy, ...) from this repository.
+            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+            "RAY_USAGE_STATS_ENABLED": "0",
+        }
+
+    def command(self, *extra: str) -> list:
+        return [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--port={self.port}",
+                f"--num-cpus={self.num_cpus}", "--num-gpus=0",
+                # A dashboard, as a user's cluster has: a joining sweep prints its address first thing.
+                "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
+                f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
+                f"--metrics-export-port={free_port()}", f"--temp-dir={self.folder / 'tmp'}", "--disable-usage-stats",
+                *extra]
+
+    def headers(self) -> dict:
+        """What the dashboard's HTTP APIs (jobs, state) want from a client: the token."""
+        return {"Authorization": f"Bearer {self.token.read_text().strip()}"}
+
+    def placement_groups(self, of_ended_jobs: bool = False, timeout: float = 30) -> list:
+        """The cluster's placement groups not REMOVED (Ray's state API), once there are none or `timeout`
+        passed: the GCS removes a job's groups shortly after its driver exits. `of_ended_jobs`: only those
+        of jobs that ended, the ones leaked (a shared Ray's other sweeps hold theirs while they run)."""
+        from ray.util.state import StateApiClient
+        from ray.util.state.common import ListApiOptions, StateResource
+
+        client = StateApiClient(self.dashboard, headers=self.headers())
+        deadline = time.time() + timeout
+        while True:
+            groups = [g for g in client.list(StateResource.PLACEMENT_GROUPS, options=ListApiOptions(detail=True),
+                                             raise_on_missing_output=False) if g.state != "REMOVED"]
+            if of_ended_jobs:
+                running = {j.job_id for j in client.list(StateResource.JOBS, options=ListApiOptions(),
+                                                         raise_on_missing_output=False)
+                           if j.status in ("PENDING", "RUNNING")}
+                groups = [g for g in groups if g.creator_job_id not in running]
+            if not groups or time.time() > deadline:
+                return groups
+            time.sleep(1)
 
 
 IDLE_PROBE = """

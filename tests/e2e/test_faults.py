@@ -185,6 +185,7 @@ def test_a_worker_killed_mid_trial_is_restarted_and_each_point_recorded_once(tmp
     # The point that was running when its worker died was measured again after the restart.
     assert by_key[running].data.metrics["worker_group_restarts"] == 1
     assert by_key[last].data.metrics["worker_group_restarts"] == 1
+    assert SESSION_RAY.head.placement_groups(of_ended_jobs=True) == []  # the restarted group's too
 
 
 @pytest.mark.own_ray
