@@ -265,8 +265,9 @@ def compute(name: str, branch: Sweep, grid: Sweep) -> float:
     grid_eval = sum(p.get("eval_seconds", 0.0) for p in points)
     one_seed = sum(p.get("trial_seconds", 0.0) - p.get("eval_seconds", 0.0) for p in points if p.get("seed") == "0")
     cost = branch.metrics["compute_point_seconds"]
+    # the runs its ledger counts (a "trial" run of the trunk's layout carries the trunk's figures: not twice)
     branch_eval = sum(r.data.metrics.get("eval_seconds", 0.0) for r in branch.runs
-                      if r.data.tags.get("sweeper.role") in ("trial", "trunk", "branch"))
+                      if r.data.tags.get("sweeper.role") in ("throughput", "trunk", "branch"))
     print(f"{name}_branch_point_seconds: {cost - branch_eval:.1f} without its evaluations ({branch_eval:.1f} s of "
           f"them apart; throughput {branch.metrics['compute_throughput_point_seconds']:.1f}, "
           f"trunk {branch.metrics['compute_trunk_point_seconds']:.1f}, branches "
