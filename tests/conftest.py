@@ -19,9 +19,9 @@ for _variable, _folder in (("MPLCONFIGDIR", "matplotlib"), ("XDG_CACHE_HOME", "c
 import pytest  # noqa: E402 - after the caches' folders are set
 
 from sweeper import config  # noqa: E402
-from tests.harness import SESSION_RAY, STORE_TEMPLATE, ZYGOTE, SessionRay, compose_cfg
+from tests.harness import SESSION_RAY, STORE_TEMPLATE, ZYGOTE, SessionRay, compose_cfg  # noqa: E402
 # Hooks are registered by being names of this conftest.
-from tests.scheduling import pytest_runtest_protocol, pytest_xdist_make_scheduler  # noqa: F401
+from tests.scheduling import pytest_runtest_protocol, pytest_xdist_make_scheduler  # noqa: F401,E402
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 samples (noise, a branch that never recovers, a spike that recovers), the schedule it implies and the
 predicted wall times; and through the CLI, a branch sweep."""
 
-import json
 import math
 import random
 from pathlib import Path

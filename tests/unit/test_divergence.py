@@ -252,7 +252,7 @@ def test_a_falling_loss_with_chance_accuracy_still_did_not_learn():
 def test_a_point_whose_loss_ends_above_a_guess_is_diverged_with_its_reason():
     """Issue 46, finding 9: the same model stopped after 22 steps ends at a validation loss of 2.73 nats
     (se 0.08), above a guess's ln 10 = 2.30: diverged (worse_than_guess), not did_not_learn with no reason."""
-    skewed = ModelConfig(name="skewed", _target_="tests.test_divergence.SkewedGuess", input_shape=[1, 8, 8])
+    skewed = ModelConfig(name="skewed", _target_="tests.unit.test_divergence.SkewedGuess", input_shape=[1, 8, 8])
     short = PointSpec(model=skewed, data=DataConfig(name="digits"), train=TrainConfig(seed=1), measure=MEASURE,
                       point=GridPoint(32, 1, 1), lr=0.3, steps=CHANCE_MIN_STEPS + 2)
     result = run_point(short, WorkerContext())
