@@ -26,7 +26,9 @@ def test_regular_wheel_ships_the_configs(tmp_path):
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation",
          "-w", str(tmp_path / "dist"), "-q"],
-        check=True, capture_output=True, timeout=300,
+        # The build's tools write to their home (rustup's proxies, probed by the build, make
+        # ~/.rustup/settings.toml): the test's folder, so the suite writes nothing to the user's.
+        check=True, capture_output=True, timeout=300, env={**os.environ, "HOME": str(tmp_path / "home")},
     )
     wheel = next((tmp_path / "dist").glob("sweeper-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
