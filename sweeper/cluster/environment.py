@@ -13,7 +13,7 @@ import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Tuple
 
 from sweeper.config import ClusterConfig
 
@@ -87,17 +87,20 @@ def _joined() -> RayEnvironment:
     ("InvalidAuthToken") although both read the same file. With a token available and RAY_AUTH_MODE
     unset, token mode is turned on here for every address: a cluster without auth accepts the header.
     """
-    if os.environ.get(TOKEN):
-        found = RayEnvironment(None, "the RAY_AUTH_TOKEN variable", None)
-    elif os.environ.get(TOKEN_PATH):
-        found = RayEnvironment(os.environ[TOKEN_PATH], "RAY_AUTH_TOKEN_PATH", None)
-    else:
-        default = Path.home() / ".ray" / TOKEN_FILE
-        found = RayEnvironment(str(default), "~/.ray/auth_token, Ray's default", None) if default.is_file() \
-            else RayEnvironment(None, "none", None)
-    if found.token_source != "none":
+    path, source = _available_token()
+    if source != "none":
         os.environ.setdefault(AUTH_MODE, "token")
     mode = os.environ.get(AUTH_MODE)
     if mode is not None and mode.lower() == "disabled":
         return RayEnvironment(None, "none", mode)
-    return RayEnvironment(found.token_path, found.token_source, mode)
+    return RayEnvironment(path, source, mode)
+
+
+def _available_token() -> Tuple[Optional[str], str]:
+    """(token file, where it came from) as Ray looks for a token: the variable, the path, the default file."""
+    if os.environ.get(TOKEN):
+        return None, "the RAY_AUTH_TOKEN variable"
+    if os.environ.get(TOKEN_PATH):
+        return os.environ[TOKEN_PATH], "RAY_AUTH_TOKEN_PATH"
+    default = Path.home() / ".ray" / TOKEN_FILE
+    return (str(default), "~/.ray/auth_token, Ray's default") if default.is_file() else (None, "none")
