@@ -22,9 +22,16 @@ config.register()
 REPO = Path(__file__).resolve().parents[1]
 
 
-def compose_cfg(*overrides: str):
+def compose_cfg(*overrides: str, hydra_config: bool = False):
+    """The DictConfig `python -m sweeper` composes from `overrides` (Hydra's own section too with
+    `hydra_config`)."""
     with initialize_config_module(config_module="sweeper.conf", version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
+        return compose(config_name="config", overrides=list(overrides), return_hydra_config=hydra_config)
+
+
+def typed_cfg(*overrides: str) -> config.SweeperConfig:
+    """The typed config of `overrides`, before its checks (config.load would run them and raise)."""
+    return config.to_typed(compose_cfg(*overrides))
 
 
 def free_port() -> int:

@@ -1,5 +1,6 @@
-"""The workload's sections (model, data, inference): the fields of every built-in model and dataset,
-their defaults once, and their checks, the model-and-data pairing included.
+"""The workload's sections (model, data, inference): ModelConfig composed of the fields every model has and
+each built-in model's own section (sweeper/workloads/<model>_config.py, found by model.name in MODEL_SECTIONS),
+the fields of the datasets, their defaults once, and their checks, the model-and-data pairing included.
 """
 
 from __future__ import annotations
@@ -13,14 +14,20 @@ from omegaconf import MISSING
 from sweeper.config.rules import check_rule, is_not_negative, is_positive, check_sizes
 from sweeper.config.runtime import physical_memory_bytes
 from sweeper.errors import first_line
+from sweeper.workloads import gpt_config, hf_config, mlp_config
 
 
 BYTE_VOCAB = 256  # data=text's vocabulary: bytes
 
 
-# Models that take token ids and predict the next token at every position, and the data that makes
-# token sequences for them (sweeper/workloads/gpt.py, sweeper/workloads/text.py).
-LANGUAGE_MODELS = ("gpt", "hf")
+# model.name -> the module of a built-in model's own config fields and checks (`check(model)`). Its model
+# is found by the same name in sweeper/workloads/models.py; adding one: docs/adding-a-workload.md.
+MODEL_SECTIONS = {"mlp": mlp_config, "gpt": gpt_config, "hf": hf_config}
+
+
+# Models that take token ids and predict the next token at every position (each section says whether it
+# is one), and the data that makes token sequences for them (sweeper/workloads/text.py).
+LANGUAGE_MODELS = tuple(name for name, section in MODEL_SECTIONS.items() if section.LANGUAGE_MODEL)
 
 
 TOKEN_DATA = ("text", "tokens")
@@ -36,7 +43,7 @@ DIGITS_SAMPLES = 1797
 
 
 @dataclass
-class ModelConfig:
+class _EveryModel:
     # A torchvision classification model name (resnet18, mobilenet_v3_small, ...), "mlp",
     # or any label when `_target_` names your own factory.
     name: str = MISSING
@@ -47,20 +54,14 @@ class ModelConfig:
     # The shape of one sample the model consumes; the dataset is resized to it. One float32 sample
     # may take at most 1 GiB (MAX_SAMPLE_BYTES). model=gpt: [context], set from model.context.
     input_shape: List[int] = field(default_factory=lambda: [3, 32, 32])
-    # model=gpt (sweeper/workloads/gpt.py): a decoder-only transformer trained on sequences of `context` tokens;
-    # its vocabulary is the data's (256 bytes for data=text, data.vocab_size for data=tokens).
-    n_layer: int = 4
-    n_head: int = 4
-    d_model: int = 128
-    context: int = 64
-    # model=hf (sweeper/workloads/hf.py, the optional extra `.[hf]`): a Hugging Face transformers causal LM of this
-    # model type (gpt2, llama, ...) built from its config with random weights, `kwargs` its config's
-    # overrides; its vocabulary is the data's, its position table `context`.
-    hf_type: str = "gpt2"
-    # MLP only. Seed 003's MLP is depth 8, width 1024; 4 is what learns digits in the default 2 epochs
-    # (conf/model/mlp.yaml).
-    depth: int = 4
-    width: int = 1024
+
+
+@dataclass
+class ModelConfig(mlp_config.MLPConfig, hf_config.HFConfig, gpt_config.GPTConfig, _EveryModel):
+    """The `model` section: the fields every model has, then each built-in model's own (MODEL_SECTIONS'
+    dataclasses, one flat section: `model.depth`, `model.n_layer`, ... as in the YAML), whichever model
+    is chosen."""
+
     # sweep.activation_checkpointing=blocks wraps torchvision's residual blocks and the MLP's layers;
     # a model of your own names its block classes here (e.g. [MyBlock]).
     checkpoint_modules: List[str] = field(default_factory=list)
@@ -138,31 +139,10 @@ def check_model(model: ModelConfig) -> List[str]:
             f"({' x '.join(map(str, shape))} x 4 bytes), over the {MAX_SAMPLE_BYTES / 2**30:g} GiB a sample may "
             "take: give the shape of one sample, e.g. [3,32,32]"
         )
-    if model.name == "mlp" and not model._target_:
-        for key in ("depth", "width"):
-            check_rule(problems, f"model.{key}", getattr(model, key), is_positive, "must be positive")
-    if is_language_model(model):
-        problems += _check_language_model(model)
+    section = MODEL_SECTIONS.get(model.name)
+    if section is not None and not model._target_:
+        problems += section.check(model)
     return problems
-
-
-def _check_language_model(model: ModelConfig) -> List[str]:
-    problems: List[str] = []
-    check_rule(problems, "model.context", model.context, lambda n: n >= 2,
-           "must be at least 2 (a sequence of one token has no next token to predict within it), e.g. 64")
-    if model.name != "gpt":
-        return problems  # model=hf: its config's own rules (sweeper.workloads.hf.check)
-    for key in ("n_layer", "n_head", "d_model"):
-        check_rule(problems, f"model.{key}", getattr(model, key), is_positive, "must be positive")
-    if not problems and model.d_model % model.n_head:
-        problems.append(f"model.n_head={model.n_head} does not divide model.d_model={model.d_model}: each head "
-                        f"takes d_model / n_head dimensions; e.g. model.n_head={_divisor(model.d_model, model.n_head)}")
-    return problems
-
-
-def _divisor(n: int, near: int) -> int:
-    """The divisor of `n` closest to `near`."""
-    return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: (abs(d - near), d))
 
 
 def check_inference(inference: InferenceConfig) -> List[str]:

@@ -44,33 +44,8 @@ def measure(model: gpt.GPT, batch: int, context: int, seed: int, device: telemet
     Returns the figures, the decode step's latency samples under "latency_samples_seconds"."""
     ids = prompt(batch, context, model.wte.num_embeddings, seed).to(device.torch_device)
     with torch.inference_mode():
-        held: List[Any] = []
-
-        def decoding() -> None:
-            cache = model.new_cache(batch, context)
-            cache.position = context - 1  # its contents do not change its memory
-            model(ids[:, -1:], cache)
-            held[:] = [cache]
-
-        def prefilling() -> None:
-            model(ids, model.new_cache(batch, context))
-        breakdown = track(decoding, True)
-        # The cache's bytes from the tensors the tracked step attended to, at this concurrency: each
-        # distinct storage once, at its size (not the formula it was sized by).
-        cache_bytes = tensor_bytes([*held[0].keys, *held[0].values])
-        held.clear()
-        prefill_breakdown = track(prefilling, False)
-
-        cache = model.new_cache(batch, context)
-        prefill: List[float] = []
-        for _ in range(PREFILL_RUNS + 1):  # the first is a warm-up
-            cache.position = 0
-            device.synchronize()
-            begin = time.perf_counter()
-            model(ids, cache)
-            device.synchronize()
-            prefill.append(time.perf_counter() - begin)
-        prefill = prefill[1:]
+        breakdown, cache_bytes, prefill_breakdown = _tracked_memory(model, ids, batch, context, track)
+        cache, prefill = _timed_prefill(model, ids, batch, context, device)
         token = ids[:, -1:]
 
         def step() -> None:
@@ -105,6 +80,44 @@ def measure(model: gpt.GPT, batch: int, context: int, seed: int, device: telemet
         **({} if breakdown is None else {"decode_activation_peak_bytes": activation_peak(
             breakdown.peak_bytes, tensor_bytes([*model.parameters(), *model.buffers()]), cache_bytes)}),
     }
+
+
+def _tracked_memory(model: gpt.GPT, ids: torch.Tensor, batch: int, context: int,
+                    track: Callable[[Callable[[], Any], bool], Any]) -> Tuple[Any, int, Any]:
+    """The decode step's memory breakdown (under the budget), the bytes of the cache it held, and the
+    prefill's breakdown (outside it). Called under inference_mode."""
+    held: List[Any] = []
+
+    def decoding() -> None:
+        cache = model.new_cache(batch, context)
+        cache.position = context - 1  # its contents do not change its memory
+        model(ids[:, -1:], cache)
+        held[:] = [cache]
+
+    def prefilling() -> None:
+        model(ids, model.new_cache(batch, context))
+    breakdown = track(decoding, True)
+    # The cache's bytes from the tensors the tracked step attended to, at this concurrency: each
+    # distinct storage once, at its size (not the formula it was sized by).
+    cache_bytes = tensor_bytes([*held[0].keys, *held[0].values])
+    held.clear()
+    return breakdown, cache_bytes, track(prefilling, False)
+
+
+def _timed_prefill(model: gpt.GPT, ids: torch.Tensor, batch: int, context: int,
+                   device: telemetry.Device) -> Tuple[Any, List[float]]:
+    """A fresh cache filled by PREFILL_RUNS timed prefills after a warm-up, and their seconds. Called
+    under inference_mode."""
+    cache = model.new_cache(batch, context)
+    prefill: List[float] = []
+    for _ in range(PREFILL_RUNS + 1):  # the first is a warm-up
+        cache.position = 0
+        device.synchronize()
+        begin = time.perf_counter()
+        model(ids, cache)
+        device.synchronize()
+        prefill.append(time.perf_counter() - begin)
+    return cache, prefill[1:]
 
 
 def tensor_bytes(tensors: List[torch.Tensor]) -> int:

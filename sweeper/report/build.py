@@ -11,7 +11,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass, fields, replace
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from sweeper import tracking
 from sweeper.config import ReportConfig
@@ -89,11 +89,7 @@ def build(
     is_branch = sweep.params.get("strategy") == "branch"
     answer = branched.read(tracker, parent_run_id) if is_branch else None
 
-    rec = analysis.recommend(trials, cfg.objective, cfg.min_accuracy, budget, cfg.max_accuracy_drop,
-                             level=cfg.confidence, critical_batch=found, quality=cfg.quality,
-                             max_loss_rise=cfg.max_loss_rise,
-                             batch_limit=branched.limit(answer) if is_branch else None,
-                             coupled=coupled(sweep.params))
+    rec = _recommend(trials, cfg, budget, found, branched.limit(answer) if is_branch else None, sweep.params)
     line = analysis.override_line(rec.best) if rec.best else None
     yaml_path = _write_text(os.path.join(folder, "recommendation.yaml"), analysis.recommendation_yaml(
         rec, cfg.objective, cfg.min_accuracy, budget, cfg.max_accuracy_drop, cfg.max_loss_rise))
@@ -103,12 +99,7 @@ def build(
     extra: List[Any] = [("Alternatives", headline.alternatives(rec)), ("Why", why),
                         ("Accuracy classes", classes.words(rec.classes, coupled(sweep.params)))]
     if answer is not None:
-        drawn = branched.plot(answer, os.path.join(folder, "critical_batch_over_training.png"),
-                              found.critical_batch_size if found else None, points.b_simple_mean(trials))
-        if drawn:
-            images["critical_batch_over_training"] = drawn
-        extra += [("Critical batch size over training (sweep.strategy=branch)", branched.words(answer)),
-                 ("Branches by checkpoint", branched.section_rows(answer))]
+        extra += _branch_sections(answer, folder, trials, found, images)
         text += "\n" + branched.headline(answer).strip()
     # The parent's own figures: the frontier searches' (sweep.micro_batch_sizes=auto) and the smart
     # strategy's compute ledger.
@@ -119,25 +110,59 @@ def build(
                               extra + sections.sections(trials, found, {**sweep.params, **settings_params(cfg)},
                                                         sweep_figures))
     html_path = _write_text(os.path.join(folder, "report.html"), html)
-    # The answer as settings for the trainer a team uses (Lightning, Hugging Face, DeepSpeed, Ray
-    # Train, torchrun), beside the sweeper's own override line.
-    with open(yaml_path) as f:
-        pasteable = snippets.write_from_recommendation(f.read(), os.path.join(folder, "snippets"),
-                                                       sweep.params.get("use_gpu") == "True")
-    if answer is not None:
-        pasteable += branched.snippets_for(answer, os.path.join(folder, "snippets"))
+    pasteable = _write_snippets(yaml_path, folder, sweep.params, answer)
+    report = Report(folder, html_path, rec, line, yaml_path, text, found)
     if log:
         # Only the files written here: the folder may hold others (the frontier's, logged on their own).
-        files = [yaml_path, html_path, *images.values()]
-        where = "report" if variant_name is None else f"report/variants/{variant_name}"
+        _attach(tracker, parent_run_id, variant_name, report, [yaml_path, html_path, *images.values()], pasteable)
         if variant_name is None:
-            tracker.log_report(parent_run_id, files, where, text, line)
             _log_critical_batch(tracker, parent_run_id, trials, found, sweep.params)
-        else:
-            tracker.log_report(parent_run_id, files, where)
-        if pasteable:
-            tracker.log_report(parent_run_id, pasteable, f"{where}/snippets")
-    return Report(folder, html_path, rec, line, yaml_path, text, found)
+    return report
+
+
+def _recommend(trials: List[Trial], cfg: ReportConfig, budget: Optional[float], found: Optional[CriticalBatch],
+               batch_limit: Optional[Tuple[int, Callable[[int], str]]], params: Dict[str, str]) -> Recommendation:
+    """The recommendation under the report's settings, the critical batch size's quality rule and, for
+    sweep.strategy=branch, the branches' batch limit."""
+    return analysis.recommend(trials, cfg.objective, cfg.min_accuracy, budget, cfg.max_accuracy_drop,
+                              level=cfg.confidence, critical_batch=found, quality=cfg.quality,
+                              max_loss_rise=cfg.max_loss_rise, batch_limit=batch_limit, coupled=coupled(params))
+
+
+def _attach(tracker: "tracking.Tracker", run_id: str, variant_name: Optional[str], report: Report,
+            files: List[str], pasteable: List[str]) -> None:
+    """The report's files as the sweep run's artifacts: under `report/` with the answer's tags for the
+    sweep's own settings, else under `report/variants/<settings>/` without them; its snippets beside."""
+    where = "report" if variant_name is None else f"report/variants/{variant_name}"
+    if variant_name is None:
+        tracker.log_report(run_id, files, where, report.text, report.override_line)
+    else:
+        tracker.log_report(run_id, files, where)
+    if pasteable:
+        tracker.log_report(run_id, pasteable, f"{where}/snippets")
+
+
+def _branch_sections(answer: Dict[str, Any], folder: str, trials: List[Trial], found: Optional[CriticalBatch],
+                     images: Dict[str, str]) -> List[Any]:
+    """sweep.strategy=branch: the critical batch size over training drawn into `images` (when there is
+    something to draw) and the branches' two report sections."""
+    drawn = branched.plot(answer, os.path.join(folder, "critical_batch_over_training.png"),
+                          found.critical_batch_size if found else None, points.b_simple_mean(trials))
+    if drawn:
+        images["critical_batch_over_training"] = drawn
+    return [("Critical batch size over training (sweep.strategy=branch)", branched.words(answer)),
+            ("Branches by checkpoint", branched.section_rows(answer))]
+
+
+def _write_snippets(yaml_path: str, folder: str, params: Dict[str, str], answer: Optional[Dict[str, Any]]) -> List[str]:
+    """The answer as settings for the trainer a team uses (Lightning, Hugging Face, DeepSpeed, Ray
+    Train, torchrun), beside the sweeper's own override line; the branch strategy's schedule too."""
+    with open(yaml_path) as f:
+        pasteable = snippets.write_from_recommendation(f.read(), os.path.join(folder, "snippets"),
+                                                       params.get("use_gpu") == "True")
+    if answer is not None:
+        pasteable += branched.snippets_for(answer, os.path.join(folder, "snippets"))
+    return pasteable
 
 
 def _log_critical_batch(tracker: "tracking.Tracker", run_id: str, trials: List[Trial],

@@ -3,16 +3,15 @@ context, the same tokens at every context, FLOPs and data per context, smart cla
 contexts, and the bad inputs refused before Ray."""
 
 import pytest
-from hydra import compose, initialize_config_module
 
 from sweeper import plan
-from sweeper.config import register, to_typed
 from sweeper.driver.preflight import preflight
 from sweeper.plan import GridPoint
 from sweeper.report.trials import Trial
 from sweeper.strategies import smart
 from sweeper.worker.points import implied_oom
 from sweeper.workloads import gpt
+from tests.harness import typed_cfg
 from tests.helpers import problems as problems_of
 
 TINY = ["model=gpt", "data=text", "model.n_layer=1", "model.n_head=2", "model.d_model=32", "model.context=64",
@@ -20,9 +19,7 @@ TINY = ["model=gpt", "data=text", "model.n_layer=1", "model.n_head=2", "model.d_
 
 
 def _cfg(*overrides):
-    register()
-    with initialize_config_module(config_module="conf", version_base=None):
-        return to_typed(compose("config", overrides=[*TINY, *overrides]))
+    return typed_cfg(*TINY, *overrides)
 
 
 def _problems(*overrides):

@@ -162,3 +162,14 @@ def test_a_data_factory_that_keeps_its_contract_passes_and_loads():
     cfg = DataConfig(name="custom", _target_="tests.unit.test_data_models.make_splits", kwargs={"n": 5})
     assert data.check(cfg) == []
     assert len(data.load(cfg, [8]).train) == 5
+
+
+def test_every_built_in_model_has_its_own_config_section_found_by_its_name():
+    from sweeper.config import check_model
+    from sweeper.config.workload import MODEL_SECTIONS
+
+    assert set(MODEL_SECTIONS) == set(models.BUILT_IN)
+    assert check_model(ModelConfig(name="mlp", depth=0, input_shape=[4])) == ["model.depth=0: must be positive"]
+    assert check_model(ModelConfig(name="hf", context=1, input_shape=[1]))[0].startswith("model.context=1: must be")
+    # A factory of your own is not a built-in model, whatever its name: the section's rules do not apply.
+    assert check_model(ModelConfig(name="mlp", depth=0, input_shape=[4], _target_="my_pkg.build")) == []

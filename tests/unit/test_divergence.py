@@ -4,6 +4,7 @@ whose accuracy is not separated from a guess did not learn; nothing hangs."""
 
 import os
 from dataclasses import replace
+from functools import partial
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from sweeper.worker.divergence import CHANCE_MIN_STEPS, did_not_learn, find_spik
 from sweeper.worker.points import run_point
 from sweeper.worker.spec import PointSpec, WorkerContext
 from tests.harness import free_port
+from tests.helpers import point_spec
 
 NAN_AT = 7
 
@@ -46,9 +48,7 @@ MODEL = ModelConfig(name="nan", _target_="tests.unit.test_divergence.NanAt", inp
 MEASURE = MeasureConfig(warmup_steps=2, windows=4, stable_windows=2, flops=False, memory_breakdown=False)
 
 
-def spec(point: GridPoint, steps: int = 40) -> PointSpec:
-    return PointSpec(model=MODEL, data=DataConfig(name="digits"), train=TrainConfig(seed=1), measure=MEASURE,
-                     point=point, lr=0.05, steps=steps)
+spec = partial(point_spec, model=MODEL, data=DataConfig(name="digits"), seed=1, measure=MEASURE, lr=0.05, steps=40)
 
 
 def test_a_nan_at_step_k_is_diverged_at_step_k_and_training_stops_at_the_next_check():

@@ -4,6 +4,7 @@ the same micro-batches, and k-diffusion's formula fed the same norms."""
 
 import os
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 import pytest
@@ -12,14 +13,15 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from sweeper.config import DataConfig, GnsConfig, MeasureConfig, ModelConfig, OptimConfig, TrainConfig
+from sweeper.config import DataConfig, GnsConfig, MeasureConfig, ModelConfig, OptimConfig
 from sweeper.plan import GridPoint
 from sweeper.worker.gns import Estimate, ema_ratio, estimate, squared_norm, total_norm
 from sweeper.worker.points import run_point
-from sweeper.worker.spec import PointSpec, WorkerContext
+from sweeper.worker.spec import WorkerContext
 from sweeper.workloads import datasets as data_mod
 from sweeper.workloads import models
 from tests.harness import free_port
+from tests.helpers import point_spec
 
 MLP = ModelConfig(name="mlp", depth=2, width=32, input_shape=[1, 8, 8])
 DIGITS = DataConfig(name="digits")
@@ -94,9 +96,8 @@ def test_the_moving_ratio_is_k_diffusions_gradient_noise_scale():
     np.testing.assert_allclose(ours, theirs, rtol=1e-9)
 
 
-def spec(point: GridPoint, steps: int, lr: float = 0.1) -> PointSpec:
-    return PointSpec(model=MLP, data=DIGITS, train=TrainConfig(seed=4), measure=MEASURE, point=point, lr=lr,
-                     steps=steps, optim=OptimConfig(momentum=0.0), gns=GnsConfig(ema_beta=0.9))
+spec = partial(point_spec, model=MLP, data=DIGITS, seed=4, measure=MEASURE, lr=0.1, optim=OptimConfig(momentum=0.0),
+               gns=GnsConfig(ema_beta=0.9))
 
 
 def true_noise_scale() -> float:

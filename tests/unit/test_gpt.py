@@ -3,19 +3,21 @@ token against the closed form, layouts of one global batch, and the bad inputs r
 
 import math
 import os
+from functools import partial
 
 import numpy as np
 import pytest
 import torch
 
-from sweeper.config import DataConfig, MeasureConfig, ModelConfig, TrainConfig
+from sweeper.config import DataConfig, MeasureConfig, ModelConfig
 from sweeper.measure import flops
 from sweeper.plan import GridPoint
-from sweeper.worker.spec import PointSpec, WorkerContext
+from sweeper.worker.spec import WorkerContext
 from sweeper.worker.train import train_point
 from sweeper.workloads import datasets as data_mod
 from sweeper.workloads import gpt, models, text
 from sweeper.workloads.samples import Samples, cross_entropy
+from tests.helpers import point_spec
 from tests.helpers import problems as _problems
 
 TINY = ModelConfig(name="gpt", n_layer=2, n_head=2, d_model=32, context=16, input_shape=[16])
@@ -77,9 +79,8 @@ def test_the_text_corpus_is_the_standard_library_split_by_file_deterministically
     assert 3.0 < splits.unigram_entropy_bits < 8.0
 
 
-def _spec(point, model=TINY, data=TEXT, steps=10):
-    return PointSpec(model=model, data=data, train=TrainConfig(seed=1), measure=MeasureConfig(warmup_steps=2, windows=3,
-                     flops=False), point=point, lr=3e-3, steps=steps)
+_spec = partial(point_spec, model=TINY, data=TEXT, seed=1, lr=3e-3, steps=10,
+                measure=MeasureConfig(warmup_steps=2, windows=3, flops=False))
 
 
 def test_layouts_of_one_global_batch_train_the_gpt_alike():

@@ -2,18 +2,21 @@
 through sweeper's worker, FLOP counter and checkpointing, and its bad inputs refused before Ray. The
 extra is part of `.[test]`, so these run in CI."""
 
+from functools import partial
+
 import pytest
 import torch
 
 pytest.importorskip("transformers")
 
 from sweeper import recipe
-from sweeper.config import DataConfig, MeasureConfig, ModelConfig, TrainConfig  # noqa: E402
+from sweeper.config import DataConfig, MeasureConfig, ModelConfig  # noqa: E402
 from sweeper.measure import flops  # noqa: E402
 from sweeper.plan import GridPoint  # noqa: E402
-from sweeper.worker.spec import PointSpec, WorkerContext  # noqa: E402
+from sweeper.worker.spec import WorkerContext  # noqa: E402
 from sweeper.worker.train import train_point  # noqa: E402
 from sweeper.workloads import models  # noqa: E402
+from tests.helpers import point_spec  # noqa: E402
 
 GPT2 = ModelConfig(name="hf", hf_type="gpt2", context=16, input_shape=[16],
                    kwargs={"n_layer": 2, "n_head": 2, "n_embd": 32, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
@@ -24,9 +27,8 @@ LLAMA = ModelConfig(name="hf", hf_type="llama", context=16, input_shape=[16],
 TEXT = DataConfig(name="text", val_fraction=0.1, num_classes=256)
 
 
-def _spec(point, model=GPT2, steps=10):
-    return PointSpec(model=model, data=TEXT, train=TrainConfig(seed=1), measure=MeasureConfig(
-        warmup_steps=2, windows=3, flops=False), point=point, lr=3e-3, steps=steps)
+_spec = partial(point_spec, model=GPT2, data=TEXT, seed=1, lr=3e-3, steps=10,
+                measure=MeasureConfig(warmup_steps=2, windows=3, flops=False))
 
 
 @pytest.mark.parametrize("cfg", [GPT2, LLAMA], ids=["gpt2", "llama"])

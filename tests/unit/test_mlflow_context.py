@@ -8,7 +8,6 @@ import threading
 import time
 
 import pytest
-from hydra import compose, initialize_config_module
 from hydra.core.hydra_config import HydraConfig
 from mlflow.tracking import MlflowClient
 
@@ -18,7 +17,7 @@ from sweeper.__main__ import launch_files
 from sweeper.plan import GridPoint
 from sweeper.schema import PointResult, SweepSummary
 from sweeper.tracking import Monitor, Tracker
-from tests.harness import mlflow_store
+from tests.harness import compose_cfg, mlflow_store
 from tests.helpers import REPO
 
 
@@ -78,13 +77,12 @@ def test_the_command_line_is_recorded_beside_the_config_with_the_password_redact
     secret_uri = "http://alice:s3cret-pw@127.0.0.1:5000"
     argv = [str(REPO / "sweeper" / "__main__.py"), "model=mlp", f"tracking.uri={secret_uri}", "train.seed=1"]
     monkeypatch.setattr(sys, "argv", argv)
-    with initialize_config_module(config_module="sweeper.conf", version_base="1.3"):
-        cfg = compose(config_name="config", overrides=argv[1:], return_hydra_config=True)
-        HydraConfig.instance().set_config(cfg)  # what Hydra's runtime holds while a job runs
-        try:
-            files = launch_files(tracking.password(secret_uri))
-        finally:
-            HydraConfig.instance().cfg = None
+    cfg = compose_cfg(*argv[1:], hydra_config=True)
+    HydraConfig.instance().set_config(cfg)  # what Hydra's runtime holds while a job runs
+    try:
+        files = launch_files(tracking.password(secret_uri))
+    finally:
+        HydraConfig.instance().cfg = None
     assert "s3cret-pw" not in "".join(files.values())
     assert files["command.txt"] == (
         "python -m sweeper model=mlp 'tracking.uri=http://alice:***@127.0.0.1:5000' train.seed=1\n")

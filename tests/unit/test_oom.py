@@ -15,6 +15,7 @@ from sweeper.worker.probes import run_frontier
 from sweeper.worker.spec import FrontierSpec, PointSpec, WorkerContext
 from sweeper.workloads import datasets as data_mod
 from sweeper.workloads import models
+from tests.helpers import point_spec
 
 MLP = ModelConfig(name="mlp", input_shape=[1, 8, 8], depth=3, width=64)
 DATA = DataConfig(name="synthetic", num_samples=1024)
@@ -23,10 +24,8 @@ MEASURE = MeasureConfig(warmup_steps=2, windows=2, stable_windows=2, flops=False
 
 
 def spec(micro: int, accum: int = 1, budget=None, steps: int = 4, model=MLP) -> PointSpec:
-    return PointSpec(
-        model=model, data=DATA, train=TRAIN, measure=MEASURE, point=GridPoint(micro, accum, 1), lr=0.1,
-        steps=steps, memory_budget_bytes=budget,
-    )
+    return point_spec(GridPoint(micro, accum, 1), model, DATA, lr=0.1, steps=steps, train=TRAIN, measure=MEASURE,
+                      memory_budget_bytes=budget)
 
 
 def tracked_peak(micro: int, model=MLP) -> int:

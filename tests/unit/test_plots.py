@@ -11,8 +11,10 @@ import pytest
 from matplotlib.image import imread
 
 from sweeper.report import analysis, plots
+from sweeper.report import points as folding
 from sweeper.report import html as html_report
 from sweeper.report.analysis import Trial
+from sweeper.report.plots import canvas
 
 MiB = 2**20
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -163,7 +165,7 @@ def test_html_page_without_trials_or_images():
 def _drawn(monkeypatch, draw):
     """The figure a plot function saved, to read what it shows."""
     saved = []
-    monkeypatch.setattr(plots, "_save", lambda fig, path: saved.append(fig) or os.fspath(path))
+    monkeypatch.setattr(canvas, "save", lambda fig, path: saved.append(fig) or os.fspath(path))
     draw()
     (fig,) = saved
     return fig.axes[0]
@@ -260,7 +262,7 @@ def test_seeds_lr_multipliers_and_recipes_are_one_mark_per_layout_on_the_through
                 base = dataclasses.replace(trial(micro), precision=precision, lr_multiplier=multiplier,
                                            point_key=f"mb{micro}-acc1-w1-{precision}-lrx{multiplier:g}")
                 trials += [replicate(base, s) for s in (0, 1)]
-    layouts = plots.folding.fold_layouts(trials)
+    layouts = folding.fold_layouts(trials)
     assert len(layouts) == 6  # 3 micro-batches x 2 recipes
     knees = {(1, 1, ""): 32, (1, 1, "bf16"): None}
     assert_png(plots.throughput_vs_micro_batch(trials, knees, tmp_path / "t.png", 0.1))
@@ -277,7 +279,7 @@ def test_a_point_smart_stopped_early_keeps_its_layout_figures_but_not_its_rung_a
                     steps_to_target=None, reached_target=False)
     stopped = dataclasses.replace(stopped, status="stopped")
     diverged = dataclasses.replace(trial(32, samples_per_second=300.0), status="diverged")
-    layouts = {t.key: t for t in plots.folding.fold_layouts([trial(16), stopped, diverged])}
+    layouts = {t.key: t for t in folding.fold_layouts([trial(16), stopped, diverged])}
     assert layouts["mb64-acc1-w1"].status == "ok"
     assert layouts["mb64-acc1-w1"].samples_per_second == 500.0
     assert layouts["mb64-acc1-w1"].peak_memory_bytes == 80 * MiB

@@ -11,6 +11,7 @@ from sweeper.sampler import GlobalBatchSampler
 from sweeper.worker import state
 from sweeper.worker.spec import PointSpec, Span, WorkerContext
 from sweeper.worker.train import train_point
+from tests.helpers import point_spec
 
 MLP = ModelConfig(name="mlp", depth=2, width=64, input_shape=[1, 8, 8])
 DIGITS = DataConfig(name="digits", num_classes=10)
@@ -19,9 +20,9 @@ ADAMW = OptimConfig(name="adamw", lr=0.003)
 
 
 def _spec(point, steps, optim=SGD, model=MLP, warmup=0, **extra):
-    return PointSpec(model=model, data=DIGITS, train=TrainConfig(seed=3, warmup_steps=warmup),
-                     measure=MeasureConfig(warmup_steps=1, windows=2, stable_windows=2, memory_breakdown=False),
-                     point=point, lr=optim.lr, steps=steps, optim=optim, evaluate=False, **extra)
+    return point_spec(point, model, DIGITS, lr=optim.lr, steps=steps, train=TrainConfig(seed=3, warmup_steps=warmup),
+                      measure=MeasureConfig(warmup_steps=1, windows=2, stable_windows=2, memory_breakdown=False),
+                      optim=optim, evaluate=False, **extra)
 
 
 def _losses(result):
@@ -129,13 +130,10 @@ MLP_CLI = ["model=mlp", "data=digits", "model.depth=2", "model.width=64", "model
 
 
 def test_a_schedule_becomes_each_points_spans_with_their_layout_lr_and_steps():
-    from sweeper.config import register, to_typed
     from sweeper.driver.preflight import preflight
-    from hydra import compose, initialize_config_module
+    from tests.harness import typed_cfg
 
-    register()
-    with initialize_config_module(config_module="conf", version_base=None):
-        cfg = to_typed(compose("config", overrides=[*MLP_CLI, "train.batch_schedule=[[0,16],[320,32],[640,64]]"]))
+    cfg = typed_cfg(*MLP_CLI, "train.batch_schedule=[[0,16],[320,32],[640,64]]")
     _, specs = preflight(cfg)
     (spec,) = specs.values()
     assert spec.steps == 20 and spec.point.global_batch_size == 16

@@ -4,6 +4,7 @@ import datetime
 import os
 import time
 from dataclasses import replace
+from functools import partial
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from sweeper.worker.points import run_points
 from sweeper.worker.spec import PointSpec, WorkerContext
 from sweeper.worker.train import train_point
 from tests.harness import free_port
+from tests.helpers import point_spec
 
 MLP = ModelConfig(name="mlp", input_shape=[1, 8, 8], depth=3, width=32)
 DIGITS = DataConfig(name="digits")
@@ -25,8 +27,7 @@ MEASURE = MeasureConfig(warmup_steps=2, windows=3, flops=False)
 STEPS = 12
 
 
-def spec(point: GridPoint, model=MLP, data=DIGITS) -> PointSpec:
-    return PointSpec(model=model, data=data, train=TRAIN, measure=MEASURE, point=point, lr=0.1, steps=STEPS)
+spec = partial(point_spec, model=MLP, data=DIGITS, train=TRAIN, measure=MEASURE, lr=0.1, steps=STEPS)
 
 
 def test_same_global_batch_gives_same_loss_curve_in_one_process():
