@@ -285,7 +285,21 @@ def snippets(answer: Dict[str, Any], micro_batch: int, workers: int, folder: str
     head = (f"# sweeper's batch-size schedule: global batch {' -> '.join(str(g) for _, g in spans)} at samples "
             f"{', '.join(str(s) for s, _ in spans)},\n# micro-batch {micro_batch} x {workers} worker(s), "
             "accumulation steps rising; scale the LR with the global batch as the sweep did.\n")
-    loop = head + f"""SCHEDULE = [{table}]  # (samples seen, accumulation steps)
+    texts = (("schedule_pytorch.py", head + _loop_text(table, micro_batch, per_step)),
+             ("schedule_lightning.py", head + _lightning_text(table, per_step)))
+    os.makedirs(folder, exist_ok=True)
+    written = []
+    for name, text in texts:
+        path = os.path.join(folder, name)
+        with open(path, "w") as f:
+            f.write(text)
+        written.append(path)
+    return written
+
+
+def _loop_text(table: str, micro_batch: int, per_step: int) -> str:
+    """The schedule in a plain PyTorch loop: accumulation steps looked up at each optimizer step."""
+    return f"""SCHEDULE = [{table}]  # (samples seen, accumulation steps)
 
 
 def accumulation_at(samples_seen):
@@ -304,7 +318,11 @@ for x, y in loader:  # the loader yields micro-batches of {micro_batch}
         samples_seen += accumulate * {per_step}
         micro_steps = 0
 """
-    lightning = head + f"""import lightning as L
+
+
+def _lightning_text(table: str, per_step: int) -> str:
+    """The schedule as a Lightning callback setting Trainer.accumulate_grad_batches."""
+    return f"""import lightning as L
 
 SCHEDULE = [{table}]  # (samples seen, accumulation steps)
 
@@ -329,11 +347,3 @@ class BatchSizeSchedule(L.Callback):
 
 trainer = L.Trainer(callbacks=[BatchSizeSchedule()])  # with your other Trainer arguments
 """
-    os.makedirs(folder, exist_ok=True)
-    written = []
-    for name, text in (("schedule_pytorch.py", loop), ("schedule_lightning.py", lightning)):
-        path = os.path.join(folder, name)
-        with open(path, "w") as f:
-            f.write(text)
-        written.append(path)
-    return written

@@ -99,7 +99,6 @@ def build(
         rec, cfg.objective, cfg.min_accuracy, budget, cfg.max_accuracy_drop, cfg.max_loss_rise))
     images = _draw_plots(folder, trials, cfg, sweep.params, budget, rec, found)
     why = recommendation_text(rec, line, found, points.single_context(trials))
-    # a branch sweep's one answer, the schedule or the constant layout, is the headline's
     glance = branched.glance(answer, rec.best, trials, line) if answer is not None and rec.best else None
     text = answer_text(rec, line, found, points.single_context(trials), glance)
     extra: List[Any] = [("Alternatives", headline.alternatives(rec)), ("Why", why),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 from sweeper import stats
 from sweeper.report.quality import LOSS
@@ -27,6 +27,9 @@ TRY_INSTEAD = ("try a lower LR (a lower optim.lr, or sweep.lr_multipliers below 
                "a warmup (train.warmup_steps), or another train.lr_scaling rule (sqrt grows the LR "
                "more slowly than linear)")
 OTHER_OPTIMIZER = {"sgd": "optim=adamw", "adamw": "optim=sgd"}
+# sweep.strategy=branch's quality rule: no point above this global batch, and why (a sentence, or what the
+# branches said of a global batch: report/branched.limit)
+BatchLimit = Tuple[int, Union[str, Callable[[int], str]]]
 
 
 def did_not_learn_try(optimizer: Optional[str]) -> str:
@@ -79,7 +82,7 @@ def under_accuracy(trial: Trial, min_accuracy: Optional[float]) -> Optional[str]
 
 def eligible(points: List[PointSummary], objective: str, min_accuracy: Optional[float],
              memory_budget_bytes: Optional[float], level: float = 0.95, metric: str = "val_accuracy",
-             batch_limit: Optional[Tuple[int, Any]] = None) -> Tuple[List[PointSummary], Dict[str, str]]:
+             batch_limit: Optional[BatchLimit] = None) -> Tuple[List[PointSummary], Dict[str, str]]:
     """(eligible points, point key -> why not) before the quality guard. `batch_limit` (a global batch, why):
     a larger global batch is not eligible (sweep.strategy=branch's quality rule)."""
     excluded: Dict[str, str] = {}
