@@ -7,6 +7,7 @@ output.py (override line, YAML); recipes compared: recipes.py. Pure (stdlib; sci
 
 from __future__ import annotations
 
+import math
 from functools import partial
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
@@ -172,6 +173,8 @@ def _within_drop(
     top = quality.best(judged.values())
     kept, dropped, gaps, verdicts = [], [], {}, {}
     pct, metric, setting = stats.percent(level), quality.metric, quality.tolerance_text(max_drop)
+    # "faster" only of a point faster than every layout of the best class
+    top_rate = max((reasons.rate(p.trial) for p in measured if cls.get(p.key, p).key == top.key), default=-math.inf)
     for point in eligible:
         if quality.value(point.trial) is None:
             excluded[point.key] = f"no {metric} to compare with the best ({quality.tolerance_key})"
@@ -191,8 +194,9 @@ def _within_drop(
                 f"{metric} within {setting}")
             continue
         if gap.outcome == "unproven":
+            faster = "faster but " if reasons.rate(point.trial) > top_rate else ""
             unproven[point.key] = (
-                f"faster but unproven: its {metric} gap to the best ({top.key}) is {quality.gap_text(gap.interval)}, "
+                f"{faster}unproven: its {metric} gap to the best ({top.key}) is {quality.gap_text(gap.interval)}, "
                 f"neither wholly {quality.inside()} nor wholly {quality.outside()} {quality.limit(max_drop)} "
                 f"({quality.tolerance_key}); {_settle_text(gap.interval, max_drop, level)}")
             excluded[point.key] = unproven[point.key]

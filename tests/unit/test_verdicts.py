@@ -248,3 +248,14 @@ def test_a_language_models_learned_test_uses_the_spread_over_seeds_too():
     assert eligibility.not_learned(summarize(seeds), 0.95)
     tight = [replace(t, val_loss=v) for t, v in zip(seeds, [1.30, 1.31, 1.29])]
     assert not eligibility.not_learned(summarize(tight), 0.95)
+
+
+def test_a_slower_unproven_point_is_not_called_faster():
+    """The MLP bench's grid called mb16-acc1-w1, slower than its pick, 'faster but unproven'."""
+    best = [run(64, seed=s, accuracy=a, rate=500.0, val_samples=359) for s, a in enumerate([0.90, 0.92, 0.91])]
+    slow = [run(16, seed=s, accuracy=a, rate=200.0, val_samples=359) for s, a in enumerate([0.86, 0.91, 0.88])]
+    fast = [run(32, seed=s, accuracy=a, rate=900.0, val_samples=359) for s, a in enumerate([0.86, 0.91, 0.88])]
+    rec = recommend([*best, *slow, *fast], max_accuracy_drop=0.02)
+    assert rec.best.key == "mb64-acc1-w1"
+    assert rec.excluded["mb16-acc1-w1"].startswith("unproven: its val_accuracy gap")
+    assert rec.excluded["mb32-acc1-w1"].startswith("faster but unproven: its val_accuracy gap")
