@@ -392,7 +392,8 @@ def constants(name: str, answer: dict, points: List[dict], runs: Dict[Tuple[str,
             parts.append(text)
         print(f"{name}_constant_{g}: " + "; ".join(parts) + " got to the target")
     fastest = min(rows, key=lambda r: r[3], default=None)
-    picked = "the schedule" if answer["recommend_schedule"] else f"constant {answer['constant']}"
+    picked = "the schedule" if answer["recommend_schedule"] else f"constant {answer['constant']}" + (
+        " (a tie with the schedule: inside the predictions' noise)" if answer.get("choice") == "tie" else "")
     chosen = next((r for r in rows if r[0] == answer["constant"]), None)
     s_seconds = schedule.get("seconds") if schedule.get("schedule_seeds_reached") == 3 else None
     measured = (f"schedule {'-' if s_seconds is None else f'{s_seconds:.3g} s'}, the recommended constant "
