@@ -5,7 +5,7 @@ sweep.seeds=[0,1,2] (the answer that holds up), and the branches' schedule train
 three seeds.
 
     python scripts/bench_branch.py [--out DIR] [--models mlp,resnet18,gpt] [--quick] [--reuse] [--evaluations 40]
-                                   [--branch-seeds 1]
+                                   [--branch-seeds 1] [--branch-overrides "branch.window=2304 ..."]
 
 Prints, per model:
 - compute: the branch sweep's point-seconds over the 3-seed grid's (goal <= 35 %), and over the one-seed grid's
@@ -182,11 +182,11 @@ def steps_over(spans: Sequence[Sequence[int]], samples: int) -> List[int]:
 
 
 def compare(name: str, out: Path, overrides: List[str], reuse: bool, evaluations: int,
-            branch_seeds: int = 1) -> Dict[str, object]:
+            branch_seeds: int = 1, branch_overrides: Sequence[str] = ()) -> Dict[str, object]:
     b_folder = out / f"{name}-branch"
     shutil.rmtree(b_folder, ignore_errors=True)
     seeds = f"sweep.seeds=[{','.join(map(str, range(branch_seeds)))}]"
-    b_wall = run_sweep(b_folder, [*overrides, "sweep.strategy=branch", seeds])
+    b_wall = run_sweep(b_folder, [*overrides, "sweep.strategy=branch", seeds, *branch_overrides])
     branch = Sweep(b_folder)
     answer = json.loads(branch.artifact("branch/answer.json"))
     budget = answer["budget_samples"]
@@ -196,26 +196,13 @@ def compare(name: str, out: Path, overrides: List[str], reuse: bool, evaluations
     largest = max([answer["base_global_batch"], *tried, *answer.get("unjudged_global_batches", [])])
     every = max(1, round(budget / evaluations / largest)) * largest
     print(f"{name}_branch_wall_seconds: {b_wall:.0f}", flush=True)
-
-    g_folder = out / f"{name}-grid"
-    marker, wanted = g_folder / "grid.json", {"overrides": overrides, "every": every}
-    if reuse and marker.exists() and json.loads(marker.read_text()) == wanted:
-        grid = Sweep(g_folder)  # --reuse: the grid this script ran before with the same overrides
-        g_wall = grid.metrics["sweep_wall_seconds"]
-    else:
-        shutil.rmtree(g_folder, ignore_errors=True)
-        g_wall = run_sweep(g_folder, [*overrides, "sweep.seeds=[0,1,2]", f"eval.every_samples={every}",
-                                      "report.objective=throughput"])
-        marker.write_text(json.dumps(wanted))
-        grid = Sweep(g_folder)
+    grid = grid_sweep(name, out, overrides, reuse, every)
     points = [p for p in grid.points() if p["status"] == "ok"]
-    print(f"{name}_grid_wall_seconds: {g_wall:.0f}", flush=True)
     figures: Dict[str, object] = {"ratio": compute(name, branch, grid)}
 
     agreed = agreement(answer["constant"], grid)
     figures["agreement"] = agreed.split(" (")[0]
     print(f"{name}_agreement: {agreed}")
-
     # The targets, every one a validation loss beside a validation noise: the trunk's final validation loss,
     # robustly ("final": what the answer's predictions are to, so they are checked there); plus z x the
     # validation loss's own standard error over the held-out set ("noise"); plus the standard error of that
@@ -254,6 +241,24 @@ def compare(name: str, out: Path, overrides: List[str], reuse: bool, evaluations
         constants(f"{name}_{label}", answer, points, runs, target, step_time, got, label == "final")
         figures[label] = {"target": target, **{k: v for k, v in got.items() if k != "seconds"}}
     return figures
+
+
+def grid_sweep(name: str, out: Path, overrides: List[str], reuse: bool, every: int) -> Sweep:
+    """The 3-seed grid evaluated every `every` samples; with `reuse`, the one this script ran before with the
+    same overrides and cadence (its wall seconds then from that run, at that time's load)."""
+    g_folder = out / f"{name}-grid"
+    marker, wanted = g_folder / "grid.json", {"overrides": overrides, "every": every}
+    if reuse and marker.exists() and json.loads(marker.read_text()) == wanted:
+        grid = Sweep(g_folder)
+        g_wall = grid.metrics["sweep_wall_seconds"]
+    else:
+        shutil.rmtree(g_folder, ignore_errors=True)
+        g_wall = run_sweep(g_folder, [*overrides, "sweep.seeds=[0,1,2]", f"eval.every_samples={every}",
+                                      "report.objective=throughput"])
+        marker.write_text(json.dumps(wanted))
+        grid = Sweep(g_folder)
+    print(f"{name}_grid_wall_seconds: {g_wall:.0f}" + (" (reused)" if reuse else ""), flush=True)
+    return grid
 
 
 def compute(name: str, branch: Sweep, grid: Sweep) -> float:
@@ -357,7 +362,8 @@ def judge_schedule(name: str, runs: Optional[Dict[str, Run]], answer: dict, targ
              "no seed where both the schedule and the trunk's global batch got to the target"))
     return {"schedule_steps": mean(list(steps.values())), "trunk_steps": mean(list(trunk_steps.values())),
             "fewer_steps": mean_fewer, "schedule_seeds_reached": len(steps),
-            "seconds": mean(list(training.values())), "schedule_measured_training_seconds": mean(list(training.values())),
+            "seconds": mean(list(training.values())),
+            "schedule_measured_training_seconds": mean(list(training.values())),
             "schedule_measured_wall_seconds": mean(list(wall.values()))}
 
 
@@ -386,7 +392,8 @@ def constants(name: str, answer: dict, points: List[dict], runs: Dict[Tuple[str,
             parts.append(text)
         print(f"{name}_constant_{g}: " + "; ".join(parts) + " got to the target")
     fastest = min(rows, key=lambda r: r[3], default=None)
-    picked = "the schedule" if answer["recommend_schedule"] else f"constant {answer['constant']}"
+    picked = "the schedule" if answer["recommend_schedule"] else f"constant {answer['constant']}" + (
+        " (a tie with the schedule: inside the predictions' noise)" if answer.get("choice") == "tie" else "")
     chosen = next((r for r in rows if r[0] == answer["constant"]), None)
     s_seconds = schedule.get("seconds") if schedule.get("schedule_seeds_reached") == 3 else None
     measured = (f"schedule {'-' if s_seconds is None else f'{s_seconds:.3g} s'}, the recommended constant "
@@ -419,6 +426,8 @@ def main() -> None:
                              "ResNet-18's are dear, use ~10)")
     parser.add_argument("--branch-seeds", type=int, default=1,
                         help="replicate trunks of the branch sweep (sweep.seeds=[0..n-1]; the grid keeps its three)")
+    parser.add_argument("--branch-overrides", default="",
+                        help="Hydra overrides for the branch sweep only, space-separated (e.g. branch.window=2304)")
     parser.add_argument("--reuse", action="store_true",
                         help="keep a grid already under --out for the same overrides and cadence (the branch sweep and "
                              "the schedule run again)")
@@ -429,7 +438,9 @@ def main() -> None:
     results = {}
     for name, overrides in cases.items():
         print(f"config_{name}: {' '.join(overrides)}", flush=True)
-        results[name] = compare(name, out, overrides, args.reuse, args.evaluations, args.branch_seeds)
+        print(f"branch_overrides_{name}: sweep.seeds=[0..{args.branch_seeds - 1}] {args.branch_overrides}", flush=True)
+        results[name] = compare(name, out, overrides, args.reuse, args.evaluations, args.branch_seeds,
+                                args.branch_overrides.split())
     (out / "summary.json").write_text(json.dumps(results, indent=2, default=str))
     print("headline: " + "; ".join(f"{n} {r['ratio']:.1%} of the 3-seed grid's compute, {r['agreement']}"
                                   for n, r in results.items()))

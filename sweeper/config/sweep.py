@@ -108,8 +108,10 @@ class BranchConfig:
     # Samples each branch trains (null: a twentieth of the budget, at least two steps of the grid's largest
     # global batch), rounded up to a multiple of every global batch compared.
     window: Optional[int] = None
-    # The loss rise over the trunk's, at the window's end, that a branch may show and still keep up. null:
-    # measured, z(confidence) x the trunk's own loss noise over the window's tail (its standard error).
+    # The margin a branch's loss rise over the trunk's (mean over the window's second half, the trunk read at
+    # the branch's position) must be certified within to keep up: its one-sided upper bound at confidence,
+    # the trunk's and the branch's own noise counted, at most this. null: 0.375 x the trunk's fall over the
+    # window (a branch making half the trunk's progress per sample lags by that much on average there).
     tolerance: Optional[float] = None
     confidence: float = 0.95
     # How a branch's LR follows its global batch from the trunk's. auto: train.lr_scaling when it is not

@@ -7,8 +7,9 @@ output.py (override line, YAML); recipes compared: recipes.py. Pure (stdlib; sci
 
 from __future__ import annotations
 
+import math
 from functools import partial
-from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 from sweeper.errors import ConfigError
 from sweeper import stats
@@ -72,48 +73,43 @@ def recommend(
     critical_batch: Optional[Any] = None,
     quality: Union[str, Quality] = AUTO,
     max_loss_rise: Optional[float] = None,
-    batch_limit: Optional[Tuple[int, str]] = None,
+    batch_limit: Optional[eligibility.BatchLimit] = None,
     coupled: Optional[bool] = None,
 ) -> Recommendation:
     """The best point for `objective` among the eligible ones, up to three runners-up, and why
     (docs/recommendation.md states the rules in full).
 
-    Points, not runs: a point's seed replicates are one candidate with their mean figures and its
-    worst replicate's status (`summarize`), so one that diverged in some seeds is not eligible.
-    Eligible: ok, learned (eligibility.not_learned), the objective's metric measured, within
-    `memory_budget_bytes` and `min_accuracy`.
+    Points, not runs: a point's seed replicates are one candidate with their mean figures and its worst
+    replicate's status (`summarize`), so one that diverged in some seeds is not eligible. Eligible: ok,
+    learned (eligibility.not_learned), the objective's metric measured, within `memory_budget_bytes`
+    and `min_accuracy`; with `batch_limit` (sweep.strategy=branch: the critical batch size the branches
+    measured where it flattens, and why), at or below its global batch.
 
     `quality` (report.quality: a Quality, a metric's name, or auto: report/quality.resolve) is what
     "better" means: val_accuracy for a classifier, val_bits_per_byte or val_loss for a language model.
     Its tolerance is `max_accuracy_drop` for accuracy, `max_loss_rise` for a loss (in its units). With a
     tolerance (objectives throughput, time_to_accuracy, time_to_target) it is non-inferiority: a point
     other than the best one stays eligible only when the `level` interval of its quality gap to it
-    (`Quality.gap`: paired t over common seeds, else from the validation sets) lies wholly on the right
-    side of the tolerance; wholly on the wrong side is excluded, neither is "unproven"
-    (`Recommendation.unproven`), never recommended. Objectives: "throughput" (mean tokens/s for a
-    language model, else samples/s); "accuracy" (the best mean quality, points not separable from the
-    best or within its tie floor a tie that throughput breaks); "time_to_accuracy" (time to train the
-    budget among points reaching `min_accuracy`, required); "time_to_target" (mean
-    time_to_target_seconds; missing the target in some seeds ranks behind reaching it in all).
-    `critical_batch` (as report.critical_batch.CriticalBatch: `critical_batch_size`, `steps(B)`)
-    makes a time_to_target winner over twice the critical batch size say what it costs in samples.
-    `batch_limit` (sweep.strategy=branch: the critical batch size the branches measured where it flattens,
-    and why): the quality rule of a sweep whose points do not each train for quality; a point of a larger
-    global batch is not eligible.
+    (`Quality.gap`: paired over common seeds, else the spread over seeds, else the validation sets) lies
+    wholly on the right side of the tolerance; wholly on the wrong side is excluded, neither is
+    "unproven" (`Recommendation.unproven`), never recommended. Objectives: "throughput" (mean tokens/s
+    for a language model, else samples/s); "accuracy" (the best mean quality; a point certified within its
+    tie floor ties, and throughput breaks the tie); "time_to_accuracy" (time to train the budget among
+    points reaching `min_accuracy`, required); "time_to_target" (mean time_to_target_seconds; missing the
+    target in some seeds ranks behind reaching it in all). `critical_batch` (report.critical_batch's
+    CriticalBatch) makes a time_to_target winner over twice the critical batch size say what it costs.
     `coupled` (the model has batch-coupled layers; None: unknown) makes the points that train the same model
-    one accuracy class (report/classes.py): their quality is pooled per seed and judged once, and the class's
-    fastest layout is the one recommended. None judges every point on its own.
+    one accuracy class (report/classes.py), judged once; the class's fastest layout is the one recommended.
     """
     _check_inputs(objective, min_accuracy, memory_budget_bytes, max_accuracy_drop, level, quality, max_loss_rise)
     trials = list(trials)
     if not isinstance(quality, Quality):
         quality = resolve(quality, trials)
-    max_drop = max_accuracy_drop if quality.is_accuracy else max_loss_rise
+    # A branch sweep's one trunk measured the quality, not every point: its limit is the rule, not a margin.
+    max_drop = None if batch_limit is not None else max_accuracy_drop if quality.is_accuracy else max_loss_rise
     points = summarize_all(trials, level)
     eligible, excluded = eligibility.eligible(list(points.values()), objective, min_accuracy, memory_budget_bytes,
                                               level, quality.metric, batch_limit)
-    if batch_limit is not None:
-        max_drop = None  # one trunk measured the quality, not every point: the limit is the rule
     diverged = {p.key: eligibility.diverged_text(p) for p in points.values()
                 if any(t.status == "diverged" for t in p.replicates)}
     done = partial(Recommendation, excluded=excluded, objective=objective, points=points, diverged=diverged,
@@ -124,17 +120,24 @@ def recommend(
         if diverged and not reason.startswith("every point diverged"):
             reason += ". " + eligibility.diverged_note(diverged)
         return done(best=None, runners_up=[], reason=reason)
+    return _choose(done, eligible, excluded, objective, min_accuracy, level, quality, max_drop, critical_batch,
+                   coupled, diverged)
 
+
+def _choose(done: Callable[..., Recommendation], eligible: List[PointSummary], excluded: Dict[str, str],
+            objective: str, min_accuracy: Optional[float], level: float, quality: Quality, max_drop: Optional[float],
+            critical_batch: Optional[Any], coupled: Optional[bool], diverged: Dict[str, str]) -> Recommendation:
+    """The recommendation among the eligible points: the quality guard per accuracy class (non-inferiority,
+    with a tolerance and an objective that ranks by speed), the ranking, and the reason in words."""
+    unproven: Dict[str, str] = {}
     dropped: List[PointSummary] = []
     top: Optional[PointSummary] = None
-    tie_notes: Dict[str, str] = {}
-    unproven: Dict[str, str] = {}
     gaps: Dict[str, Gap] = {}
     cls = classes.of([p for p in eligible if quality.value(p.trial) is not None], coupled, quality)
     if max_drop is not None and objective in ("throughput", "time_to_accuracy", "time_to_target"):
         eligible, dropped, top, gaps = _within_drop(eligible, max_drop, excluded, unproven, level, quality, cls)
     ranked = _rank(eligible, objective, level, quality, cls)
-    best = ranked[0]
+    best, tie_notes = ranked[0], {}
     reason = reasons.winner(best, ranked, objective, min_accuracy, tie_notes, level, quality, cls)
     # The points the objective alone would have preferred: the reason says why they lost.
     in_order = _rank([*dropped, best], objective, level, quality, cls)
@@ -170,6 +173,8 @@ def _within_drop(
     top = quality.best(judged.values())
     kept, dropped, gaps, verdicts = [], [], {}, {}
     pct, metric, setting = stats.percent(level), quality.metric, quality.tolerance_text(max_drop)
+    # "faster" only of a point faster than every layout of the best class
+    top_rate = max((reasons.rate(p.trial) for p in measured if cls.get(p.key, p).key == top.key), default=-math.inf)
     for point in eligible:
         if quality.value(point.trial) is None:
             excluded[point.key] = f"no {metric} to compare with the best ({quality.tolerance_key})"
@@ -189,8 +194,9 @@ def _within_drop(
                 f"{metric} within {setting}")
             continue
         if gap.outcome == "unproven":
+            faster = "faster but " if reasons.rate(point.trial) > top_rate else ""
             unproven[point.key] = (
-                f"faster but unproven: its {metric} gap to the best ({top.key}) is {quality.gap_text(gap.interval)}, "
+                f"{faster}unproven: its {metric} gap to the best ({top.key}) is {quality.gap_text(gap.interval)}, "
                 f"neither wholly {quality.inside()} nor wholly {quality.outside()} {quality.limit(max_drop)} "
                 f"({quality.tolerance_key}); {_settle_text(gap.interval, max_drop, level)}")
             excluded[point.key] = unproven[point.key]

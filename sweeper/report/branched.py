@@ -5,9 +5,14 @@ on which points may be recommended, and the schedule as paste-able code."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
+from dataclasses import replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from sweeper.report.trials import Trial
+from sweeper.strategies.branch import CONSTANT, SCHEDULE, TIE
 
 ANSWER = "branch/answer.json"
 
@@ -133,18 +138,84 @@ def _timed(layout: str, timed_as: str) -> str:
 
 
 def headline(answer: Dict[str, Any]) -> str:
-    """What the recommendation's text adds for a branch sweep: the schedule when it is the answer."""
-    if not answer["recommend_schedule"]:
-        batch = flat(answer)[0]
-        above = sorted({int(g) for c in answer["checkpoints"] for g in c["differences"]} |
-                       set(answer.get("unjudged_global_batches") or []))
-        said = [f"{g} {verdict(answer, g)}" for g in above if g > batch]
-        return (f" The branches certified global batches up to {batch} as keeping up with the trunk where the "
-                f"critical batch size flattens; no point above it is recommended"
-                + (f" ({', '.join(said)})." if said else "."))
-    return (f" The branches' answer is a batch-size schedule, predicted to reach the trunk's final loss in "
-            f"{answer['schedule_predicted_seconds']:.3g} s against {answer['constant_predicted_seconds']:.3g} s for "
-            f"the best constant layout: {override(answer['schedule'])}.")
+    """What the console adds below the table for a branch sweep: what the branches said of the global batches
+    above the critical batch size where it flattens (the headline says whether the schedule or the constant
+    layout is the answer: `glance`)."""
+    batch = flat(answer)[0]
+    above = sorted({int(g) for c in answer["checkpoints"] for g in c["differences"]} |
+                   set(answer.get("unjudged_global_batches") or []))
+    said = [f"{g} {verdict(answer, g)}" for g in above if g > batch]
+    return (f" The branches certified global batches up to {batch} as keeping up with the trunk where the "
+            f"critical batch size flattens; no point above it is recommended"
+            + (f" ({', '.join(said)})." if said else "."))
+
+
+def choice(answer: Dict[str, Any]) -> str:
+    """SCHEDULE, CONSTANT or TIE (the constant is the answer); an answer recorded before ties: by its flag."""
+    return answer.get("choice") or (SCHEDULE if answer["recommend_schedule"] else CONSTANT)
+
+
+def glance(answer: Dict[str, Any], best: Trial, points: Sequence[Trial], line: Optional[str]
+           ) -> Optional[Tuple[List[str], Optional[str]]]:
+    """One answer per sweep, for the headline: sentences saying whether to train the schedule or the constant
+    layout `best` (the report's recommendation), most detailed first, and the override line of the one to
+    train (the schedule's: its first layout, the LR rule and train.batch_schedule). None when `best` is not
+    the answer's constant global batch (the report excluded it): the ordinary headline then speaks."""
+    if best.global_batch_size != answer.get("constant_global_batch"):
+        return None
+    spans, chosen = answer["schedule"], choice(answer)
+    path = " -> ".join(str(g) for _, g in spans)
+    s, c = answer["schedule_predicted_seconds"], answer["constant_predicted_seconds"]
+    share = answer.get("prediction_noise_share")
+    noise = "no measured noise" if share is None else f"the {_percent(share)} noise"
+    me = f"Train {best.key}"
+    if len(spans) < 2:
+        flat_ = answer["critical_batch_size_flat"]
+        return [f"{me} at a constant global batch {best.global_batch_size}: at or below the critical batch size the "
+                f"branches measured where it flattens ({flat_:.0f}); no schedule reaches above it",
+                f"{me} (constant global batch {best.global_batch_size}, at or below the critical batch size "
+                f"measured, {flat_:.0f})"], line
+    apart = _percent(abs(c - s) / c)
+    if chosen == SCHEDULE:
+        first = answer["schedule_layouts"][0]
+        return [f"Train the batch-size schedule {path} on {first}: predicted {s:.3g} s to the trunk's final loss, "
+                f"{apart} under constant {best.key}'s {c:.3g} s, beyond {noise}",
+                f"Train the schedule {path} on {first}: {apart} faster than constant {best.key} (predicted; "
+                f"{noise})"], schedule_line(answer, best, points)
+    if chosen == TIE:
+        return [f"{me} at a constant global batch {best.global_batch_size}: it ties the schedule {path} (predicted "
+                f"{c:.3g} s against {s:.3g} s to the trunk's final loss, {apart} apart, inside {noise}); a constant "
+                "batch is simpler to run",
+                f"{me} (constant {best.global_batch_size}): a tie with the schedule {path}, {apart} apart inside "
+                f"{noise}; the simpler"], line
+    return [f"{me} at a constant global batch {best.global_batch_size}: predicted {c:.3g} s to the trunk's final "
+            f"loss, {apart} under the schedule {path}'s {s:.3g} s, beyond {noise}",
+            f"{me} (constant {best.global_batch_size}): {apart} faster than the schedule {path} (predicted)"], line
+
+
+def _percent(share: float) -> str:
+    """0.04 -> '4 %', 0.0024 -> '0.2 %': a share in the project's words, a small one not rounded to nothing."""
+    return f"{100 * share:.0f} %" if share >= 0.01 else f"{100 * share:.1f} %"
+
+
+def schedule_line(answer: Dict[str, Any], best: Trial, points: Sequence[Trial]) -> str:
+    """The overrides that train the schedule: its first layout (the trunk's) at the trunk's LR, the LR rule the
+    branches scaled by from the trunk's global batch, and train.batch_schedule."""
+    import re
+
+    from sweeper.report.output import override_line
+
+    mb, acc, workers = (int(x) for x in re.match(r"mb(\d+)-acc(\d+)-w(\d+)", answer["schedule_layouts"][0]).groups())
+    base, rule = answer["base_global_batch"], answer.get("lr_scaling") or "none"
+    trunk = next((t for t in points if (t.micro_batch_size, t.accumulation_steps, t.num_workers) == (mb, acc, workers)
+                  and t.lr is not None), None)
+    ratio = best.global_batch_size / base
+    lr = trunk.lr if trunk is not None else None if best.lr is None else best.lr / (
+        ratio if rule == "linear" else math.sqrt(ratio) if rule == "sqrt" else 1.0)
+    first = replace(best, micro_batch_size=mb, accumulation_steps=acc, num_workers=workers,
+                    global_batch_size=base, lr=lr)
+    return (f"{override_line(first, 'none')} train.lr_scaling={rule} train.base_batch_size={base} "
+            f"{override(answer['schedule'])}")
 
 
 def snippets_for(answer: Dict[str, Any], folder: str) -> List[str]:
@@ -214,7 +285,21 @@ def snippets(answer: Dict[str, Any], micro_batch: int, workers: int, folder: str
     head = (f"# sweeper's batch-size schedule: global batch {' -> '.join(str(g) for _, g in spans)} at samples "
             f"{', '.join(str(s) for s, _ in spans)},\n# micro-batch {micro_batch} x {workers} worker(s), "
             "accumulation steps rising; scale the LR with the global batch as the sweep did.\n")
-    loop = head + f"""SCHEDULE = [{table}]  # (samples seen, accumulation steps)
+    texts = (("schedule_pytorch.py", head + _loop_text(table, micro_batch, per_step)),
+             ("schedule_lightning.py", head + _lightning_text(table, per_step)))
+    os.makedirs(folder, exist_ok=True)
+    written = []
+    for name, text in texts:
+        path = os.path.join(folder, name)
+        with open(path, "w") as f:
+            f.write(text)
+        written.append(path)
+    return written
+
+
+def _loop_text(table: str, micro_batch: int, per_step: int) -> str:
+    """The schedule in a plain PyTorch loop: accumulation steps looked up at each optimizer step."""
+    return f"""SCHEDULE = [{table}]  # (samples seen, accumulation steps)
 
 
 def accumulation_at(samples_seen):
@@ -233,7 +318,11 @@ for x, y in loader:  # the loader yields micro-batches of {micro_batch}
         samples_seen += accumulate * {per_step}
         micro_steps = 0
 """
-    lightning = head + f"""import lightning as L
+
+
+def _lightning_text(table: str, per_step: int) -> str:
+    """The schedule as a Lightning callback setting Trainer.accumulate_grad_batches."""
+    return f"""import lightning as L
 
 SCHEDULE = [{table}]  # (samples seen, accumulation steps)
 
@@ -258,11 +347,3 @@ class BatchSizeSchedule(L.Callback):
 
 trainer = L.Trainer(callbacks=[BatchSizeSchedule()])  # with your other Trainer arguments
 """
-    os.makedirs(folder, exist_ok=True)
-    written = []
-    for name, text in (("schedule_pytorch.py", loop), ("schedule_lightning.py", lightning)):
-        path = os.path.join(folder, name)
-        with open(path, "w") as f:
-            f.write(text)
-        written.append(path)
-    return written

@@ -95,7 +95,8 @@ def build(
         rec, cfg.objective, cfg.min_accuracy, budget, cfg.max_accuracy_drop, cfg.max_loss_rise))
     images = _draw_plots(folder, trials, cfg, sweep.params, budget, rec, found)
     why = recommendation_text(rec, line, found, points.single_context(trials))
-    text = answer_text(rec, line, found, points.single_context(trials))
+    glance = branched.glance(answer, rec.best, trials, line) if answer is not None and rec.best else None
+    text = answer_text(rec, line, found, points.single_context(trials), glance)
     extra: List[Any] = [("Alternatives", headline.alternatives(rec)), ("Why", why),
                         ("Accuracy classes", classes.words(rec.classes, coupled(sweep.params)))]
     if answer is not None:
@@ -105,7 +106,7 @@ def build(
     # strategy's compute ledger.
     sweep_figures = tracker.sweep_metrics(parent_run_id)
     html = html_report.render(sweep.run_name, [_row(t) for t in sorted(trials, key=_speed, reverse=True)], images,
-                              "\n".join(headline.headline(rec, line)),
+                              "\n".join(headline.headline(rec, line, glance)),
                               _settings_shown(parent_run_id, cfg, budget_gb, rec.quality),
                               extra + sections.sections(trials, found, {**sweep.params, **settings_params(cfg)},
                                                         sweep_figures))
@@ -433,10 +434,11 @@ def _row(t: Trial) -> Dict[str, str]:
 
 
 def answer_text(rec: Recommendation, line: Optional[str], found: Optional[CriticalBatch] = None,
-                context: Optional[int] = None) -> str:
+                context: Optional[int] = None, glance: Optional[Tuple[List[str], Optional[str]]] = None) -> str:
     """What the console prints and the parent run's tag holds: the headline (at most 3 lines of 120
-    characters), the table of alternatives, and the critical batch size in one line."""
-    text = "\n".join(headline.headline(rec, line))
+    characters; a branch sweep's `glance` says whether to train the schedule or the constant layout), the
+    table of alternatives, and the critical batch size in one line."""
+    text = "\n".join(headline.headline(rec, line, glance))
     rows = headline.alternatives(rec)
     if rows:
         text += "\n" + headline.table_text(rows)

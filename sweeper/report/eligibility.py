@@ -7,11 +7,12 @@ scipy.stats via sweeper.stats)."""
 from __future__ import annotations
 
 import math
+import statistics
 from collections import Counter
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 from sweeper import stats
-from sweeper.report.quality import LOSS, hits
+from sweeper.report.quality import LOSS
 from sweeper.report.trials import PointSummary, Trial, _finite, seconds_to_train
 
 MAX_LISTED = 3
@@ -26,6 +27,9 @@ TRY_INSTEAD = ("try a lower LR (a lower optim.lr, or sweep.lr_multipliers below 
                "a warmup (train.warmup_steps), or another train.lr_scaling rule (sqrt grows the LR "
                "more slowly than linear)")
 OTHER_OPTIMIZER = {"sgd": "optim=adamw", "adamw": "optim=sgd"}
+# sweep.strategy=branch's quality rule: no point above this global batch, and why (a sentence, or what the
+# branches said of a global batch: report/branched.limit)
+BatchLimit = Tuple[int, Union[str, Callable[[int], str]]]
 
 
 def did_not_learn_try(optimizer: Optional[str]) -> str:
@@ -78,7 +82,7 @@ def under_accuracy(trial: Trial, min_accuracy: Optional[float]) -> Optional[str]
 
 def eligible(points: List[PointSummary], objective: str, min_accuracy: Optional[float],
              memory_budget_bytes: Optional[float], level: float = 0.95, metric: str = "val_accuracy",
-             batch_limit: Optional[Tuple[int, Any]] = None) -> Tuple[List[PointSummary], Dict[str, str]]:
+             batch_limit: Optional[BatchLimit] = None) -> Tuple[List[PointSummary], Dict[str, str]]:
     """(eligible points, point key -> why not) before the quality guard. `batch_limit` (a global batch, why):
     a larger global batch is not eligible (sweep.strategy=branch's quality rule)."""
     excluded: Dict[str, str] = {}
@@ -108,26 +112,40 @@ def eligible(points: List[PointSummary], objective: str, min_accuracy: Optional[
 
 
 def not_learned(point: PointSummary, level: float) -> bool:
-    """An ok point that learned nothing a guess would not, pooled over its seeds at `level`: a language
-    model's validation loss (nats per token) not below its training stream's unigram entropy by more
-    than z x its standard error; a classifier's validation hits not separated from chance (1 /
-    num_classes). False when what the rule needs is unrecorded."""
+    """An ok point that learned nothing a guess would not, shown at `level` (one-sided): a language model's
+    validation loss (nats per token) not below its training stream's unigram entropy, a classifier's
+    validation accuracy not above chance (1 / num_classes). With one seed, by its own validation set (the
+    loss's standard error; the exact binomial test of its hits); with several, by the spread over the seeds
+    as well (Student t of their values): every seed is scored on the same validation set, so their hits
+    are never pooled as independent draws (issue 46). False when what the rule needs is unrecorded."""
     tokens = _loss_against_unigram(point)
     if tokens is not None:
         loss, se, entropy = tokens
         z = stats.z_score(level)
-        return not loss + z * se < entropy
+        return not (loss + z * se < entropy and _spread_bound(LOSS.values(point), level, upper=True) < entropy)
     classes = point.trial.num_classes
-    pooled = hits(point)
-    if not classes or classes < 2 or pooled is None:
+    measured = [t for t in point.replicates if t.status == "ok" and _finite(t.val_accuracy)]
+    if not classes or classes < 2 or not measured or any(not t.val_samples for t in measured):
         return False
-    found, samples = pooled
-    return not stats.above_chance(int(round(found)), samples, 1.0 / classes, level)
+    chance, accuracies = 1.0 / classes, [t.val_accuracy for t in measured]
+    one_set = min(int(t.val_samples) for t in measured)  # the seeds' mean accuracy, on one validation set
+    hits_on_one = int(round(statistics.fmean(accuracies) * one_set))
+    return not (stats.above_chance(hits_on_one, one_set, chance, level)
+                and _spread_bound(accuracies, level, upper=False) > chance)
+
+
+def _spread_bound(values: List[float], level: float, upper: bool) -> float:
+    """The one-sided bound at `level` of the mean of `values` (one per seed) from their spread: Student t;
+    with one value, the value itself (its own validation set's test is the caller's)."""
+    if len(values) < 2:
+        return values[0] if values else math.nan
+    interval = stats.over_seeds(values, 2.0 * level - 1.0)  # each bound of a two-sided 2l-1 is one-sided at l
+    return interval.high if upper else interval.low
 
 
 def _loss_against_unigram(point: PointSummary) -> Optional[Tuple[float, float, float]]:
-    """(mean validation loss, its standard error, the unigram entropy), all in nats per token, pooled over
-    the point's ok seeds; None when the point is not a language model or lacks a figure."""
+    """(mean validation loss, its standard error, the unigram entropy), all in nats per token, over the
+    point's ok seeds; None when the point is not a language model or lacks a figure."""
     runs = [t for t in point.replicates if t.status == "ok"]
     if not runs or any(t.train_unigram_entropy_bits is None or not _finite(t.val_loss) or not _finite(t.val_loss_se)
                        for t in runs):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import textwrap
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from sweeper import stats
 from sweeper.report.noninferiority import Gap, judge_gap, one_sided
@@ -21,20 +21,27 @@ MAX_ROWS = 6  # the recommended point and up to five alternatives
 VERDICTS = {"eligible": "certified", "unproven": "unproven", "excluded": "worse", "untested": "not tested"}
 
 
-def headline(rec: Recommendation, line: Optional[str]) -> List[str]:
+def headline(rec: Recommendation, line: Optional[str],
+             glance: Optional[Tuple[List[str], Optional[str]]] = None) -> List[str]:
     """The answer in at most 3 lines of WIDTH characters: what to train and why in figures, then the
     override line (wrapped at its spaces). Details are dropped, least useful first, until it fits; an
-    override line that alone takes 3 lines is kept whole (it must be copied)."""
+    override line that alone takes 3 lines is kept whole (it must be copied). `glance` (a branch sweep's:
+    report/branched.glance) replaces the sentences, most detailed first, and the override line: one answer,
+    the schedule or the constant layout, per sweep."""
     if rec.best is None:
         lines = _wrap(f"No recommendation: {rec.reason}")
         # The full reason is the report's "Why"; three lines say what happened.
         return lines if len(lines) <= 3 else lines[:2] + [textwrap.shorten(lines[2], WIDTH - 6) + " [...]"]
     quality = QUALITIES[rec.quality]
     best = rec.points[rec.best.key]
+    if glance is not None:
+        sentences, line = glance
+    else:
+        sentences = [_sentence(rec, best, quality, detail) for detail in (2, 1, 0)]
     override = _wrap(f"Overrides: {line}") if line else []
     room = max(1, 3 - len(override))
-    for detail in (2, 1, 0):
-        sentence = _wrap(_sentence(rec, best, quality, detail))
+    for text in sentences:
+        sentence = _wrap(text)
         if len(sentence) <= room:
             break
     return sentence + override

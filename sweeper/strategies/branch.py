@@ -375,6 +375,40 @@ def predicted_seconds(spans: Sequence[Tuple[int, int]], budget: int, locals_: Se
     return seconds, int(round(samples))
 
 
+# The answer, of the schedule and the best constant layout: SCHEDULE only when predicted faster beyond the
+# predictions' noise; TIE when the two are not told apart (the constant is then the answer: one layout, no
+# accumulation changes mid-run); CONSTANT when it is predicted faster, or there is no schedule.
+SCHEDULE, CONSTANT, TIE = "schedule", "constant", "tie"
+
+
+def rate_noise(cv: Optional[float], windows: Optional[int]) -> Optional[float]:
+    """A measured samples/s's relative standard error: its timed windows' coefficient of variation over
+    sqrt(windows) (None when either is unrecorded)."""
+    if cv is None or not windows or not math.isfinite(cv):
+        return None
+    return cv / math.sqrt(windows)
+
+
+def choose(schedule_seconds: float, constant_seconds: float, spans: int, schedule_noise: Sequence[Optional[float]],
+           constant_noise: Sequence[Optional[float]], z: float) -> Tuple[str, Optional[float]]:
+    """(SCHEDULE | CONSTANT | TIE, the share of the constant's predicted time the two must differ by). A
+    prediction is samples / a measured samples/s, so its noise is the rates' relative standard errors
+    (`rate_noise`; the noisiest of the layouts timing it), the two combined in quadrature, times `z`. The
+    model's own error (the critical batch size between the largest global batch that kept up and the next
+    one tried) is not counted: the share is a floor on what can be told apart. An unmeasured noise tells
+    nothing apart (TIE, None). One span: no schedule, CONSTANT."""
+    if spans < 2:
+        return CONSTANT, None
+    noises = [max(n, default=None) if None not in n else None for n in (schedule_noise, constant_noise)]
+    if None in noises:
+        return TIE, None
+    share = z * math.hypot(*noises)
+    difference = (constant_seconds - schedule_seconds) / constant_seconds
+    if abs(difference) <= share:
+        return TIE, share
+    return (SCHEDULE if difference > 0 else CONSTANT), share
+
+
 def _pieces(spans: Sequence[Tuple[int, int]], budget: int) -> List[Tuple[int, int, int]]:
     starts = [s for s, _ in spans] + [budget]
     return [(starts[i], starts[i + 1], g) for i, (_, g) in enumerate(spans) if starts[i + 1] > starts[i]]

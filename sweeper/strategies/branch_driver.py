@@ -58,6 +58,11 @@ class Answer:
     schedule_timed_as: List[str] = field(default_factory=list)
     # the larger global batches the window was too short to judge (not branched to)
     unjudged: List[int] = field(default_factory=list)
+    # branch.SCHEDULE | CONSTANT | TIE (a tie: the constant is the answer), and the share of the constant's
+    # predicted time the two had to differ by (None: no measured noise)
+    choice: str = branch.CONSTANT
+    noise_share: Optional[float] = None
+    lr_rule: Optional[str] = None  # the LR rule the branches and a schedule's spans scale by
 
     def to_dict(self) -> Dict[str, object]:
         return {
@@ -77,7 +82,8 @@ class Answer:
             "constant_global_batch": self.constant_batch, "constant_predicted_seconds": self.constant_seconds,
             "recommend_schedule": self.recommend_schedule, "why": self.why,
             "b_simple": [[samples, value] for samples, value in sorted(self.b_simple.items())],
-            "unjudged_global_batches": self.unjudged,
+            "unjudged_global_batches": self.unjudged, "choice": self.choice,
+            "prediction_noise_share": self.noise_share, "lr_scaling": self.lr_rule,
         }
 
 
@@ -290,12 +296,37 @@ def decide(cfg: SweeperConfig, base: int, budget: int, window: int, marks: List[
            trunks: Dict[object, Optional[PointResult]], branches: Dict[Tuple[object, int, int], PointResult],
            fastest: Dict[int, GridPoint], ok: Dict[GridPoint, PointResult], larger: List[int]) -> Optional[Answer]:
     """The local critical batch size at every checkpoint the trunks passed ok, the schedule and the best
-    constant layout, with their predicted wall times (sweeper/strategies/branch.py)."""
+    constant layout, with their predicted wall times, and which one is the answer (sweeper/strategies/branch.py:
+    the schedule only when predicted faster beyond the noise of the rates behind both predictions)."""
     whole = {seed: t for seed, t in trunks.items() if t is not None and t.status == "ok" and t.train_loss}
     if not whole:
         console.warn("branch: no trunk trained its whole budget ok; no critical batch size to give")
         return None
     z = statistics.NormalDist().inv_cdf(cfg.branch.confidence)  # one-sided: "certified within", as the grid's
+    locals_ = readings(cfg, base, window, marks, whole, branches, larger, z)
+    plan_ = schedule_plan(base, budget, locals_, fastest, ok)
+    rates = {g: ok[fastest[g]].throughput.samples_per_second for g in fastest}
+    flat = branch.flat(locals_, base)
+    # the fastest layout whose global batch stays at or below the critical batch size where it flattens
+    constant_batch = max((g for g in fastest if g <= flat), key=lambda g: rates[g])
+    constant_seconds, _ = branch.predicted_seconds([(0, constant_batch)], budget, locals_, base, rates)
+    noise = {layout.key: branch.rate_noise(r.throughput.samples_per_second_cv, r.throughput.stable_windows_used
+                                           or r.throughput.timing_windows) for layout, r in ok.items()}
+    choice, share = branch.choose(plan_.seconds, constant_seconds, len(plan_.spans),
+                                  [noise.get(k) for k in dict.fromkeys(plan_.timed_as)],
+                                  [noise.get(fastest[constant_batch].key)], z)
+    why = choice_why(plan_, base, flat, constant_batch, constant_seconds, choice, share)
+    if locals_[-1].weak:
+        why += weak_why(locals_[-1])
+    return Answer(base, budget, window, locals_, plan_.spans, plan_.layouts, plan_.seconds,
+                  fastest[constant_batch].key, constant_batch, constant_seconds, choice == branch.SCHEDULE, why,
+                  b_simple_over_training(marks, branches), plan_.timed_as, choice=choice, noise_share=share,
+                  lr_rule=branch_lr_rule(cfg))
+
+
+def readings(cfg: SweeperConfig, base: int, window: int, marks: List[int], whole: Dict[object, PointResult],
+             branches: Dict[Tuple[object, int, int], PointResult], larger: List[int], z: float) -> List[branch.Local]:
+    """The local critical batch size at each checkpoint, each seed's branches compared with its trunk."""
     locals_: List[branch.Local] = []
     for k, mark in enumerate(marks, 1):
         by_seed = []
@@ -308,57 +339,89 @@ def decide(cfg: SweeperConfig, base: int, budget: int, window: int, marks: List[
                 compared[g] = branch.compare(after, base, losses, g, window)
             by_seed.append(compared)
         locals_.append(branch.local_critical(mark, base, by_seed, z, cfg.branch.tolerance))
-    rates = {g: ok[fastest[g]].throughput.samples_per_second for g in fastest}
-    # The schedule runs as train.batch_schedule does: the trunk's micro-batch and workers, more accumulation.
+    return locals_
+
+
+@dataclass
+class Plan:
+    """The schedule as train.batch_schedule runs it: its spans, each span's layout and the measured layout
+    that times it, its predicted seconds, and the grid's global batches above the trunk's it cannot reach."""
+
+    spans: List[Tuple[int, int]]
+    layouts: List[str]
+    timed_as: List[str]
+    seconds: float
+    first: GridPoint
+    unreachable: List[int]
+
+
+def schedule_plan(base: int, budget: int, locals_: List[branch.Local], fastest: Dict[int, GridPoint],
+                  ok: Dict[GridPoint, PointResult]) -> Plan:
+    """The schedule at the trunk's micro-batch and workers, more accumulation for each larger span, each span
+    timed at its layout's measured samples/s (or a lower bound: the largest accumulation measured below)."""
     first = fastest[base]
     measured = {p.accumulation_steps: r.throughput.samples_per_second for p, r in ok.items()
                 if replace(p, accumulation_steps=1) == replace(first, accumulation_steps=1)}
     reach = branch.span_accumulations(first.micro_batch_size * first.num_workers, base, measured, sorted(fastest))
     spans = branch.schedule(locals_, base, sorted(reach))
-    schedule_seconds, _ = branch.predicted_seconds(spans, budget, locals_, base,
-                                                 {g: measured[timed] for g, (_, timed) in reach.items()})
-    schedule_layouts = [replace(first, accumulation_steps=reach[g][0]).key for _, g in spans]
-    timed_as = [replace(first, accumulation_steps=reach[g][1]).key for _, g in spans]
+    seconds, _ = branch.predicted_seconds(spans, budget, locals_, base,
+                                          {g: measured[timed] for g, (_, timed) in reach.items()})
     flat = branch.flat(locals_, base)
-    # the fastest layout whose global batch stays at or below the critical batch size where it flattens
-    constant_batch = max((g for g in fastest if g <= flat), key=lambda g: rates[g])
-    constant_spans = [(0, constant_batch)]
-    constant_seconds, _ = branch.predicted_seconds(constant_spans, budget, locals_, base, rates)
-    better = len(spans) > 1 and schedule_seconds < constant_seconds
-    unreachable = [g for g in fastest if base < g <= flat and g not in reach]
-    if len(spans) == 1 and unreachable:
-        why = (f"no schedule reaches the grid's global batch {unreachable[0]} from the trunk's {first.key} by "
-               f"accumulation alone (train.batch_schedule keeps its micro-batch and workers): a constant global "
-               f"batch of {constant_batch} is the answer")
-    elif len(spans) == 1:
-        why = (f"the critical batch size never reached a global batch of the grid larger than the trunk's {base} (its "
-               f"rising fit ends at {flat:.0f}): a constant global batch of {constant_batch} is the answer")
-    elif better:
-        why = (f"the schedule is predicted to reach the trunk's final loss in {schedule_seconds:.3g} s against "
-               f"{constant_seconds:.3g} s for a constant {constant_batch}: the constant batch trains its early "
-               f"samples above the critical batch size measured there, and pays for it in samples")
-    else:
-        why = (f"a constant global batch of {constant_batch} is predicted to reach the trunk's final loss in "
-               f"{constant_seconds:.3g} s, no slower than the schedule's {schedule_seconds:.3g} s: its faster steps "
-               "outweigh the samples it loses early")
-    if locals_[-1].weak:
-        last = locals_[-1]
-        fell = (f"fell by {last.progress:.3g}" if math.isfinite(last.progress) and last.progress > 0 else
-                "did not fall")
-        widest = max(last.tolerance_of(g) for g in last.kept)
-        why += (f". The last checkpoint's reading (where the rising fit ends) is weak: the trunk's loss {fell} over "
-                "the window, so a branch making half its progress could have been certified within the margin of a "
-                f"global batch counted as keeping up ({widest:.3g}, branch.tolerance); a smaller branch.tolerance, "
-                "or null (the margin then follows the trunk's fall), sharpens it")
-    b_simple = {}
+    return Plan(spans, [replace(first, accumulation_steps=reach[g][0]).key for _, g in spans],
+                [replace(first, accumulation_steps=reach[g][1]).key for _, g in spans], seconds, first,
+                [g for g in fastest if base < g <= flat and g not in reach])
+
+
+def choice_why(plan_: Plan, base: int, flat: float, constant_batch: int, constant_seconds: float, choice: str,
+               share: Optional[float]) -> str:
+    """Why the answer is the schedule or the constant layout, with both predictions and the noise between."""
+    schedule_seconds = plan_.seconds
+    noise = ("no measured noise to tell them apart" if share is None else
+             f"the predictions' noise is {100 * share:.1f} %")
+    if len(plan_.spans) == 1 and plan_.unreachable:
+        return (f"no schedule reaches the grid's global batch {plan_.unreachable[0]} from the trunk's "
+                f"{plan_.first.key} by accumulation alone (train.batch_schedule keeps its micro-batch and workers): a "
+                f"constant global batch of {constant_batch} is the answer")
+    if len(plan_.spans) == 1:
+        return (f"the critical batch size never reached a global batch of the grid larger than the trunk's {base} "
+                f"(its rising fit ends at {flat:.0f}): a constant global batch of {constant_batch} is the answer")
+    apart = abs(constant_seconds - schedule_seconds) / constant_seconds
+    if choice == branch.SCHEDULE:
+        return (f"the schedule is predicted to reach the trunk's final loss in {schedule_seconds:.3g} s against "
+                f"{constant_seconds:.3g} s for a constant {constant_batch}, {100 * apart:.1f} % faster ({noise}): the "
+                "constant batch trains its early samples above the critical batch size measured there, and pays "
+                "for it in samples")
+    if choice == branch.TIE:
+        return (f"a tie: the schedule is predicted to reach the trunk's final loss in {schedule_seconds:.3g} s and "
+                f"a constant global batch of {constant_batch} in {constant_seconds:.3g} s, {100 * apart:.1f} % apart, "
+                f"inside the noise ({noise}; the samples/s behind each vary from window to window); the constant "
+                "batch is the answer, the simpler to run: one layout, no accumulation changes mid-run")
+    return (f"a constant global batch of {constant_batch} is predicted to reach the trunk's final loss in "
+            f"{constant_seconds:.3g} s, faster than the schedule's {schedule_seconds:.3g} s ({noise}): its faster "
+            "steps outweigh the samples it loses early")
+
+
+def weak_why(last: branch.Local) -> str:
+    """What the why adds when the last checkpoint's reading (where the rising fit ends) is weak."""
+    fell = f"fell by {last.progress:.3g}" if math.isfinite(last.progress) and last.progress > 0 else "did not fall"
+    widest = max(last.tolerance_of(g) for g in last.kept)
+    return (f". The last checkpoint's reading (where the rising fit ends) is weak: the trunk's loss {fell} over "
+            "the window, so a branch making half its progress could have been certified within the margin of a "
+            f"global batch counted as keeping up ({widest:.3g}, branch.tolerance); a smaller branch.tolerance, "
+            "or null (the margin then follows the trunk's fall), sharpens it")
+
+
+def b_simple_over_training(marks: List[int], branches: Dict[Tuple[object, int, int], PointResult]
+                           ) -> Dict[int, float]:
+    """At each checkpoint, the mean B_simple its branches measured (finite ones)."""
+    out = {}
     for k, mark in enumerate(marks, 1):
         values = [r.noise.gns_b_simple_train_avg for (_, at, _), r in branches.items()
                   if at == k and r.status == "ok" and r.noise.gns_b_simple_train_avg is not None
                   and math.isfinite(r.noise.gns_b_simple_train_avg)]
         if values:
-            b_simple[mark] = sum(values) / len(values)
-    return Answer(base, budget, window, locals_, spans, schedule_layouts, schedule_seconds,
-                  fastest[constant_batch].key, constant_batch, constant_seconds, better, why, b_simple, timed_as)
+            out[mark] = sum(values) / len(values)
+    return out
 
 
 def record_points(points: List[GridPoint], specs: Dict[GridPoint, PointSpec], throughput: Dict[GridPoint, PointResult],

@@ -165,6 +165,8 @@ def test_a_branch_sweep_interrupted_mid_branch_resumes_each_branch_once_and_answ
 
 
 def global_batch(key: str) -> int:
-    """The global batch of the recommendation's point ("Train mb32-acc2-w1: ...")."""
-    m, a, w = map(int, re.search(r"Train mb(\d+)-acc(\d+)-w(\d+)", key).groups())
+    """The global batch of the recommendation's point ("Train mb32-acc2-w1: ..."), or of a schedule's first
+    layout ("Train the batch-size schedule 16 -> 64 on mb16-acc1-w1: ...")."""
+    m, a, w = map(int, re.search(r"Train (?:the (?:batch-size )?schedule [\d >-]+ on )?mb(\d+)-acc(\d+)-w(\d+)",
+                                 key).groups())
     return m * a * w

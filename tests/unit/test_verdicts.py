@@ -213,3 +213,49 @@ def test_the_reports_last_table_is_headed_points():
 
     page = html.render("s", [{"point": "mb16-acc1-w1"}], {}, "Train", {})
     assert "<h2>Points, one run per seed (1)</h2>" in page and "Trials" not in page
+
+
+# --- "learned at all" by the same rule: seeds are never pooled as independent draws ----------------
+
+
+def test_not_learned_uses_the_spread_over_seeds_not_their_pooled_hits():
+    """Three seeds scored on one validation set of 359 samples are not 1,077 draws. At 0.10, 0.16 and 0.11
+    against chance 0.1 their pooled hits (133 of 1,077) pass a binomial test (p ~ 0.01), while the spread over
+    the seeds (the mean 0.123, one-sided t lower bound ~0.07) does not lie above chance: not learned."""
+    from sweeper.report import eligibility
+
+    seeds = [run(16, seed=s, accuracy=a, val_samples=359, num_classes=10) for s, a in enumerate([0.10, 0.16, 0.11])]
+    point = summarize(seeds)
+    assert stats.above_chance(round(sum(a * 359 for a in (0.10, 0.16, 0.11))), 3 * 359, 0.1)  # what pooling said
+    assert eligibility.not_learned(point, 0.95)
+    rec = recommend([*seeds, *(run(32, seed=s, accuracy=0.9, val_samples=359, num_classes=10) for s in range(3))])
+    assert rec.excluded["mb16-acc1-w1"].startswith("did not learn")
+    # seeds consistently above chance are learned; one seed is judged on its own validation hits
+    assert not eligibility.not_learned(summarize([run(16, seed=s, accuracy=a, val_samples=359, num_classes=10)
+                                                  for s, a in enumerate([0.30, 0.34, 0.32])]), 0.95)
+    assert not eligibility.not_learned(summarize([run(16, accuracy=0.16, val_samples=359, num_classes=10)]), 0.95)
+    assert eligibility.not_learned(summarize([run(16, accuracy=0.11, val_samples=359, num_classes=10)]), 0.95)
+
+
+def test_a_language_models_learned_test_uses_the_spread_over_seeds_too():
+    """A loss a hair under the unigram entropy in each seed's own noise, but spread widely over seeds: the
+    seeds' t interval reaches above the entropy, so learning is not shown."""
+    from sweeper.report import eligibility
+
+    entropy_bits = 2.0  # 1.386 nats per token
+    seeds = [replace(run(16, seed=s), val_loss=v, val_loss_se=0.002, train_unigram_entropy_bits=entropy_bits)
+             for s, v in enumerate([1.30, 1.38, 1.20])]
+    assert eligibility.not_learned(summarize(seeds), 0.95)
+    tight = [replace(t, val_loss=v) for t, v in zip(seeds, [1.30, 1.31, 1.29])]
+    assert not eligibility.not_learned(summarize(tight), 0.95)
+
+
+def test_a_slower_unproven_point_is_not_called_faster():
+    """The MLP bench's grid called mb16-acc1-w1, slower than its pick, 'faster but unproven'."""
+    best = [run(64, seed=s, accuracy=a, rate=500.0, val_samples=359) for s, a in enumerate([0.90, 0.92, 0.91])]
+    slow = [run(16, seed=s, accuracy=a, rate=200.0, val_samples=359) for s, a in enumerate([0.86, 0.91, 0.88])]
+    fast = [run(32, seed=s, accuracy=a, rate=900.0, val_samples=359) for s, a in enumerate([0.86, 0.91, 0.88])]
+    rec = recommend([*best, *slow, *fast], max_accuracy_drop=0.02)
+    assert rec.best.key == "mb64-acc1-w1"
+    assert rec.excluded["mb16-acc1-w1"].startswith("unproven: its val_accuracy gap")
+    assert rec.excluded["mb32-acc1-w1"].startswith("faster but unproven: its val_accuracy gap")
