@@ -164,14 +164,7 @@ def measure_grid(
     if cfg.train.save_state:  # every point's training state at its end, where every node reads
         folder = storage.join(storage.root(cfg.cluster.storage_path, s.cluster.results_dir, name), "checkpoints")
         specs = {p: replace(spec, save_state_to=storage.join(folder, p.key)) for p, spec in specs.items()}
-    in_trial = sum(resources_in_trial(max(p.num_workers for p in g)) for g in groups)
-    if in_trial == len(groups):
-        console.print_start(len(points), len(groups), "worker group(s) of one worker, each in its Ray Tune trial")
-    elif in_trial:
-        console.print_start(len(points), len(groups), f"worker group(s) ({in_trial} of one worker in its Ray Tune "
-                                                      "trial, the others Ray Train's)")
-    else:
-        console.print_start(len(points), len(groups))
+    _print_start(points, groups)
     rows: Rows = []
     recorded = set(done_keys)
     with console.progress() as bar:
@@ -210,6 +203,18 @@ def measure_grid(
             remaining = [p for p in points if p.key not in recorded]
             attempt += 1
     return rows
+
+
+def _print_start(points: List[GridPoint], groups: List[List[GridPoint]]) -> None:
+    """How many points in how many worker groups, and which groups run in their Ray Tune trial's process."""
+    in_trial = sum(resources_in_trial(max(p.num_workers for p in g)) for g in groups)
+    if in_trial == len(groups):
+        console.print_start(len(points), len(groups), "worker group(s) of one worker, each in its Ray Tune trial")
+    elif in_trial:
+        console.print_start(len(points), len(groups), f"worker group(s) ({in_trial} of one worker in its Ray Tune "
+                                                      "trial, the others Ray Train's)")
+    else:
+        console.print_start(len(points), len(groups))
 
 
 def measure_smart(
