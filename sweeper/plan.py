@@ -13,6 +13,8 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 # The recipe axes' defaults: a point that uses them keeps the key it had before they existed.
 DEFAULT_PRECISION, DEFAULT_CHECKPOINTING = "fp32", "none"
+# The data-parallel layout's default (sweep.parallelism): a DDP point keeps the key it had before the axis.
+DEFAULT_PARALLELISM = "ddp"
 
 
 @dataclass(frozen=True)
@@ -20,7 +22,8 @@ class GridPoint:
     """One point: `micro_batch_size` samples per worker per forward/backward, `accumulation_steps`
     micro-batches per optimizer step on each of `num_workers` data-parallel workers, trained in
     `precision` (fp32 | bf16 | fp16 autocast) with activation `checkpointing` (none | blocks), at the
-    scaled LR times `lr_multiplier`. `seed`: one replicate of it (None: train.seed, one replicate)."""
+    scaled LR times `lr_multiplier`. `seed`: one replicate of it (None: train.seed, one replicate).
+    `parallelism`: how the workers hold the model (ddp | zero2 | zero3: worker.sharding)."""
 
     micro_batch_size: int
     accumulation_steps: int
@@ -33,6 +36,7 @@ class GridPoint:
     # sweep.strategy=branch: a branch run, continued from its trunk's checkpoint at this many samples seen
     # (key -from<samples>); None for every grid point
     branch_from: Optional[int] = None
+    parallelism: str = DEFAULT_PARALLELISM
 
     @property
     def global_batch_size(self) -> int:
@@ -42,7 +46,8 @@ class GridPoint:
     @property
     def key(self) -> str:
         """A stable name for the point, used for Ray trial names and to avoid duplicate MLflow runs:
-        mb64-acc2-w1, then -bf16 / -ckpt for a recipe other than fp32 without checkpointing, -lrx2
+        mb64-acc2-w1, then -zero2 / -zero3 for a sharded layout, -bf16 / -ckpt for a recipe other than fp32
+        without checkpointing, -lrx2
         for an LR multiplier other than 1, -ctx256 for a context from sweep.context_lengths, -s1 for
         one seed of several."""
         key = self.point_key
@@ -52,6 +57,8 @@ class GridPoint:
     def point_key(self) -> str:
         """The key its replicates share (tag sweeper.point): every axis but the seed."""
         key = f"mb{self.micro_batch_size}-acc{self.accumulation_steps}-w{self.num_workers}"
+        if self.parallelism != DEFAULT_PARALLELISM:
+            key += f"-{self.parallelism}"
         if self.precision != DEFAULT_PRECISION:
             key += f"-{self.precision}"
         if self.checkpointing != DEFAULT_CHECKPOINTING:
@@ -78,6 +85,15 @@ def frontier_label(search: GridPoint) -> str:
     return search.key.split("-", 2)[2]
 
 
+def gradient_sync(parallelism: str, num_workers: int) -> str:
+    """How the micro-steps before the last of an optimizer step skip the gradient reduce (worker.sharding's
+    Sharding.sync_mode, recorded as param gradient_sync): DDP's no_sync, FSDP2's
+    set_requires_gradient_sync(False), or none (one DDP worker reduces nothing)."""
+    if parallelism == DEFAULT_PARALLELISM:
+        return "no_sync" if num_workers > 1 else "none"
+    return "set_requires_gradient_sync"
+
+
 def expand_grid(
     micro_batch_sizes: Sequence[int],
     accumulation_steps: Sequence[int],
@@ -88,6 +104,7 @@ def expand_grid(
     lr_multipliers: Sequence[float] = (1.0,),
     seeds: Optional[Sequence[int]] = None,
     contexts: Optional[Sequence[int]] = None,
+    parallelisms: Sequence[str] = (DEFAULT_PARALLELISM,),
 ) -> List[GridPoint]:
     """The product of the axes (duplicates removed, order kept), optionally filtered to the points
     whose global batch size (in sequences) is one of `global_batch_sizes` (in every recipe and
@@ -95,12 +112,13 @@ def expand_grid(
     the model's own; else one point per context."""
     keep = None if global_batch_sizes is None else set(global_batch_sizes)
     points: List[GridPoint] = []
-    for context, micro, accum, workers, precision, ckpt, multiplier, seed in itertools.product(
+    for context, micro, accum, workers, parallelism, precision, ckpt, multiplier, seed in itertools.product(
         contexts if contexts is not None else [None], micro_batch_sizes, accumulation_steps, num_workers,
-        precisions, checkpointing, lr_multipliers, seeds if seeds is not None else [None],
+        parallelisms, precisions, checkpointing, lr_multipliers, seeds if seeds is not None else [None],
     ):
         point = GridPoint(int(micro), int(accum), int(workers), str(precision), str(ckpt), float(multiplier),
-                          None if seed is None else int(seed), None if context is None else int(context))
+                          None if seed is None else int(seed), None if context is None else int(context),
+                          parallelism=str(parallelism))
         if point in points:
             continue
         if keep is not None and point.global_batch_size not in keep:
@@ -190,7 +208,7 @@ def worker_groups(points: Sequence[GridPoint], points_per_group: Optional[int] =
     groups are as uniform as they can be. Worker start-up is then paid once per group. Within a
     worker count, smaller micro-batches (then fewer accumulation steps) come first, so a point
     that runs out of memory marks the larger ones after it as out of memory without running them."""
-    ordered = sorted(points, key=lambda p: (p.num_workers, p.recipe, p.context or 0, p.micro_batch_size,
+    ordered = sorted(points, key=lambda p: (p.num_workers, p.parallelism, p.recipe, p.context or 0, p.micro_batch_size,
                                             p.accumulation_steps, p.lr_multiplier, -1 if p.seed is None else p.seed))
     size = points_per_group or max(len(ordered), 1)
     return [ordered[i : i + size] for i in range(0, len(ordered), size)]

@@ -212,6 +212,9 @@ class Memory(Record):
     memory_budget_mode: Optional[str] = tag("sweeper.memory_budget")
     memory_estimated_peak_bytes: Optional[int] = metric()
     memory_estimate_error: Optional[float] = metric()
+    # a sweep with a sharded parallelism: measure.sharded_memory's peak per worker, against the tracked one
+    memory_predicted_bytes: Optional[int] = metric()
+    memory_prediction_error: Optional[float] = metric()
     # the device's own figures (measure.telemetry.Device.memory_metrics)
     cuda_max_memory_allocated_bytes: Optional[int] = metric()
     cuda_max_memory_reserved_bytes: Optional[int] = metric()
@@ -437,6 +440,7 @@ class PointResult(Record):
     error: Optional[str] = tag("sweeper.error")
     oom_implied_by: Optional[str] = tag("sweeper.oom_implied_by")
     oom_simulated: Optional[bool] = note()  # the out-of-memory was a simulated CPU budget's
+    oom_predicted: Optional[bool] = note()  # never launched: its predicted peak is over the budget
     probe_role: Optional[str] = tag("sweeper.probe_role")  # frontier probes: fit | verify
     micro_batch_size: Optional[int] = note()  # a frontier probe's size (a grid point's is its key)
     accumulation_steps: Optional[int] = note()
@@ -461,9 +465,11 @@ class PointResult(Record):
     @property
     def oom_source(self) -> Optional[str]:
         """Where an out-of-memory came from (MLflow tag sweeper.oom): never run, implied by a smaller
-        point's; a budget simulated on CPU; or the device's own allocator."""
+        point's or predicted over the budget; a budget simulated on CPU; or the device's own allocator."""
         if self.status != "oom":
             return None
+        if self.oom_predicted:
+            return "predicted"
         return "implied" if self.oom_implied_by else "simulated" if self.oom_simulated else "device"
 
 

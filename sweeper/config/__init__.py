@@ -26,7 +26,7 @@ from sweeper.errors import ConfigError, first_line
 # `from sweeper.config import ModelConfig` whichever module holds it.
 from sweeper.config.sweep import (
     STRATEGIES, SweepConfig, SmartConfig, BranchConfig, FrontierConfig, check_sweep, check_branch, check_smart,
-    check_frontier,
+    check_frontier, parallelism_problems,
 )
 from sweeper.config.training import (
     OPTIMIZERS, PRECISIONS, CHECKPOINTING, OptimConfig, LossConfig, TrainConfig, EvalConfig, DivergenceConfig,
@@ -222,6 +222,7 @@ def check_combinations(cfg: SweeperConfig) -> List[str]:
     target = settings.target_problem(cfg.report.objective, cfg.eval.target_accuracy, cfg.eval.target_loss)
     problems += [target] if target else []
     problems += _check_contexts(cfg)
+    problems += parallelism_problems(cfg.sweep, cfg.train.compile, cfg.gns.enabled, cfg.train.batch_schedule)
     strategy = cfg.sweep.strategy
     if strategy in ("smart", "branch") and (cfg.train.save_state or cfg.train.start_from or cfg.train.batch_schedule):
         problems.append(f"train.save_state / train.start_from / train.batch_schedule with sweep.strategy={strategy}: "

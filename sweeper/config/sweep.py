@@ -12,9 +12,32 @@ from sweeper.config.report import invalid_choice
 from sweeper.config.rules import check_rule, check_choices, is_not_negative, is_positive, check_sizes
 from sweeper.config.runtime import is_auto, normalize_batch_coupled
 from sweeper.config.training import CHECKPOINTING, PRECISIONS
+from sweeper.measure.sharded_memory import PARALLELISMS
 
 
 STRATEGIES = ("grid", "smart", "branch")
+# sweep.parallelism's sharded choices (worker.sharding applies them; measure.sharded_memory prices them)
+SHARDED = tuple(p for p in PARALLELISMS if p != "ddp")
+
+
+def parallelism_problems(sweep: SweepConfig, compile_model: bool, gns_enabled: bool, batch_schedule: Any
+                         ) -> List[str]:
+    """What a sharded value of sweep.parallelism cannot be combined with, one line each."""
+    sharded = [v for v in sweep.parallelism if v in SHARDED] if isinstance(sweep.parallelism, list) else []
+    if not sharded:
+        return []
+    said = f"sweep.parallelism has {', '.join(sharded)}"
+    found = []
+    if compile_model:
+        found.append(f"train.compile=true with {said}: torch.compile under FSDP2 is not tested here; set "
+                     "train.compile=false, or sweep.parallelism=[ddp]")
+    if gns_enabled:
+        found.append(f"gns.enabled=true with {said}: the noise scale's hooks see the unsharded parameters, which "
+                     "FSDP2 replaces by shards; set gns.enabled=false, or sweep.parallelism=[ddp]")
+    if batch_schedule:
+        found.append(f"train.batch_schedule with {said}: a span hands its training state to the next in memory, "
+                     "which sharded ranks do not hold whole; drop train.batch_schedule, or sweep.parallelism=[ddp]")
+    return found
 
 
 @dataclass
@@ -71,6 +94,11 @@ class SweepConfig:
     # throughput are per context, and smart's accuracy classes never mix contexts. null: model.context
     # alone. One value or a list.
     context_lengths: Any = None
+    # How the data-parallel workers hold the model, as an axis crossed with the layout: ddp (every worker
+    # holds every weight, gradient and optimizer state), zero2 / zero3 (FSDP2's fully_shard per block:
+    # sharded 1/N between steps; zero3 also frees a block's gathered weights after its forward).
+    # A list, e.g. [ddp,zero3] (docs/parallelism.md).
+    parallelism: Any = field(default_factory=lambda: ["ddp"])
 
 
 @dataclass
@@ -160,6 +188,7 @@ def _repeated(sweep: SweepConfig) -> List[str]:
         "sweep.global_batch_sizes": sweep.global_batch_sizes, "sweep.seeds": sweep.seeds,
         "sweep.precisions": sweep.precisions, "sweep.activation_checkpointing": sweep.activation_checkpointing,
         "sweep.lr_multipliers": sweep.lr_multipliers, "sweep.context_lengths": sweep.context_lengths,
+        "sweep.parallelism": sweep.parallelism,
     }
     problems = []
     for key, values in axes.items():
@@ -202,6 +231,7 @@ def check_sweep(sweep: SweepConfig) -> List[str]:
     problems += check_choices(
         "sweep.activation_checkpointing", sweep.activation_checkpointing, CHECKPOINTING, "[none,blocks]"
     )
+    problems += check_choices("sweep.parallelism", sweep.parallelism, PARALLELISMS, "[ddp,zero3]")
     problem = invalid_choice("sweep.strategy", sweep.strategy, STRATEGIES)
     if problem:
         problems.append(problem)

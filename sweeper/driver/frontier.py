@@ -27,10 +27,11 @@ Frontiers = Dict[GridPoint, Tuple[int, Optional[int]]]
 
 
 def search_frontiers(cfg: SweeperConfig, prepared: Prepared, session: Session, name: str) -> Frontiers:
-    """For each worker count in each recipe (precision x checkpointing), the largest micro-batch under
-    the budget, without and (when the grid accumulates) with gradient accumulation; a search that
+    """For each worker count in each parallelism and recipe (precision x checkpointing), the largest
+    micro-batch under the budget (under ZeRO-3 more workers leave room for a larger one), without and (when the grid accumulates) with gradient accumulation; a search that
     failed is left out."""
-    searches = [GridPoint(1, 1, w, p, c) for w in sorted(set(cfg.sweep.num_workers))
+    searches = [GridPoint(1, 1, w, p, c, parallelism=layout) for layout in cfg.sweep.parallelism
+                for w in sorted(set(cfg.sweep.num_workers))
                 for p in cfg.sweep.precisions for c in cfg.sweep.activation_checkpointing]
     probes: Dict[GridPoint, List[PointResult]] = {s: [] for s in searches}
     found: Dict[GridPoint, FrontierResult] = {}
@@ -42,6 +43,7 @@ def search_frontiers(cfg: SweeperConfig, prepared: Prepared, session: Session, n
             "micro_batch_size": result.micro_batch_size,
             "accumulation_steps": result.accumulation_steps,
             "num_workers": search.num_workers,
+            "parallelism": search.parallelism,
             "precision": search.precision,
             "activation_checkpointing": search.checkpointing,
             "probe_role": result.probe_role,

@@ -16,7 +16,7 @@ from sweeper.cluster.connect import Cluster
 from sweeper.cluster.resources import capacity_problems
 from sweeper.config import (AUTO_NEEDS_BUDGET, SweeperConfig, budget_bytes, is_auto, normalize_batch_coupled,
                             tracking_uri, validate)
-from sweeper.driver import console
+from sweeper.driver import console, predicted
 from sweeper.errors import ConfigError, first_line
 from sweeper.measure import estimate, flops
 from sweeper.plan import GridPoint
@@ -43,6 +43,9 @@ class Prepared:
     # sweep.context_lengths: per context, the training sequences at it and its FLOP counts (the fields
     # above are the model's own context's).
     contexts: Dict[int, Tuple[int, Dict[str, flops.FlopCount]]] = field(default_factory=dict)
+    # A sweep with a sharded parallelism and a budget: the points predicted over it, each with its line
+    # (driver.predicted: recorded out of memory, never launched).
+    over_budget: Dict[GridPoint, str] = field(default_factory=dict)
 
     def at(self, context: Optional[int]) -> Tuple[int, Dict[str, flops.FlopCount]]:
         """(training samples, FLOP counts by checkpointing mode) at a point's context."""
@@ -126,6 +129,7 @@ def grid(cfg: SweeperConfig, problems: List[str]) -> List[GridPoint]:
     points = plan.expand_grid(
         sweep.micro_batch_sizes, sweep.accumulation_steps, sweep.num_workers, sweep.global_batch_sizes,
         sweep.precisions, sweep.activation_checkpointing, sweep.lr_multipliers, sweep.seeds, sweep.context_lengths,
+        sweep.parallelism,
     )
     if not points:
         unfiltered = plan.expand_grid(sweep.micro_batch_sizes, sweep.accumulation_steps, sweep.num_workers)
@@ -138,7 +142,7 @@ def grid(cfg: SweeperConfig, problems: List[str]) -> List[GridPoint]:
 
 
 def _point_spec(cfg: SweeperConfig, point: GridPoint, steps: int, flop_counts: Dict,
-                estimate: Optional[int]) -> PointSpec:
+                estimate: Optional[int], prediction: Optional[Any] = None) -> PointSpec:
     """What one point's workers are told: its slice of the config, its scaled LR, its step budget."""
     return PointSpec(
         model=at_context(cfg, point.context).model,
@@ -159,6 +163,7 @@ def _point_spec(cfg: SweeperConfig, point: GridPoint, steps: int, flop_counts: D
         flop_count=flop_counts.get(point.checkpointing),
         memory_budget_bytes=budget_bytes(cfg.device),
         memory_estimate_bytes=estimate,
+        memory_predicted_bytes=prediction.total if prediction is not None else None,
         timeout_seconds=cfg.cluster.point_timeout_seconds,
         start_from=cfg.train.start_from,
     )
@@ -169,8 +174,13 @@ def build_specs(cfg: SweeperConfig, prepared: Prepared, points: List[GridPoint])
     problems: List[str] = []
     estimates: Dict[GridPoint, int] = {}
     for context in sorted({p.context for p in points}, key=lambda c: c or 0):
-        estimates.update(estimate_memory(at_context(cfg, context), [p for p in points if p.context == context],
+        # The fake-tensor step is a whole model's: a sharded point's is its prediction (driver.predicted).
+        estimates.update(estimate_memory(at_context(cfg, context), [p for p in points if p.context == context
+                                                                    and p.parallelism == "ddp"],
                                          prepared.num_classes))
+    predictions = predicted.predict(cfg, points, prepared.num_classes, at_context)
+    if not prepared.auto:  # a frontier's grid is measured to fit: never skipped by prediction
+        prepared.over_budget = predicted.over_budget(predictions, budget_bytes(cfg.device))
     specs: Dict[GridPoint, PointSpec] = {}
     meta = start_meta(cfg, problems)
     start = int(meta["position"]["samples_seen"]) if meta else 0
@@ -179,7 +189,7 @@ def build_specs(cfg: SweeperConfig, prepared: Prepared, points: List[GridPoint])
         budget = plan.sample_budget(num_train, cfg.train.epochs, cfg.train.samples, point.context, cfg.model.context)
         # A continued point trains what is left of the budget after the checkpoint's samples.
         steps = plan.optimizer_steps(budget - start, 1, point.global_batch_size)
-        spec = _point_spec(cfg, point, steps, counts, estimates.get(point))
+        spec = _point_spec(cfg, point, steps, counts, estimates.get(point), predictions.get(point))
         problem = continuation_problem(cfg, spec, meta)
         if problem:  # the checkpoint's, the same for every point: said once
             problems.append(problem)
@@ -317,7 +327,8 @@ def count_flops(cfg: SweeperConfig, num_classes: int) -> Dict[str, flops.FlopCou
 
 def check_recipe(cfg: SweeperConfig) -> List[str]:
     """What the recipe asks of the model and the device, tried before any worker starts:
-    checkpointing needs blocks to wrap, fp16 needs its ops on the device that will run them."""
+    checkpointing and sharding need blocks to wrap, fp16 needs its ops on the device that will run them
+    (and is refused under sharding)."""
     problems: List[str] = []
     model = models.build_on_meta(cfg.model, cfg.data.num_classes)
     if "blocks" in cfg.sweep.activation_checkpointing and not recipe.wrappable(model, cfg.model.checkpoint_modules):
@@ -326,6 +337,7 @@ def check_recipe(cfg: SweeperConfig) -> List[str]:
             f"{', '.join(recipe.BLOCK_TYPES)}): name its block classes in model.checkpoint_modules, e.g. "
             "model.checkpoint_modules=[MyBlock], or use none"
         )
+    problems += _sharding_problems(cfg, model)
     if "fp16" in cfg.sweep.precisions and cfg.cluster.use_gpu != "true" and not _gpu_here(cfg):
         failure = recipe.try_step(lambda: models.build(cfg.model, cfg.data.num_classes),
                                   models.samples(cfg.model, cfg.data.num_classes), "fp16")
@@ -335,6 +347,17 @@ def check_recipe(cfg: SweeperConfig) -> List[str]:
                 "CPU, or run on GPUs (cluster.use_gpu=true)"
             )
     return problems
+
+
+def _sharding_problems(cfg: SweeperConfig, model) -> List[str]:
+    """worker.sharding's refusals for every sharded parallelism x precision, each line once."""
+    from sweeper.worker import sharding
+
+    found: List[str] = []
+    for parallelism in cfg.sweep.parallelism:
+        for precision in cfg.sweep.precisions:
+            found += sharding.problems(parallelism, precision, model, cfg.model.checkpoint_modules)
+    return list(dict.fromkeys(found))
 
 
 def _gpu_here(cfg: SweeperConfig) -> bool:

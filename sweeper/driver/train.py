@@ -17,7 +17,7 @@ from sweeper.cluster import runs, storage
 from sweeper.cluster.resources import Resources, concurrent_trials
 from sweeper.cluster.resources import in_trial as resources_in_trial
 from sweeper.config import SweeperConfig, tracking_uri
-from sweeper.driver import console, resume
+from sweeper.driver import console, predicted, resume
 from sweeper.driver.frontier import search_frontiers
 from sweeper.driver.preflight import NEEDS_BUDGET, Prepared, build_specs, preflight
 from sweeper.driver.skeleton import Phases, Session, session
@@ -63,6 +63,8 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
                 phases("grid")
                 s.end(summary([], phases, Counter()), "FAILED")
                 return EXIT_POINT_FAILED
+        points, skipped = predicted.skip(cfg, points, prepared.over_budget, done_keys, lambda p, r: s.tracker.log_point(
+            p, point_params(cfg, specs[p]), r, replace_failed=cfg.sweep.retry_failed))
         answer = None
         if cfg.sweep.strategy == "smart":
             rows, ledger = measure_smart(cfg, s, name, points, specs, done_keys, prepared)
@@ -70,6 +72,7 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
             rows, ledger, answer = measure_branch(cfg, s, name, points, specs, done_keys)
         else:
             rows, ledger = measure_grid(cfg, s, name, points, specs, done_keys), None
+        rows = skipped + rows
         phases("grid")
         spent = ledger.metrics() if ledger is not None else None
         if spent is not None:  # on the parent before the report, which says what the strategy spent
@@ -128,17 +131,19 @@ def grid_from_frontier(
     whether a search failed."""
     frontiers = search_frontiers(cfg, prepared, s, name)
     points: List[GridPoint] = []
-    for recipe in dict.fromkeys(search.recipe for search in frontiers):
-        found = {search.num_workers: sizes for search, sizes in frontiers.items() if search.recipe == recipe}
+    for layout, recipe in dict.fromkeys((search.parallelism, search.recipe) for search in frontiers):
+        found = {search.num_workers: sizes for search, sizes in frontiers.items()
+                 if (search.parallelism, search.recipe) == (layout, recipe)}
         made, skipped = frontier.grid_from_frontiers(found, cfg.sweep.accumulation_steps,
-                                                     cfg.sweep.global_batch_sizes, recipe)
+                                                     cfg.sweep.global_batch_sizes, recipe, layout)
         points += plan.replicate(made, cfg.sweep.lr_multipliers, cfg.sweep.seeds)
         for line in skipped:
-            console.warn(f"not measured ({', '.join(recipe)}): {line}")
+            console.warn(f"not measured ({', '.join((layout, *recipe))}): {line}")
     if not points:
         console.warn("the frontier search left no grid point to measure")
         return [], {}, True
-    searched = len(set(cfg.sweep.num_workers)) * len(cfg.sweep.precisions) * len(cfg.sweep.activation_checkpointing)
+    searched = len(set(cfg.sweep.num_workers)) * len(cfg.sweep.precisions) * len(cfg.sweep.activation_checkpointing) \
+        * len(cfg.sweep.parallelism)
     return points, build_specs(cfg, prepared, points), len(frontiers) < searched
 
 
@@ -159,14 +164,7 @@ def measure_grid(
     if cfg.train.save_state:  # every point's training state at its end, where every node reads
         folder = storage.join(storage.root(cfg.cluster.storage_path, s.cluster.results_dir, name), "checkpoints")
         specs = {p: replace(spec, save_state_to=storage.join(folder, p.key)) for p, spec in specs.items()}
-    in_trial = sum(resources_in_trial(max(p.num_workers for p in g)) for g in groups)
-    if in_trial == len(groups):
-        console.print_start(len(points), len(groups), "worker group(s) of one worker, each in its Ray Tune trial")
-    elif in_trial:
-        console.print_start(len(points), len(groups), f"worker group(s) ({in_trial} of one worker in its Ray Tune "
-                                                      "trial, the others Ray Train's)")
-    else:
-        console.print_start(len(points), len(groups))
+    _print_start(points, groups)
     rows: Rows = []
     recorded = set(done_keys)
     with console.progress() as bar:
@@ -205,6 +203,18 @@ def measure_grid(
             remaining = [p for p in points if p.key not in recorded]
             attempt += 1
     return rows
+
+
+def _print_start(points: List[GridPoint], groups: List[List[GridPoint]]) -> None:
+    """How many points in how many worker groups, and which groups run in their Ray Tune trial's process."""
+    in_trial = sum(resources_in_trial(max(p.num_workers for p in g)) for g in groups)
+    if in_trial == len(groups):
+        console.print_start(len(points), len(groups), "worker group(s) of one worker, each in its Ray Tune trial")
+    elif in_trial:
+        console.print_start(len(points), len(groups), f"worker group(s) ({in_trial} of one worker in its Ray Tune "
+                                                      "trial, the others Ray Train's)")
+    else:
+        console.print_start(len(points), len(groups))
 
 
 def measure_smart(
@@ -269,6 +279,9 @@ def point_params(cfg: SweeperConfig, spec: PointSpec) -> Dict[str, Any]:
         "micro_batch_size": point.micro_batch_size,
         "accumulation_steps": point.accumulation_steps,
         "num_workers": point.num_workers,
+        # how the workers hold the model (absent in older records: ddp) and how accumulation skips the reduce
+        "parallelism": point.parallelism,
+        "gradient_sync": plan.gradient_sync(point.parallelism, point.num_workers),
         "global_batch_size": point.global_batch_size,
         "lr": spec.lr,
         "lr_scaling": cfg.train.lr_scaling,
@@ -306,6 +319,7 @@ def sweep_params(cfg: SweeperConfig, auto: bool, resources: Resources) -> Dict[s
         "micro_batch_sizes": cfg.sweep.micro_batch_sizes if auto else list(cfg.sweep.micro_batch_sizes),
         "accumulation_steps": list(cfg.sweep.accumulation_steps),
         "num_workers": list(cfg.sweep.num_workers),
+        "parallelism": list(cfg.sweep.parallelism),
         "global_batch_sizes": cfg.sweep.global_batch_sizes,
         "points_per_worker_group": cfg.sweep.points_per_worker_group,
         "profile": cfg.profile,

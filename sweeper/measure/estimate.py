@@ -6,12 +6,16 @@ what the points measure) and the frontier under any budget, e.g. an 80 GB card f
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, Tuple
+from typing import Dict, Iterable, Optional, Tuple
 
-from sweeper.config import SweeperConfig
-from sweeper.measure import frontier, memory
+from sweeper import recipe
+from sweeper.config import OptimConfig, SweeperConfig
+from sweeper.measure import frontier, memory, sharded_memory
 from sweeper.plan import GridPoint
 from sweeper.workloads import models
+
+# Where the activation slope is fitted: two fake-tensor steps, as scripts/bench_sharding.py fits it.
+SLOPE_MICRO_BATCHES = (2, 4)
 
 
 def step_peak(cfg: SweeperConfig, num_classes: int, micro_batch_size: int, accumulation_steps: int = 1,
@@ -62,3 +66,49 @@ def predicted_frontier(
         peak = step_peak(cfg, num_classes, size, accumulation_steps, num_workers, precision, checkpointing)
         search.record(size, peak)
     return search.result()
+
+
+def activation_slope(cfg: SweeperConfig, num_classes: int, precision: str = "fp32", checkpointing: str = "none"
+                     ) -> Tuple[float, float]:
+    """(bytes per sample, bytes at no sample) of what forward keeps for backward in this recipe, fitted through
+    two fake-tensor steps (memory.estimate_step's forward_activations_bytes at SLOPE_MICRO_BATCHES)."""
+    small, large = SLOPE_MICRO_BATCHES
+    kept = [memory.estimate_step(lambda: models.build(cfg.model, num_classes), models.samples(cfg.model, num_classes),
+                                 m, optim=cfg.optim, precision=precision, checkpointing=checkpointing,
+                                 checkpoint_modules=cfg.model.checkpoint_modules).forward_activations_bytes
+            for m in (small, large)]
+    per_sample = (kept[1] - kept[0]) / (large - small)
+    return per_sample, max(kept[0] - per_sample * small, 0.0)
+
+
+def state_values_per_param(optim: OptimConfig) -> Optional[int]:
+    """Optimizer-state values per parameter value (AdamW's two moments, SGD's momentum); None for an optimizer
+    of your own (not predicted)."""
+    if optim._target_:
+        return None
+    if optim.name in ("adam", "adamw"):
+        return 2
+    return 1 if optim.momentum else 0
+
+
+def sharded_predictions(cfg: SweeperConfig, points: Iterable[GridPoint], num_classes: int
+                        ) -> Dict[GridPoint, sharded_memory.Prediction]:
+    """Each point's peak per worker under its parallelism (measure.sharded_memory.peak): the model's units from
+    its parameter shapes on the meta device, the activation slope fitted once per recipe; nothing for an
+    optimizer of your own."""
+    values = state_values_per_param(cfg.optim)
+    if values is None:
+        return {}
+    model = models.build_on_meta(cfg.model, num_classes)
+    units = sharded_memory.units_of(model, recipe.blocks(model, cfg.model.checkpoint_modules))
+    slopes: Dict[Tuple[str, str], Tuple[float, float]] = {}
+    out: Dict[GridPoint, sharded_memory.Prediction] = {}
+    for point in points:
+        if point.recipe not in slopes:
+            slopes[point.recipe] = activation_slope(cfg, num_classes, *point.recipe)
+        per_sample, fixed = slopes[point.recipe]
+        out[point] = sharded_memory.peak(
+            units, point.parallelism, point.num_workers, point.micro_batch_size, point.accumulation_steps,
+            per_sample, fixed, gather_bytes_per_value=2 if point.precision != "fp32" else None,
+            state_values_per_param=values)
+    return out

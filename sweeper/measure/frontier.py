@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from sweeper.config import FrontierConfig, check_frontier
-from sweeper.plan import DEFAULT_CHECKPOINTING, DEFAULT_PRECISION, GridPoint
+from sweeper.plan import DEFAULT_CHECKPOINTING, DEFAULT_PARALLELISM, DEFAULT_PRECISION, GridPoint
 
 _KNOBS = FrontierConfig()
 
@@ -326,10 +326,11 @@ def grid_from_frontiers(
     accumulation_steps: Sequence[int],
     global_batch_sizes: Optional[Sequence[int]] = None,
     recipe: Tuple[str, str] = (DEFAULT_PRECISION, DEFAULT_CHECKPOINTING),
+    parallelism: str = DEFAULT_PARALLELISM,
 ) -> Tuple[List[GridPoint], List[str]]:
     """The grid `sweep.micro_batch_sizes=auto` measures, from each worker count's frontiers
     (without accumulation, with accumulation or None when not searched) in one recipe (precision,
-    checkpointing: the points' own).
+    checkpointing: the points' own) and one `parallelism`.
 
     With global batch sizes: each (global batch, workers) with the fewest accumulation steps whose
     micro-batch fits (the list of accumulation steps is not used: it is derived). Without: each
@@ -349,11 +350,11 @@ def grid_from_frontiers(
                         "needs accumulation, and not even a micro-batch of 1 fits with it"
                     skipped.append(f"global batch {global_batch} on {workers} worker(s): it {why}")
                     continue
-                points.append(GridPoint(split[0], split[1], workers, *recipe))
+                points.append(GridPoint(split[0], split[1], workers, *recipe, parallelism=parallelism))
         else:
             for accum in accumulation_steps:
                 limit = largest if accum == 1 or accumulating is None else accumulating
                 for micro in frontier_grid(limit):
-                    points.append(GridPoint(micro, int(accum), workers, *recipe))
+                    points.append(GridPoint(micro, int(accum), workers, *recipe, parallelism=parallelism))
     unique = list(dict.fromkeys(points))
     return unique, skipped

@@ -373,6 +373,7 @@ def _trial(row: Dict[str, Any]) -> Trial:
         seed=whole("seed"),
         lr_multiplier=number("lr_multiplier"),
         precision=text("precision"),
+        parallelism=text("parallelism"),
         activation_checkpointing=text("activation_checkpointing"),
         optimizer=text("optimizer"),
         compiled=None if compiled is None else compiled.lower() == "true",

@@ -18,8 +18,8 @@ from sweeper.report.trials import PointSummary, Recommendation, Trial, seconds_t
 
 def override_line(best: Trial, lr_scaling: Optional[str] = None) -> str:
     """Hydra overrides that train `best`'s configuration, to append to the sweep's own command line:
-    the layout, the recipe it recorded (precision, activation checkpointing, optimizer group,
-    `train.compile=true` when compiled) and its LR.
+    the layout (its parallelism when recorded), the recipe it recorded (precision, activation checkpointing,
+    optimizer group, `train.compile=true` when compiled) and its LR.
 
     `optim.lr` and `sweep.lr_multipliers=[m]` together give the LR the trial trained with: the LR
     already scaled by the sweep's `lr_scaling` rule for its global batch, divided by the multiplier
@@ -35,6 +35,8 @@ def override_line(best: Trial, lr_scaling: Optional[str] = None) -> str:
         f"sweep.accumulation_steps=[{best.accumulation_steps}]",
         f"sweep.num_workers=[{best.num_workers}]",
     ]
+    if best.parallelism is not None:
+        parts.append(f"sweep.parallelism=[{best.parallelism}]")
     if best.precision is not None:
         parts.append(f"sweep.precisions=[{best.precision}]")
     if best.activation_checkpointing is not None:
@@ -128,6 +130,7 @@ def _chosen(rec: Recommendation) -> Dict[str, object]:
         "micro_batch_size": int(best.micro_batch_size),
         "accumulation_steps": int(best.accumulation_steps),
         "num_workers": int(best.num_workers),
+        "parallelism": best.parallelism or "ddp",  # absent from a record before the axis: ddp
         "global_batch_size": int(best.global_batch_size),
         "lr": _num(best.lr),
         "lr_multiplier": _num(best.lr_multiplier),

@@ -62,10 +62,12 @@ def status_group(ctx: WorkerContext, timeout: datetime.timedelta) -> Any:
 def subgroups(sizes: Sequence[int], ctx: WorkerContext, timeout: datetime.timedelta) -> Dict[int, Tuple[Any, Any]]:
     """For each point size n > 1: the process group of ranks 0..n-1 to train in (the whole group
     when n is its size) and a gloo group of the same ranks with a short timeout to agree on the
-    point's status. Every rank takes part in creating each group, members or not."""
+    point's status; for n = 1 in a larger group, rank 0's own (FSDP2 shards a one-worker point over
+    its group, which must not hold the idle ranks). Every rank takes part in creating each group,
+    members or not."""
     groups: Dict[int, Tuple[Any, Any]] = {}
     for n in sizes:
-        if n > 1:
+        if n > 1 or ctx.world_size > 1:
             ranks = list(range(n))
             train_group = ctx.group if n == ctx.world_size else dist.new_group(ranks=ranks)
             groups[n] = (train_group, dist.new_group(ranks=ranks, backend="gloo", timeout=timeout))

@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Subset
 
 from sweeper.worker.collectives import all_reduce
+from sweeper.worker.sharding import is_sharded
 from sweeper.worker.spec import PointSpec, WorkerContext
 from sweeper.workloads.samples import cross_entropy
 
@@ -49,7 +50,8 @@ def recalibrate_batchnorm(
 @torch.no_grad()
 def evaluate(model: nn.Module, dataset, device: torch.device, ctx: WorkerContext) -> Tuple[float, float, float, int]:
     """(accuracy, mean cross-entropy, the mean's standard error, predictions) over the whole held-out
-    split: each rank scores a disjoint share, nothing padded. A classifier predicts once per sample; a
+    split: each rank scores a disjoint share, nothing counted twice (a sharded model's ranks pad to equal
+    batch counts: `_batches`). A classifier predicts once per sample; a
     language model once per token, so its accuracy is next-token accuracy and its loss nats per token.
     The standard error is the spread of the per-sample losses (a sequence's mean over its tokens, which
     are not independent of each other) over sqrt(samples): the noise of the validation set, which
@@ -58,8 +60,10 @@ def evaluate(model: nn.Module, dataset, device: torch.device, ctx: WorkerContext
     share = Subset(dataset, range(ctx.rank, len(dataset), ctx.world_size))
     # correct, loss, squared per-sample loss, samples, predictions
     sums = torch.zeros(5, dtype=torch.float64, device=device)
-    for inputs, targets in DataLoader(share, batch_size=EVAL_BATCH_SIZE):
+    for (inputs, targets), scored in _batches(dataset, share, ctx, is_sharded(model)):
         logits = model(inputs.to(device)).float()
+        if not scored:
+            continue
         targets = targets.to(device)
         losses = cross_entropy(logits, targets, reduction="none").double()
         per_sample = losses.reshape(len(targets), -1).mean(dim=1)
@@ -74,6 +78,19 @@ def evaluate(model: nn.Module, dataset, device: torch.device, ctx: WorkerContext
     mean = loss / predictions  # every sample has as many predictions: also the per-sample losses' mean
     variance = max(squares / samples - mean * mean, 0.0) * samples / max(samples - 1, 1)
     return correct / predictions, mean, math.sqrt(variance / samples), int(predictions)
+
+
+def _batches(dataset, share, ctx: WorkerContext, sharded: bool):
+    """(batch, scored) of this rank's share; under sharding (where every forward is a collective: FSDP2
+    gathers each block's weights from every rank) padded up to the largest share's number of batches with
+    a batch of the split's first sample whose scores are dropped, so every rank runs as many forwards."""
+    yield from ((batch, True) for batch in DataLoader(share, batch_size=EVAL_BATCH_SIZE))
+    if not sharded or not len(dataset):
+        return
+    largest = math.ceil(math.ceil(len(dataset) / ctx.world_size) / EVAL_BATCH_SIZE)  # rank 0's share
+    padding = next(iter(DataLoader(Subset(dataset, [0]), batch_size=1)))
+    for _ in range(largest - math.ceil(len(share) / EVAL_BATCH_SIZE)):
+        yield padding, False
 
 
 @dataclass

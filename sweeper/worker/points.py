@@ -133,13 +133,14 @@ def freeze_long_lived_objects() -> None:
 
 
 def implied_oom(point: GridPoint, out_of_memory: Sequence[GridPoint]) -> Optional[GridPoint]:
-    """The point already out of memory that implies `point` is too: same workers and recipe
+    """The point already out of memory that implies `point` is too: same workers, parallelism and recipe
     (precision, checkpointing), a context at least as long, a micro-batch at least as large, and
     accumulation if it accumulated
     (from the second micro-step on, the accumulated gradients are alive beside the next
     micro-batch's activations)."""
     for seen in out_of_memory:
-        if seen.num_workers != point.num_workers or seen.recipe != point.recipe or seen == point:
+        if (seen.num_workers, seen.parallelism, seen.recipe) != (point.num_workers, point.parallelism, point.recipe) \
+                or seen == point:
             continue
         if (point.context or 0) < (seen.context or 0):
             continue
@@ -219,6 +220,10 @@ def run_point(
         if spec.memory_estimate_bytes is not None and tracked:
             result.memory.memory_estimated_peak_bytes = spec.memory_estimate_bytes
             result.memory.memory_estimate_error = spec.memory_estimate_bytes / tracked - 1.0
+        if spec.memory_predicted_bytes is not None:
+            result.memory.memory_predicted_bytes = spec.memory_predicted_bytes
+            if tracked:
+                result.memory.memory_prediction_error = spec.memory_predicted_bytes / tracked - 1.0
     result.trial_key = spec.point.key
     result.started_at = start  # epoch seconds: the MLflow run's start, so its duration is the point's
     result.cost.trial_seconds = time.time() - start

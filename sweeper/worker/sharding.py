@@ -140,6 +140,37 @@ def inner(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
+@contextlib.contextmanager
+def process_group_for(parallelism: str, world_size: int):
+    """FSDP2 needs a process group even for one worker, and a worker group of one worker runs in its Ray Tune
+    trial's process with none: for a zero2/zero3 point at one worker there, a gloo group of this process alone
+    (an in-memory store), for the point's length. Nothing otherwise (ddp, or a group already up)."""
+    if parallelism not in SHARDED or world_size > 1 or dist.is_initialized():
+        yield
+        return
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def grad_norm(model: nn.Module, group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
+    """The whole gradient's 2-norm of a sharded model (after the reduce-scatter: each rank holds disjoint shards,
+    FSDP2's padding zeros): each rank's shards' squares summed, then summed across `group`, as
+    torch.nn.utils.get_total_norm does for DTensors. A collective: every rank calls it."""
+    from sweeper.worker.gns import squared_norm
+
+    local = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+             for p in model.parameters() if p.grad is not None]
+    device = next(model.parameters()).device
+    squares = torch.stack([squared_norm(g).double() for g in local]).sum() if local else \
+        torch.zeros((), dtype=torch.float64, device=device)
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(squares, group=group)
+    return squares.sqrt()
+
+
 def local_bytes(tensors) -> int:
     """The bytes this rank holds of `tensors`: a DTensor's local shard, a plain tensor whole."""
     total = 0

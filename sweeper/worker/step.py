@@ -1,5 +1,5 @@
-"""A point's training state and its optimizer step: the model in its recipe (checkpointing, DDP,
-compile), the optimizer, the loss, mixed precision, and gradient accumulation.
+"""A point's training state and its optimizer step: the model in its recipe (checkpointing, DDP or
+sharding, compile), the optimizer, the loss, mixed precision, and gradient accumulation.
 
 Knows torch only. Runs the same under Ray Train, under a plain `torch.distributed` gloo group, or in
 one process (world size 1, no DDP wrapper).
@@ -20,6 +20,7 @@ from sweeper import recipe
 from sweeper.measure import telemetry
 from sweeper.sampler import GlobalBatchSampler
 from sweeper.worker.gns import MicroGradients, total_norm
+from sweeper.worker import sharding
 from sweeper.worker.sharding import accumulation_context
 from sweeper.worker.spec import PointSpec, WorkerContext
 from sweeper.workloads import datasets, models
@@ -124,6 +125,9 @@ class Training:
         """The whole gradient's norm (after DDP's average; fp16's unscaled), kept on the device."""
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)  # GradScaler.step then knows not to unscale again
+        if sharding.is_sharded(self.model):  # DTensor shards: their squares summed across ranks
+            self.grad_norms[step] = sharding.grad_norm(self.model, self.ctx.group)
+            return
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         if grads:
             self.grad_norms[step] = total_norm(grads)
@@ -149,7 +153,7 @@ class Training:
 
     @property
     def inner_model(self) -> nn.Module:
-        return self.model.module if isinstance(self.model, nn.parallel.DistributedDataParallel) else self.model
+        return sharding.inner(self.model)
 
 
 class Warmup:
@@ -187,12 +191,11 @@ def setup(spec: PointSpec, ctx: WorkerContext, device: telemetry.Device, splits:
     if start is not None:  # into the bare model: before the checkpointing wrap and DDP's broadcast
         model.load_state_dict(start.weights)
     blocks = recipe.apply_checkpointing(model, point.checkpointing, spec.model.checkpoint_modules)
-    if ctx.world_size > 1:
-        model = nn.parallel.DistributedDataParallel(
-            model, device_ids=[ctx.local_rank] if device.is_cuda else None, process_group=ctx.group
-        )
-    optimizer = recipe.build_optimizer(spec.optim, model.parameters(), spec.lr)
-    if start is not None:
+    model = _parallelize(model, spec, ctx, device)
+    optimizer = recipe.build_optimizer(spec.optim, model.parameters(), spec.lr)  # on the shards when sharded
+    if start is not None and sharding.is_sharded(model):  # each rank keeps its shards of the saved state
+        sharding.load_optimizer(model, optimizer, start.optimizer)
+    elif start is not None:
         state.load_optimizer(optimizer, start.optimizer)
     if spec.train.compile:
         # In place (Module.compile), so hooks such as the memory tracker's fire once; compiled in
@@ -228,6 +231,20 @@ def setup(spec: PointSpec, ctx: WorkerContext, device: telemetry.Device, splits:
                     seconds_before=start.position.train_seconds if start is not None else 0.0,
                     read_seconds=None if start is None else start.extra.get("read_seconds"),
                     history=start.history if start is not None else state.History())
+
+
+def _parallelize(model: nn.Module, spec: PointSpec, ctx: WorkerContext, device: telemetry.Device) -> nn.Module:
+    """The model as the point's workers hold it: sharded in place over the point's group (zero2/zero3: FSDP2,
+    at one worker too), wrapped in DDP (more than one worker), or as it is."""
+    point = spec.point
+    if point.parallelism != "ddp":
+        return sharding.apply(model, point.parallelism, ctx.group, point.precision, spec.model.checkpoint_modules,
+                              device.torch_device)[0]
+    if ctx.world_size > 1:
+        return nn.parallel.DistributedDataParallel(
+            model, device_ids=[ctx.local_rank] if device.is_cuda else None, process_group=ctx.group
+        )
+    return model
 
 
 def _loader(spec: PointSpec, ctx: WorkerContext, device: telemetry.Device, splits: datasets.Splits,
@@ -276,7 +293,10 @@ def capture(run: Training, history=None):
     # Host copies: the live optimizer tensors go on changing if training goes on after the capture, and the
     # device's memory stays the training's.
     cuda_rng = torch.cuda.get_rng_state(run.device.torch_device) if run.device.is_cuda else None
-    return state.Snapshot(state.identity(run.spec), position, state.canonical_state(run.model),
-                          state.to_cpu(run.optimizer.state_dict()),
+    if sharding.is_sharded(run.model):  # gathered whole (a collective: every rank captures), on rank 0
+        weights, optimizer = sharding.full_state(run.model, run.optimizer)
+    else:
+        weights, optimizer = state.canonical_state(run.model), state.to_cpu(run.optimizer.state_dict())
+    return state.Snapshot(state.identity(run.spec), position, weights, optimizer,
                           run.scaler.state_dict() if run.scaler is not None else None, torch.get_rng_state(),
                           cuda_rng, history=history if history is not None else state.History())

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from sweeper.measure import telemetry, timing
 from sweeper.schema import PointResult
 from sweeper.worker import collectives as comm
-from sweeper.worker import divergence, gns
+from sweeper.worker import divergence, gns, sharding
 from sweeper.worker.deadline import Deadline
 from sweeper.worker.divergence import Diverged
 from sweeper.worker.evaluate import Progress
@@ -94,7 +94,8 @@ def train_point(
     timed window opens."""
     if spec.later_spans:
         return _train_schedule(spec, ctx, device, splits, deadline)
-    return _train_span(spec, ctx, device, splits, deadline)
+    with sharding.process_group_for(spec.point.parallelism, ctx.world_size):
+        return _train_span(spec, ctx, device, splits, deadline)
 
 
 def _train_schedule(spec: PointSpec, ctx: WorkerContext, device: Optional[telemetry.Device],

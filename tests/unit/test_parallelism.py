@@ -1,0 +1,131 @@
+"""sweep.parallelism as a grid axis, without processes: the points' keys, the grid and the frontier's grid
+crossed with it, the same samples for every layout of a global batch, the skip-by-prediction decision and its
+records, and the recommendation's override line and YAML naming the sharding."""
+
+import pytest
+import yaml
+
+from sweeper.config import DeviceConfig
+from sweeper.driver import predicted
+from sweeper.measure import frontier, sharded_memory
+from sweeper.plan import GridPoint, expand_grid, gradient_sync, stream_indices, worker_groups
+from sweeper.report.output import override_line
+from sweeper.report.trials import Trial
+from sweeper.worker.points import implied_oom
+
+MIB = 2 ** 20
+
+
+def test_a_sharded_point_is_named_after_its_worker_count_and_a_ddp_point_keeps_its_old_key():
+    assert GridPoint(4, 2, 2, parallelism="zero3").key == "mb4-acc2-w2-zero3"
+    assert GridPoint(4, 2, 2, "bf16", "blocks", parallelism="zero2", seed=1).key == "mb4-acc2-w2-zero2-bf16-ckpt-s1"
+    assert GridPoint(4, 2, 2).key == GridPoint(4, 2, 2, parallelism="ddp").key == "mb4-acc2-w2"
+
+
+def test_the_grid_crosses_every_point_with_every_parallelism():
+    points = expand_grid([4, 8], [1], [1, 2], parallelisms=["ddp", "zero3"])
+    assert len(points) == 8 and len({p.key for p in points}) == 8
+    assert {p.parallelism for p in points if p.micro_batch_size == 4 and p.num_workers == 2} == {"ddp", "zero3"}
+    assert expand_grid([4], [1], [2]) == [GridPoint(4, 1, 2)]  # no axis given: ddp, as before
+
+
+def test_every_layout_of_one_global_batch_sees_the_same_samples_whatever_its_parallelism():
+    permutations = [list(range(64))]
+    for layout in (GridPoint(4, 1, 2), GridPoint(4, 1, 2, parallelism="zero3"),
+                   GridPoint(2, 2, 2, parallelism="zero2")):
+        seen = sorted(i for rank in range(2) for i in stream_indices(permutations, 0, 3, layout, rank))
+        assert seen == list(range(24)), layout.key
+
+
+def test_worker_groups_keep_a_parallelism_together_and_its_oom_implies_only_its_own_points():
+    points = expand_grid([4, 8], [1], [2], parallelisms=["zero3", "ddp"])
+    (group,) = worker_groups(points)
+    assert [p.parallelism for p in group] == ["ddp", "ddp", "zero3", "zero3"]
+    ddp_oom = GridPoint(4, 1, 2)
+    assert implied_oom(GridPoint(8, 1, 2), [ddp_oom]) == ddp_oom
+    assert implied_oom(GridPoint(8, 1, 2, parallelism="zero3"), [ddp_oom]) is None  # sharded holds less
+
+
+def test_the_frontiers_grid_is_built_per_parallelism():
+    points, _ = frontier.grid_from_frontiers({2: (8, None)}, [1], parallelism="zero3")
+    assert points and all(p.parallelism == "zero3" and p.key.endswith("-zero3") for p in points)
+
+
+def test_the_gradient_sync_recorded_is_how_accumulation_skips_the_reduce():
+    assert gradient_sync("ddp", 1) == "none"
+    assert gradient_sync("ddp", 2) == "no_sync"
+    assert gradient_sync("zero3", 1) == gradient_sync("zero2", 2) == "set_requires_gradient_sync"
+
+
+def _prediction(total_mib: float) -> sharded_memory.Prediction:
+    parts = dict(parameters_bytes=0, gathered_bytes=0, gradients_bytes=0, buckets_bytes=0, optimizer_state_bytes=0,
+                 activations_bytes=0, gather_buffers_bytes=0)
+    return sharded_memory.Prediction(**{**parts, "optimizer_state_bytes": int(total_mib * MIB)})
+
+
+DDP, ZERO3 = GridPoint(4, 1, 2), GridPoint(4, 1, 2, parallelism="zero3")
+
+
+def test_a_point_predicted_over_the_budget_is_skipped_and_one_under_it_is_launched():
+    predictions = {DDP: _prediction(60), ZERO3: _prediction(40)}
+    lines = predicted.over_budget(predictions, 48 * MIB)
+    assert list(lines) == [DDP]
+    assert lines[DDP].startswith("mb4-acc1-w2: predicted 60.0 MiB per worker (optimizer_state 60.0")
+    assert "device.memory_budget_gb (48.0 MiB): skipped, not launched" in lines[DDP]
+    assert predicted.over_budget(predictions, None) == {}  # no budget: nothing is skipped
+    assert predicted.over_budget({DDP: _prediction(48)}, 48 * MIB) == {}  # at the budget: it fits
+
+
+class _Cfg:
+    device = DeviceConfig(memory_budget_gb=48 / 1024)
+
+
+def test_a_skipped_point_is_recorded_once_as_out_of_memory_by_prediction_and_never_launched():
+    recorded = []
+    lines = {DDP: "mb4-acc1-w2: predicted 60.0 MiB per worker ... skipped, not launched"}
+    launched, skipped = predicted.skip(_Cfg(), [DDP, ZERO3], lines, frozenset(), lambda p, r: recorded.append((p, r)))
+    assert launched == [ZERO3]
+    ((point, result),) = recorded
+    assert skipped == recorded and point == DDP
+    assert (result.status, result.oom_source, result.error) == ("oom", "predicted", lines[DDP])
+    assert result.trial_key == DDP.key and result.memory.memory_budget_bytes == 48 * MIB
+    # A resumed sweep that already holds it records it no more, and launches it no more.
+    recorded.clear()
+    launched, skipped = predicted.skip(_Cfg(), [DDP, ZERO3], lines, frozenset({DDP.key}),
+                                       lambda p, r: recorded.append(p))
+    assert launched == [ZERO3] and skipped == [] and recorded == []
+
+
+def _trial(parallelism):
+    return Trial(key="mb4-acc1-w2-zero3", micro_batch_size=4, accumulation_steps=1, num_workers=2,
+                 global_batch_size=8, status="ok", parallelism=parallelism, precision="fp32")
+
+
+def test_the_override_line_names_the_recorded_parallelism_and_an_old_record_none():
+    assert "sweep.num_workers=[2] sweep.parallelism=[zero3] sweep.precisions=[fp32]" in override_line(_trial("zero3"))
+    assert "sweep.parallelism" not in override_line(_trial(None))
+
+
+def test_the_recommendation_yaml_carries_the_parallelism_absent_meaning_ddp():
+    from sweeper.report.output import _chosen
+    from sweeper.report.trials import Recommendation
+
+    for recorded, named in (("zero3", "zero3"), (None, "ddp")):
+        rec = Recommendation(_trial(recorded), [], "", {}, "throughput")
+        assert _chosen(rec)["parallelism"] == named
+        assert yaml.safe_load(yaml.safe_dump(_chosen(rec)))["parallelism"] == named
+
+
+@pytest.mark.parametrize("parallelism", ["ddp", "zero3"])
+def test_a_point_params_name_its_parallelism_and_gradient_sync(parallelism):
+    from sweeper import config
+    from sweeper.driver.preflight import _point_spec
+    from sweeper.driver.train import point_params
+    from tests.harness import compose_cfg
+
+    cfg = config.load(compose_cfg("model=mlp", "gns.enabled=false"))
+    point = GridPoint(4, 2, 2, parallelism=parallelism)
+    params = point_params(cfg, _point_spec(cfg, point, 10, {}, None))
+    assert params["parallelism"] == parallelism
+    assert params["gradient_sync"] == ("no_sync" if parallelism == "ddp" else "set_requires_gradient_sync")
+    assert params["point"] == point.point_key
