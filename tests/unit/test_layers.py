@@ -39,6 +39,7 @@ PURE = (
     "sweeper.measure.sharded_memory", "sweeper.cluster.environment", "sweeper.cluster.resources", "sweeper.cluster.records", "sweeper.strategies",
     "sweeper.strategies.smart", "sweeper.strategies.branch", "sweeper.report.analysis",
     "sweeper.report.critical_batch", "sweeper.report.snippets", "sweeper.report.points",
+    "sweeper.report.sharded_snippets",
 )
 HEAVY = ("torch", "ray")
 
