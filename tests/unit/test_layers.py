@@ -39,7 +39,7 @@ PURE = (
     "sweeper.measure.sharded_memory", "sweeper.cluster.environment", "sweeper.cluster.resources", "sweeper.cluster.records", "sweeper.strategies",
     "sweeper.strategies.smart", "sweeper.strategies.branch", "sweeper.report.analysis",
     "sweeper.report.critical_batch", "sweeper.report.snippets", "sweeper.report.points",
-    "sweeper.report.sharded_snippets",
+    "sweeper.report.sharded_snippets", "sweeper.report.elastic", "sweeper.report.parallelism",
 )
 HEAVY = ("torch", "ray")
 
