@@ -3,6 +3,10 @@ alternating rounds. Prints `name: value` lines; the last line is the headline ra
 
     python scripts/bench_overhead.py [--model resnet18|mlp|gpt] [--micro 32] [--accum 1] [--steps 80]
         [--rounds 10] [--precision fp32|bf16|fp16] [--optim sgd|adamw]
+    python scripts/bench_overhead.py --sharded zero2 zero3 [--workers 2] [--micro 4] [--accum 2] [--steps 30]
+
+`--sharded`: sweeper's sharded step against a plain hand-written FSDP2 loop in `--workers` gloo processes
+(scripts/bench_sharded_overhead.py: its options, and exactly what is compared).
 
 Both sides train the same recipe: the plain loop writes autocast, the GradScaler and the optimizer by
 hand, as a user would. `--model gpt` trains sweeper's GPT (conf/model/gpt.yaml's size) on data=text
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from dataclasses import replace
 from typing import Callable
@@ -97,6 +102,10 @@ def plain_loop(model_cfg, data_cfg, micro, accum, steps, warmup, lr, precision="
 
 
 def main() -> None:
+    if "--sharded" in sys.argv:
+        from bench_sharded_overhead import main as sharded  # beside this script
+
+        return sharded(sys.argv[1:])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="resnet18")
     parser.add_argument("--micro", type=int, default=32)
@@ -151,7 +160,8 @@ def main() -> None:
     print(f"paired_ratios: {', '.join(f'{r:.3f}' for r in ratios)}")
     if "ours_no_gns" in runs:
         off = runs["ours_no_gns"]
-        print(f"sweeper_no_gns_samples_per_second: {statistics.median(off):.1f} (rounds: {', '.join(f'{v:.1f}' for v in off)})")
+        print(f"sweeper_no_gns_samples_per_second: {statistics.median(off):.1f} "
+              f"(rounds: {', '.join(f'{v:.1f}' for v in off)})")
         print(f"no_gns_ratio_sweeper_over_plain: {statistics.median(o / p for o, p in zip(off, plain)):.3f}")
         print(f"gns_on_over_off: {statistics.median(o / f for o, f in zip(ours, off)):.3f}")
     positions = models.positions(model_cfg)

@@ -17,6 +17,7 @@ from sweeper import tracking
 from sweeper.config import ReportConfig
 from sweeper.errors import first_line
 from sweeper.report import analysis, branched, classes, headline, plots, reasons, snippets, points, sections
+from sweeper.report import parallelism_plots
 from sweeper.report import html as html_report
 from sweeper.report.analysis import Recommendation, Trial
 from sweeper.report.critical_batch import CriticalBatch
@@ -94,6 +95,7 @@ def build(
     yaml_path = _write_text(os.path.join(folder, "recommendation.yaml"), analysis.recommendation_yaml(
         rec, cfg.objective, cfg.min_accuracy, budget, cfg.max_accuracy_drop, cfg.max_loss_rise))
     images = _draw_plots(folder, trials, cfg, sweep.params, budget, rec, found)
+    images.update(parallelism_plots.draw(folder, trials, budget))  # only when it measured several parallelisms
     why = recommendation_text(rec, line, found, points.single_context(trials))
     glance = branched.glance(answer, rec.best, trials, line) if answer is not None and rec.best else None
     text = answer_text(rec, line, found, points.single_context(trials), glance)

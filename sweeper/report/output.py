@@ -8,7 +8,7 @@ from typing import Dict, List, Optional
 
 import yaml
 
-from sweeper.report import classes, headline
+from sweeper.report import classes, elastic, headline
 from sweeper.report.lr import lr_table
 from sweeper.report.quality import QUALITIES
 from sweeper.config.report import LR_SCALING_RULES, invalid_choice
@@ -167,7 +167,8 @@ def recommendation_yaml(
     configuration with its measured figures (means over seeds), seeds and intervals and a Hydra
     override line, the reason, the runners-up, the excluded points, the ties (certified within the tie
     floor), the diverged points, every point's intervals, the LR table (`lr_table`), the accuracy classes
-    of two or more layouts and the console's table of alternatives. With no
+    of two or more layouts and the console's table of alternatives; when the recommended recipe was
+    measured at more than one worker count, its elastic plan (report.elastic). With no
     eligible point, `recommendation: null` and the reason. `objective` defaults to `rec.objective`
     and must agree with it."""
     objective = rec.objective if objective is None else objective
@@ -197,4 +198,9 @@ def recommendation_yaml(
         "accuracy_classes": {name: members for name, members in classes.shared(rec.classes)},
         "alternatives": headline.alternatives(rec),
     }
+    # Ray Train's elastic run: the layout that keeps this global batch at each worker count measured.
+    resize = None if rec.best is None else elastic.plan([p.trial for p in rec.points.values()], rec.best,
+                                                        memory_budget_bytes)
+    if resize is not None:
+        doc["elastic_plan"] = resize
     return yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, width=1000)

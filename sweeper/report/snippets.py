@@ -8,9 +8,12 @@ import json
 import os
 import shlex
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import yaml
+
+from sweeper.measure.sharded_memory import PARALLELISMS
+from sweeper.report import sharded_snippets as sharded
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 CHECKPOINTING = ("none", "blocks")
@@ -37,15 +40,20 @@ class Layout:
     activation_checkpointing: str = "none"
     device: str = "gpu"
     key: Optional[str] = None  # the point's key, e.g. mb64-acc2-w2, named in each file's header
+    parallelism: str = "ddp"  # ddp | zero2 | zero3 (FSDP2), as measured
 
     def __post_init__(self) -> None:
         for name, allowed in (("precision", PRECISIONS), ("activation_checkpointing", CHECKPOINTING),
-                              ("device", DEVICES)):
+                              ("device", DEVICES), ("parallelism", PARALLELISMS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r} is invalid. Should be one of {list(allowed)}.")
         for name in ("micro_batch_size", "accumulation_steps", "num_workers"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be a positive integer")
+
+    @property
+    def sharded(self) -> bool:
+        return self.parallelism in sharded.SHARDED
 
     @property
     def global_batch_size(self) -> int:
@@ -65,19 +73,25 @@ class Layout:
             optimizer=given("optimizer", "sgd"), precision=given("precision", "fp32"),
             activation_checkpointing=given("activation_checkpointing", "none"), device=device,
             key=params.get("key") or params.get("trial_key"),
+            # A sweep from before the parallelism axis recorded none: it measured DDP.
+            parallelism=given("parallelism", "ddp"),
         )
 
 
-def write_snippets(layout: Layout, folder: str) -> List[str]:
+def write_snippets(layout: Layout, folder: str, elastic: Optional[Mapping[str, Any]] = None) -> List[str]:
     """Write one ready-to-use file per trainer into `folder` (created if missing); the paths written,
     in this order: layout.yaml, lightning_trainer.py, hf_training_arguments.py, deepspeed_config.json,
-    ray_train.py, torchrun.sh, README.md."""
+    ray_train.py, torchrun.sh, (a sharded layout's) torchtitan.toml, README.md. `elastic`: the
+    recommendation's elastic plan (report.elastic.plan), written into ray_train.py when it spans workers."""
     os.makedirs(folder, exist_ok=True)
     writers: Dict[str, Callable[[Layout], str]] = {
         "layout.yaml": _layout_yaml, "lightning_trainer.py": lightning, "hf_training_arguments.py": hugging_face,
-        "deepspeed_config.json": deepspeed_json, "ray_train.py": ray_train, "torchrun.sh": torchrun,
-        "README.md": _readme,
+        "deepspeed_config.json": deepspeed_json, "ray_train.py": lambda lay: ray_train(lay, elastic),
+        "torchrun.sh": torchrun,
     }
+    if layout.sharded:
+        writers["torchtitan.toml"] = lambda lay: sharded.torchtitan_toml(lay, _header(lay))
+    writers["README.md"] = _readme
     paths = []
     for name, write in writers.items():
         path = os.path.join(folder, name)
@@ -89,30 +103,40 @@ def write_snippets(layout: Layout, folder: str) -> List[str]:
 
 def write_from_recommendation(recommendation_yaml: str, folder: str, use_gpu: bool) -> List[str]:
     """The snippets of a report's `recommendation.yaml` (its text): its `recommendation` section is
-    the chosen point's layout. `use_gpu`: what the sweep ran on (the parent run's param `use_gpu`).
+    the chosen point's layout, its `elastic_plan` (when there is one) goes into the Ray Train file.
+    `use_gpu`: what the sweep ran on (the parent run's param `use_gpu`).
     [] when nothing was recommended (no eligible point)."""
-    chosen = (yaml.safe_load(recommendation_yaml) or {}).get("recommendation")
+    doc = yaml.safe_load(recommendation_yaml) or {}
+    chosen = doc.get("recommendation")
     if not chosen or chosen.get("lr") in (None, "None"):
         return []  # nothing recommended, or a point that recorded no LR to put in the snippets
-    return write_snippets(Layout.from_params(chosen, device="gpu" if use_gpu else "cpu"), folder)
+    return write_snippets(Layout.from_params(chosen, device="gpu" if use_gpu else "cpu"), folder,
+                          doc.get("elastic_plan"))
 
 
 def _header(layout: Layout, marker: str = "#") -> str:
-    """Two comment lines: the layout and its recipe."""
+    """Two comment lines: the layout and its recipe (three for a sharded layout: its sharding)."""
     what = f" {layout.key}" if layout.key else ""
     return (f"{marker} sweeper's recommended layout{what}: global batch {layout.global_batch_size} = micro-batch "
             f"{layout.micro_batch_size} x accumulation {layout.accumulation_steps} x {layout.num_workers} worker(s)\n"
             f"{marker} recipe: {layout.precision}, activation checkpointing {layout.activation_checkpointing}, "
-            f"{layout.optimizer} lr {layout.lr!r}, measured on {layout.device}\n")
+            f"{layout.optimizer} lr {layout.lr!r}, measured on {layout.device}\n"
+            + (sharded.header_line(layout.parallelism, marker) if layout.sharded else ""))
 
 
 def _layout_yaml(layout: Layout) -> str:
-    return yaml.safe_dump({**asdict(layout), "global_batch_size": layout.global_batch_size}, sort_keys=False)
+    fields = asdict(layout)
+    if not layout.sharded:
+        del fields["parallelism"]  # a DDP layout's file as before the axis
+    return yaml.safe_dump({**fields, "global_batch_size": layout.global_batch_size}, sort_keys=False)
 
 
 def lightning(layout: Layout) -> str:
     """Lightning 2.x: the Trainer's arguments and the DataLoader's per-device batch size."""
     gpu = layout.device == "gpu"
+    if layout.sharded:
+        return _header(layout) + sharded.lightning(layout, "gpu" if gpu else "cpu",
+                                                   LIGHTNING_PRECISION[layout.precision])
     strategy = "ddp" if layout.num_workers > 1 else "auto"
     checkpointing = (
         "# Activation checkpointing (measured with it): wrap each block's forward in\n"
@@ -137,7 +161,8 @@ def lightning(layout: Layout) -> str:
 
 
 def hugging_face(layout: Layout) -> str:
-    """Hugging Face transformers: TrainingArguments (launch with torchrun for several workers)."""
+    """Hugging Face transformers: TrainingArguments (launch with torchrun for several workers); a sharded
+    layout as transformers 5's `fsdp=True` and `fsdp_config` (FSDP2)."""
     lines = [
         'output_dir="out"',
         f"per_device_train_batch_size={layout.micro_batch_size}",
@@ -145,12 +170,15 @@ def hugging_face(layout: Layout) -> str:
         f"learning_rate={layout.lr!r}",
         f"bf16={layout.precision == 'bf16'}",
         f"fp16={layout.precision == 'fp16'}",
-        f"gradient_checkpointing={layout.activation_checkpointing == 'blocks'}",
+        # Sharded: FSDP's own activation checkpointing (in fsdp_config) instead.
+        f"gradient_checkpointing={layout.activation_checkpointing == 'blocks' and not layout.sharded}",
     ]
     if layout.optimizer in HF_OPTIM:
         lines.append(f"optim={HF_OPTIM[layout.optimizer]!r}")
     if layout.device == "cpu":
         lines.append("use_cpu=True")
+    if layout.sharded:
+        lines += ["fsdp=True", f"fsdp_config={sharded.fsdp_config(layout)!r}"]
     body = "".join(f"    {line},\n" for line in lines)
     launch = (f"# {layout.num_workers} workers: torchrun --nproc_per_node={layout.num_workers} your_train.py "
               "(one process per device; Trainer reads the world size)\n")
@@ -159,7 +187,8 @@ def hugging_face(layout: Layout) -> str:
 
 
 def deepspeed_config(layout: Layout) -> Dict[str, Any]:
-    """DeepSpeed's config: its batch identity train_batch_size = micro x accumulation x world size."""
+    """DeepSpeed's config: its batch identity train_batch_size = micro x accumulation x world size; a
+    sharded layout's ZeRO stage."""
     config: Dict[str, Any] = {
         "train_batch_size": layout.global_batch_size,
         "train_micro_batch_size_per_gpu": layout.micro_batch_size,
@@ -170,6 +199,8 @@ def deepspeed_config(layout: Layout) -> Dict[str, Any]:
     }
     if layout.optimizer in DEEPSPEED_OPTIMIZER:
         config["optimizer"] = {"type": DEEPSPEED_OPTIMIZER[layout.optimizer], "params": {"lr": layout.lr}}
+    if layout.sharded:
+        config["zero_optimization"] = sharded.deepspeed_zero(layout)
     return config
 
 
@@ -177,23 +208,68 @@ def deepspeed_json(layout: Layout) -> str:
     return json.dumps(deepspeed_config(layout), indent=2) + "\n"
 
 
-def ray_train(layout: Layout) -> str:
-    """Ray Train: ScalingConfig and the train loop's config (its loop reads them)."""
+def ray_train(layout: Layout, elastic: Optional[Mapping[str, Any]] = None) -> str:
+    """Ray Train: ScalingConfig and the train loop's config (its loop reads them); a sharded layout's
+    `shard_model`; with an elastic plan over more than one worker count, ScalingConfig(num_workers=(min, max))
+    and the micro-batch and accumulation for each world size."""
     config = {
         "micro_batch_size": layout.micro_batch_size, "accumulation_steps": layout.accumulation_steps,
         "lr": layout.lr, "optimizer": layout.optimizer, "precision": layout.precision,
         "activation_checkpointing": layout.activation_checkpointing,
     }
+    if layout.sharded:
+        config["parallelism"] = layout.parallelism
+    span = (elastic or {}).get("num_workers")
+    workers = f"({span[0]}, {span[1]})" if span else f"{layout.num_workers}"
     return (
         _header(layout)
-        + "from ray.train import ScalingConfig\nfrom ray.train.torch import TorchTrainer\n\n"
-        + f"scaling_config = ScalingConfig(num_workers={layout.num_workers}, use_gpu={layout.device == 'gpu'})\n"
+        + "from ray.train import ScalingConfig\nfrom ray.train.torch import TorchTrainer\n"
+        + (sharded.RAY_TRAIN_IMPORTS if layout.sharded else "") + "\n"
+        + (_elastic_lines(elastic, layout.global_batch_size) if span else "")
+        + f"scaling_config = ScalingConfig(num_workers={workers}, use_gpu={layout.device == 'gpu'})\n"
         + f"train_loop_config = {config!r}\n"
         + "# In train_loop_per_worker(config): DataLoader(batch_size=config['micro_batch_size']) per worker,\n"
-        + "# one optimizer step every config['accumulation_steps'] micro-batches (no_sync() on the others).\n"
+        + ("# one optimizer step every config['accumulation_steps'] micro-batches (see shard_model below).\n"
+           if layout.sharded else
+           "# one optimizer step every config['accumulation_steps'] micro-batches (no_sync() on the others).\n")
         + "trainer = TorchTrainer(train_loop_per_worker, train_loop_config=train_loop_config,\n"
         + "                       scaling_config=scaling_config)\n"
+        + (sharded.ray_train_shard(layout) if layout.sharded else "")
+        + (_ELASTIC_LOOKUP if span else "")
     )
+
+
+def _elastic_lines(elastic: Mapping[str, Any], global_batch_size: int) -> str:
+    """ELASTIC_PLAN: world size -> the micro-batch and accumulation that keep the global batch, and what
+    sweeper measured (or predicted, between measured worker counts) for them."""
+    low, high = elastic["num_workers"]
+    rows: Sequence[Mapping[str, Any]] = [r for r in elastic["rows"] if r.get("micro_batch_size")]
+    entries = "".join(
+        f"    {int(r['num_workers'])}: {{'micro_batch_size': {int(r['micro_batch_size'])}, "
+        f"'accumulation_steps': {int(r['accumulation_steps'])}, 'samples_per_second': "
+        f"{_rounded(r.get('samples_per_second'))}, 'source': {r['source']!r}}},  # {r.get('why', '')}\n"
+        for r in rows)
+    return (f"# Elastic: Ray Train resizes this run between {low} and {high} workers and leaves the global batch to\n"
+            f"# you: at each world size, this micro-batch x accumulation keeps global batch {global_batch_size} and "
+            "fits memory.\n# 'measured': a point the sweep ran; 'predicted': between measured worker counts, not run.\n"
+            f"ELASTIC_PLAN = {{\n{entries}}}\n")
+
+
+def _rounded(value: Any) -> str:
+    return "None" if value is None else repr(round(float(value), 1))
+
+
+_ELASTIC_LOOKUP = (
+    "\n\ndef layout_for_world_size():\n"
+    "    \"\"\"In train_loop_per_worker, at every (re)start: this run's micro-batch and accumulation at the world\n"
+    "    size Ray Train started it with (an elastic run restarts from its last checkpoint when resized).\"\"\"\n"
+    "    import ray.train\n\n"
+    "    world_size = ray.train.get_context().get_world_size()\n"
+    "    if world_size not in ELASTIC_PLAN:\n"
+    "        raise RuntimeError(f\"no layout keeps the global batch at {world_size} workers: \"\n"
+    "                           f\"{sorted(ELASTIC_PLAN)}\")\n"
+    "    return ELASTIC_PLAN[world_size]\n"
+)
 
 
 def torchrun_argv(layout: Layout) -> List[str]:
@@ -225,4 +301,14 @@ def _readme(layout: Layout) -> str:
         + "optimizer: pass `optimizer=torch.optim.SGD(...)` to `deepspeed.initialize` |\n"
         + "| `ray_train.py` | Ray Train `ScalingConfig` and `train_loop_config` |\n"
         + "| `torchrun.sh` | the torchrun command line |\n"
+        + (_SHARDED_README if layout.sharded else "")
     )
+
+
+_SHARDED_README = (
+    "| `torchtitan.toml` | torchtitan's `[training]`, `[parallelism]` and `[activation_checkpoint]` |\n"
+    "\nSharded: Lightning's `ModelParallelStrategy` with `fully_shard` in `configure_model`, Hugging Face's\n"
+    "`fsdp=True` with `fsdp_config` (FSDP2), DeepSpeed's `zero_optimization.stage` (its stage 2 keeps whole\n"
+    "weights between steps; FSDP2's zero2 shards them too), torchtitan's `fsdp_reshard_after_forward`, and\n"
+    "Ray Train's `shard_model` (FSDP2's `fully_shard` per block, then the root).\n"
+)

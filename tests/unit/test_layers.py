@@ -40,6 +40,7 @@ PURE = (
     "sweeper.strategies.smart", "sweeper.strategies.branch", "sweeper.report.analysis",
     "sweeper.report.critical_batch", "sweeper.report.snippets", "sweeper.report.points",
     "sweeper.workloads.mlp_config", "sweeper.workloads.gpt_config", "sweeper.workloads.hf_config",
+    "sweeper.report.sharded_snippets", "sweeper.report.elastic", "sweeper.report.parallelism",
 )
 HEAVY = ("torch", "ray")
 

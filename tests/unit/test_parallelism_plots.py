@@ -1,0 +1,67 @@
+"""The report across parallelisms: memory per worker against workers and throughput against the micro-batch, one
+line per parallelism, only when the sweep measured more than one (a DDP-only report is unchanged); the headline and
+the alternatives name the recommended point's sharding (its key)."""
+
+import os
+
+from matplotlib.image import imread
+
+from sweeper.report import headline, parallelism, parallelism_plots
+from sweeper.report.analysis import Trial, recommend
+
+MIB = 2 ** 20
+
+
+def trial(mb, acc, w, p="ddp", sps=100.0, peak=100.0, status="ok", seed=None):
+    suffix = "" if p == "ddp" else f"-{p}"
+    key = f"mb{mb}-acc{acc}-w{w}{suffix}"
+    return Trial(key=key + ("" if seed is None else f"-s{seed}"), point_key=key if seed is not None else None,
+                 micro_batch_size=mb, accumulation_steps=acc, num_workers=w, global_batch_size=mb * acc * w,
+                 status=status, samples_per_second=sps, peak_memory_bytes=None if peak is None else peak * MIB,
+                 val_accuracy=0.9,
+                 val_samples=20000, lr=0.01, seed=seed)
+
+
+SWEEP = [
+    trial(4, 2, 1, sps=40, peak=70), trial(4, 1, 2, sps=60, peak=68), trial(8, 1, 1, sps=50, peak=90),
+    trial(4, 2, 1, "zero3", sps=30, peak=72), trial(4, 1, 2, "zero3", sps=45, peak=46),
+    trial(8, 1, 2, "zero3", sps=55, peak=60), trial(4, 2, 2, "zero3", sps=44, peak=58),
+    trial(4, 1, 2, "zero2", sps=50, peak=51), trial(16, 1, 2, "zero2", status="oom", sps=None, peak=None),
+]
+
+
+def test_a_points_parallelism_is_its_record_else_its_keys_suffix():
+    assert [parallelism.of(t) for t in SWEEP[:5]] == ["ddp", "ddp", "ddp", "zero3", "zero3"]
+    assert parallelism.of(trial(4, 1, 2, "zero2", seed=1)) == "zero2"  # mb4-acc1-w2-zero2-s1
+    assert parallelism.of(type("Recorded", (), {"key": "mb4-acc1-w2", "parallelism": "zero3"})()) == "zero3"
+    assert parallelism.of(type("Old", (), {"key": "mb4-acc1-w2-bf16", "parallelism": "None"})()) == "ddp"
+
+
+def test_a_ddp_only_sweep_draws_nothing_more(tmp_path):
+    assert parallelism_plots.draw(str(tmp_path), SWEEP[:3], 2 ** 30) == {}
+    assert os.listdir(tmp_path) == []
+
+
+def test_one_line_per_parallelism_in_both_figures(tmp_path):
+    images = parallelism_plots.draw(str(tmp_path), SWEEP, 64 * MIB)
+    assert sorted(images) == ["memory_per_worker_by_parallelism", "throughput_by_parallelism"]
+    for path in images.values():
+        assert imread(path).shape[:2] == (540, 840)
+    ok = [t for t in SWEEP if t.status == "ok"]
+    # Memory at micro-batch 4 (measured at the most parallelism x workers pairs): the largest peak over
+    # accumulation at each worker count (zero3 at two workers: 58 MiB at accumulation 2, not 46).
+    memory = parallelism_plots._lines([t for t in ok if t.micro_batch_size == 4], lambda t: t.num_workers,
+                                      lambda t: t.peak_memory_bytes / MIB)
+    assert memory == {"ddp": [(1, 70.0), (2, 68.0)], "zero2": [(2, 51.0)], "zero3": [(1, 72.0), (2, 58.0)]}
+    # Throughput at two workers, the count every parallelism measured.
+    rates = parallelism_plots._lines([t for t in ok if t.num_workers == 2], lambda t: t.micro_batch_size,
+                                     lambda t: t.samples_per_second)
+    assert rates == {"ddp": [(4, 60.0)], "zero2": [(4, 50.0)], "zero3": [(4, 45.0), (8, 55.0)]}
+
+
+def test_the_headline_and_the_alternatives_name_the_recommended_sharding():
+    sweep = [trial(4, 1, 2, sps=60, peak=200), trial(8, 1, 2, "zero3", sps=80, peak=60)]
+    rec = recommend(sweep, objective="throughput", memory_budget_bytes=100 * MIB)
+    assert rec.best.key == "mb8-acc1-w2-zero3"
+    assert headline.headline(rec, None)[0].startswith("Train mb8-acc1-w2-zero3: ")
+    assert headline.alternatives(rec)[0]["point"] == "mb8-acc1-w2-zero3"
