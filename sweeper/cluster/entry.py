@@ -20,7 +20,7 @@ from ray import train, tune
 from ray.train.torch import TorchConfig, TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
-from sweeper.cluster import storage
+from sweeper.cluster import recovery, storage
 from sweeper.cluster.resources import Resources, in_trial
 from sweeper.cluster.records import GROUP_ERROR
 from sweeper.plan import GridPoint
@@ -218,10 +218,20 @@ def point_worker(config: Dict[str, Any]) -> None:
     # Checkpoints on a URI (cluster.storage_path): downloaded to start from, written locally, uploaded by rank 0.
     with storage.Staged() as staged:
         pending = [staged.local(spec) for spec in pending]
+        # A point half-trained when its group was lost goes on from its last save on the way (cluster.
+        # checkpoint_every_steps), not from step 0.
+        planned = {spec.point.key: spec for spec in pending}
+        continued = {spec.point.key: recovery.resumed(spec) for spec in pending}
+        pending = [continued[spec.point.key][0] for spec in pending]
 
         def report(result: PointResult) -> None:
+            spec, done = continued.get(result.trial_key, (None, None))
+            if done:
+                recovery.made_whole(result, done, spec)
             if ctx.rank == 0:
                 staged.persist(result)
+                if result.trial_key in planned:
+                    recovery.clear(planned[result.trial_key])
             state.report_point(result)
 
         run_points(pending, ctx, report, group_start_time=config["group_start_time"], threads=config["threads"])

@@ -84,7 +84,7 @@ def plan_resources(cfg: ClusterConfig, cluster: Cluster, points: List[GridPoint]
             f"{cpus_per_worker:g} = {need:g} CPUs but the Ray cluster has {cluster.cpus:g}; lower "
             "cluster.cpus_per_worker (null picks the largest share that fits) or sweep.num_workers"
         )
-    elif not _placeable(cpus, max_workers, cpus_per_worker, cfg.cpus_per_trial, strategy):
+    elif not _fits(cpus, max_workers, cpus_per_worker, cfg.cpus_per_trial, strategy):
         problems.append(
             f"cluster.cpus_per_worker={cpus_per_worker:g}: {max_workers} workers of {cpus_per_worker:g} CPUs "
             f"cannot be placed {strategy} on nodes with {cpus} CPUs; lower cluster.cpus_per_worker (null "
@@ -179,10 +179,10 @@ def _cpu_share(cfg: ClusterConfig, cluster: Cluster, max_workers: int, use_gpu: 
     as it would get its own GPU, so groups of 1 and 2 workers are comparable per worker."""
     cpus, strategy = [c for c, _ in cluster.node_resources], cfg.placement_strategy
     one_node = math.floor((max(cpus) - cfg.cpus_per_trial) / max_workers * 100) / 100
-    fits_one_node = strategy != "STRICT_SPREAD" and _placeable(cpus, max_workers, one_node, cfg.cpus_per_trial,
-                                                               "STRICT_PACK")
+    fits_one_node = strategy != "STRICT_SPREAD" and _fits(cpus, max_workers, one_node, cfg.cpus_per_trial,
+                                                          "STRICT_PACK")
     share = math.floor((cluster.cpus - cfg.cpus_per_trial) / max_workers * 100) / 100
-    while share > 0 and not _placeable(cpus, max_workers, share, cfg.cpus_per_trial, strategy):
+    while share > 0 and not _fits(cpus, max_workers, share, cfg.cpus_per_trial, strategy):
         share = round(share - 0.01, 2)
     # On one node when that leaves each worker a whole CPU (or a GPU does the work): no network
     # between its workers; else spread, when that gives each worker more.
@@ -199,6 +199,14 @@ def concurrent_trials(cluster: Cluster, resources: Resources, num_workers: int) 
         by_gpu = int(gpus // num_workers) if resources.use_gpu else by_cpu
         fits += max(0, min(by_cpu, by_gpu))
     return max(1, fits)
+
+
+def _fits(capacity: List[float], workers: int, each: float, driver: float, strategy: str) -> bool:
+    """_placeable for a worker group: a worker in its trial's process (in_trial) is one bundle with the
+    trial's driver, on one node whatever the strategy."""
+    if in_trial(workers):
+        return _placeable(capacity, 1, each + driver, 0.0, "STRICT_PACK")
+    return _placeable(capacity, workers, each, driver, strategy)
 
 
 def _placeable(capacity: List[float], workers: int, each: float, driver: float, strategy: str) -> bool:

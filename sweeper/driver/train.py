@@ -13,7 +13,7 @@ from dataclasses import asdict, replace
 from typing import Any, Dict, List, Optional, Tuple
 
 from sweeper import plan, tracking
-from sweeper.cluster import runs, storage
+from sweeper.cluster import recovery, runs, storage
 from sweeper.cluster.resources import Resources, concurrent_trials
 from sweeper.cluster.resources import in_trial as resources_in_trial
 from sweeper.config import SweeperConfig, tracking_uri
@@ -159,6 +159,9 @@ def measure_grid(
     if cfg.train.save_state:  # every point's training state at its end, where every node reads
         folder = storage.join(storage.root(cfg.cluster.storage_path, s.cluster.results_dir, name), "checkpoints")
         specs = {p: replace(spec, save_state_to=storage.join(folder, p.key)) for p, spec in specs.items()}
+    if cfg.cluster.checkpoint_every_steps:  # saves on the way: a point whose group is lost goes on from its last
+        root = storage.root(cfg.cluster.storage_path, s.cluster.results_dir, name)
+        specs = {p: recovery.with_saves(spec, root, cfg.cluster.checkpoint_every_steps) for p, spec in specs.items()}
     in_trial = sum(resources_in_trial(max(p.num_workers for p in g)) for g in groups)
     if in_trial == len(groups):
         console.print_start(len(points), len(groups), "worker group(s) of one worker, each in its Ray Tune trial")
@@ -180,6 +183,8 @@ def measure_grid(
             s.tracker.log_point(point, point_params(cfg, specs[point]), result, replace_failed=cfg.sweep.retry_failed)
             rows.append((point, result))
             recorded.add(point.key)
+            if result.state.continued_from and cfg.cluster.checkpoint_every_steps:
+                console.print_continued(point.key, result.state.start_samples, result.state.continued_from)
             waiting = s.tracker.pending
             pending = f" ({waiting} write(s) pending: the tracking store is unreachable)" if waiting else ""
             bar.update(task, advance=1, description=f"{point.key}: {result.status}{pending}")

@@ -88,6 +88,15 @@ def test_a_trial_larger_than_any_node_is_spread_with_a_share_each_node_can_hold(
     assert 3 <= sum(int(c // r.cpus_per_worker) for c in (4 - 0.01, 1)) and r.cpus_per_worker <= 1.33
 
 
+def test_a_worker_in_its_trial_shares_one_node_with_the_trial_driver():
+    # A group of one worker is one bundle (the trial's driver and its worker): on nodes of 1 CPU (a head with
+    # none, as KubeRay's), 0.01 + 1.0 was asked and could never be placed.
+    r = plan_resources(ClusterConfig(), nodes(0, 1, 1), [GridPoint(8, 1, 1)])
+    assert trial_resources(r, 1)["CPU"] <= 1.0
+    with pytest.raises(ConfigError, match="cannot be placed"):
+        plan_resources(ClusterConfig(cpus_per_worker=1.0), nodes(0, 1, 1), [GridPoint(8, 1, 1)])
+
+
 def test_placement_that_can_never_happen_is_refused_before_any_trial():
     with pytest.raises(ConfigError, match="cannot be placed STRICT_PACK"):
         plan_resources(ClusterConfig(cpus_per_worker=2, placement_strategy="STRICT_PACK"), nodes(4, 4),
