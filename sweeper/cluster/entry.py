@@ -99,6 +99,7 @@ def _fit(worker: Callable, loop_config: Dict[str, Any], num_workers: int, resour
     # the controller polls its workers (every transition of the group waits for a poll).
     os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(resources.start_timeout_seconds)
     os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = str(resources.health_check_seconds)
+    _wait_while_held(num_workers, per_worker)
     trainer = TorchTrainer(
         worker,
         train_loop_config=loop_config,
@@ -131,6 +132,22 @@ def _fit(worker: Callable, loop_config: Dict[str, Any], num_workers: int, resour
         # error as its last result, not as a failure Tune would retry (Tune retries the trials whose
         # own process died, such as a group that runs in its trial: in_trial).
         tune.report({GROUP_ERROR: f"{type(exc).__name__}: {exc}"})
+
+
+def _wait_while_held(num_workers: int, per_worker: Dict[str, float], every: float = 1.0) -> None:
+    """Until the cluster has a worker group's resources free, while its totals hold them: another sweep or job
+    sharing the cluster holds them now, and Ray Train's start timeout (cluster.start_timeout_seconds, retried
+    cluster.max_failures times) would fail the group's points while it waits behind that work. A cluster whose
+    totals lack them (a node lost, an autoscaler to ask) goes straight to Ray Train, whose start asks for them
+    and times out as before."""
+    need = {k: v * num_workers for k, v in per_worker.items()}
+    while True:
+        total, free = ray.cluster_resources(), ray.available_resources()
+        if any(total.get(k, 0.0) + 1e-9 < v for k, v in need.items()):
+            return
+        if all(free.get(k, 0.0) + 1e-9 >= v for k, v in need.items()):
+            return
+        time.sleep(every)
 
 
 def _api(config: Dict[str, Any]):

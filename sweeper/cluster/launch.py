@@ -7,6 +7,7 @@ Ray (the sweep's run functions in cluster.runs do so inside their bodies).
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Callable, Dict, Union
 
 from ray import tune
@@ -27,6 +28,10 @@ TUNE_FIELDS = frozenset(AUTO_RESULT_KEYS) | {"done", "trial_id", "experiment_tag
                                               CHECKPOINT_PATH_KEY}
 
 
+# How long an experiment's trials wait to be placed before the driver says the cluster is held.
+WAIT_NOTE_SECONDS = 10.0
+
+
 class Relay(tune.Callback):
     """Hands a Tune experiment's trial events to its driver-side Sink; Tune calls these in the driver.
 
@@ -42,6 +47,21 @@ class Relay(tune.Callback):
     @property
     def sink(self) -> Sink:
         return _SINKS[self.key]
+
+    def on_step_end(self, iteration, trials, **info):
+        """Says once when the experiment's trials have all waited WAIT_NOTE_SECONDS to be placed (none running):
+        another sweep or job holds the cluster."""
+        statuses = {t.status for t in trials}
+        waiting = "PENDING" in statuses and "RUNNING" not in statuses
+        now = time.monotonic()
+        since = getattr(self, "_pending_since", None)
+        if not waiting:
+            self._pending_since = None
+        elif since is None:
+            self._pending_since = now
+        elif now - since >= WAIT_NOTE_SECONDS * (1 + getattr(self, "_asked", 0)) and not getattr(self, "_said", False):
+            self._asked = getattr(self, "_asked", 0) + 1
+            self._said = self.sink.waiting(now - since)
 
     def on_trial_start(self, iteration, trials, trial, **info):
         self.sink.started(trial.trial_id, trial.config)

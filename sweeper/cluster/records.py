@@ -35,6 +35,11 @@ class Sink:
         group_error = self._group_errors.pop(trial_id, None)
         self.trial_ended(trial_id, config, error if error is not None else group_error)
 
+    def waiting(self, seconds: float) -> bool:
+        """Every trial has waited `seconds` to be placed, none running; whether the wait was said (a sink
+        that finds its trials not waiting for the cluster says nothing, and is asked again later)."""
+        return False
+
     def trial_result(self, trial_id: str, config: Dict[str, Any], result: Dict[str, Any]) -> None: ...
 
     def trial_ended(self, trial_id: str, config: Dict[str, Any], error: Optional[str]) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, List, Sequence
+from typing import Callable, List, Optional, Sequence
 
 from sweeper.cluster.connect import Cluster
 from sweeper.config import ClusterConfig
@@ -92,7 +92,39 @@ def plan_resources(cfg: ClusterConfig, cluster: Cluster, points: List[GridPoint]
         )
     if problems:
         raise ConfigError(problems)
+    held = held_by_others(cfg, cluster, max_workers, cpus_per_worker, use_gpu)
+    if held:
+        note(held)
     return _resources(cfg, use_gpu, cpus_per_worker)
+
+
+def held_by_others(cfg: ClusterConfig, cluster: Cluster, max_workers: int, cpus_per_worker: float,
+                   use_gpu: bool) -> Optional[str]:
+    """What a sweep says when its largest worker group fits the cluster but not what other work (another
+    sweep, a job) leaves free now: its groups wait for it (Ray places them when it is released), sized for
+    the cluster as a sweep alone on it would be, so the two sweeps' measurements compare. None: it fits."""
+    if not cluster.free:
+        return None
+    cpus, gpus = [c for c, _ in cluster.free], [g for _, g in cluster.free]
+    strategy = cfg.placement_strategy
+    fits = _fits(cpus, max_workers, cpus_per_worker, cfg.cpus_per_trial, strategy)
+    if use_gpu:
+        fits = fits and _placeable(gpus, max_workers, 1.0, 0.0, one_node(strategy, max_workers))
+    if fits:
+        return None
+    need = cfg.cpus_per_trial + max_workers * cpus_per_worker
+    return (f"the Ray cluster is busy: other work holds its resources (free CPUs per node now {_round(cpus)} of "
+            f"{_round([c for c, _ in cluster.node_resources])}{f', GPUs {_round(gpus)}' if use_gpu else ''}); this "
+            f"sweep's largest worker group ({need:g} CPUs{f', {max_workers} GPUs' if use_gpu else ''}) waits until "
+            "they are released")
+
+
+def _round(values: List[float]) -> List[float]:
+    return [round(v, 2) for v in values]
+
+
+def one_node(strategy: str, workers: int) -> str:
+    return "STRICT_PACK" if in_trial(workers) else strategy
 
 
 def _resources(cfg: ClusterConfig, use_gpu: bool, cpus_per_worker: float) -> Resources:

@@ -115,7 +115,7 @@ def open_sweep(cfg: SweeperConfig, s: Session, auto: bool, resolved_yaml: str,
         done = set(s.tracker.recorded_keys()) - (set(s.tracker.failed_keys()) if cfg.sweep.retry_failed else set())
         console.print_resume(name, len(done), replayed, half_written)
         return name, parent, frozenset(done)
-    name = f"sweep-{cfg.model.name}-{cfg.data.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    name = resume.sweep_name("sweep", cfg.model.name, cfg.data.name)
     params = sweep_params(cfg, auto, s.resources)
     parent = s.tracker.start_sweep(name, params, resolved_yaml, config_hash=resume.config_hash(resolved_yaml))
     return name, parent, frozenset()
@@ -201,6 +201,7 @@ def measure_grid(
                 runs.run_points(
                     label, worker_groups(remaining, cfg.sweep.points_per_worker_group), specs, s.resources,
                     s.cluster, concurrency, started, done, done_keys=frozenset(recorded), resume=restore,
+                    note=console.note,
                 )
             except Exception as exc:  # noqa: BLE001 - only the restore may fail so; MLflow knows what is left
                 if not restore:
