@@ -14,6 +14,7 @@ from ray import tune
 from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY
 from ray.tune.result import AUTO_RESULT_KEYS
 
+from sweeper.cluster import records
 from sweeper.cluster.records import Sink
 from sweeper.errors import last_line
 
@@ -47,6 +48,9 @@ class Relay(tune.Callback):
     @property
     def sink(self) -> Sink:
         return _SINKS[self.key]
+
+    def on_step_begin(self, iteration, trials, **info):
+        records.raise_deferred()  # Ctrl-C or SIGTERM, past Tune's graceful stop of every trial
 
     def on_step_end(self, iteration, trials, **info):
         """Says once when the experiment's trials have all waited WAIT_NOTE_SECONDS to be placed (none running):
@@ -111,7 +115,12 @@ def launch(
                     failure_config=tune.FailureConfig(max_failures=max_failures),
                 ),
             )
-        tuner.fit()
+        records._TUNE_LOOPS.append(1)
+        try:
+            tuner.fit()
+        finally:
+            records._TUNE_LOOPS.pop()
+        records.raise_deferred()  # a stop that came as the last step ended
     finally:
         _SINKS.pop(experiment, None)
 
