@@ -185,6 +185,24 @@ class RayHead:
                 f"--metrics-export-port={free_port()}", f"--temp-dir={self.folder / 'tmp'}", "--disable-usage-stats",
                 *extra]
 
+    def node_command(self, folder: Path, num_cpus: int) -> list:
+        """`ray start --block` of a worker node on this machine joining this head: its own temporary files
+        in `folder` (a node's sockets are named by its session folder) and every port its own."""
+        return [sys.executable, "-m", "ray.scripts.scripts", "start", f"--address={self.address}",
+                f"--num-cpus={num_cpus}", "--num-gpus=0", f"--node-manager-port={free_port()}",
+                f"--object-manager-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
+                f"--dashboard-agent-grpc-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
+                f"--metrics-export-port={free_port()}", f"--temp-dir={folder}", "--disable-usage-stats", "--block"]
+
+    def alive_nodes(self) -> int:
+        """How many of the cluster's nodes are ALIVE (Ray's state API)."""
+        from ray.util.state import StateApiClient
+        from ray.util.state.common import ListApiOptions, StateResource
+
+        client = StateApiClient(self.dashboard, headers=self.headers())
+        nodes = client.list(StateResource.NODES, options=ListApiOptions(), raise_on_missing_output=False)
+        return sum(n.state == "ALIVE" for n in nodes)
+
     def headers(self) -> dict:
         """What the dashboard's HTTP APIs (jobs, state) want from a client: the token."""
         return {"Authorization": f"Bearer {self.token.read_text().strip()}"}
@@ -209,6 +227,44 @@ class RayHead:
             if not groups or time.time() > deadline:
                 return groups
             time.sleep(1)
+
+
+def start_head(folder: Path, num_cpus: int = 2, env: Optional[dict] = None):
+    """`ray start --head --block` in its own process group, its dashboard (the Jobs API) answering:
+    (the process, its RayHead). Stopped with `stop_block`, by its process id, never `ray stop` (which
+    ends every Ray on the machine). `env`: more of the head's environment (Ray's settings)."""
+    from ray.job_submission import JobSubmissionClient
+
+    head = RayHead(folder, num_cpus=num_cpus)
+    log = open(folder / "ray-start.log", "w")
+    proc = subprocess.Popen(head.command("--block"), env={**os.environ, **head.env, **(env or {})}, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + 180
+    while True:
+        try:
+            JobSubmissionClient(head.dashboard, headers=head.headers()).list_jobs()
+            return proc, head
+        except Exception:  # noqa: BLE001 - not up yet (refused, 503 until the job agent registers)
+            if proc.poll() is not None or time.time() > deadline:
+                stop_block(proc)
+                said = (folder / "ray-start.log").read_text()[-3000:]
+                raise AssertionError(f"the Ray head did not come up:\n{said}") from None
+            time.sleep(1)
+
+
+def stop_block(proc) -> None:
+    """SIGTERM to a `ray start --block` started in its own process group, which stops the processes it
+    started; its group killed after 30 s."""
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    except ProcessLookupError:
+        pass
 
 
 IDLE_PROBE = """

@@ -28,6 +28,8 @@ class Cluster:
     nodes: Optional[List[Tuple[float, float]]] = None
     # An autoscaling cluster adds nodes for work that does not fit: a group too large waits, not refused.
     can_grow: bool = False
+    # (CPUs, GPUs) free on each alive node when the sweep joined (others' work holds the rest); None: all.
+    free: Optional[List[Tuple[float, float]]] = None
 
     @property
     def node_resources(self) -> List[Tuple[float, float]]:
@@ -53,6 +55,7 @@ def connect(cfg: ClusterConfig) -> Cluster:
         for n in ray.nodes()
         if n.get("Alive")
     ]
+    free = _free_per_node([n["NodeID"] for n in ray.nodes() if n.get("Alive")]) if cfg.address else None
     dashboard = getattr(context, "dashboard_url", None) or None
     return Cluster(
         address=context.address_info.get("gcs_address", cfg.address or "local"),
@@ -63,7 +66,20 @@ def connect(cfg: ClusterConfig) -> Cluster:
         results_dir=results_dir,
         nodes=nodes,
         can_grow=cfg.address is not None and _autoscales(),
+        free=free,
     )
+
+
+def _free_per_node(node_ids: List[str]) -> Optional[List[Tuple[float, float]]]:
+    """(CPUs, GPUs) free now on each of these nodes: what a joined cluster's other work (another sweep, a
+    job) leaves. None when Ray cannot say (a private API)."""
+    try:
+        import ray._private.state
+
+        free = ray._private.state.available_resources_per_node()
+    except Exception:  # noqa: BLE001 - a private API; without it the check counts the totals only
+        return None
+    return [(float(free.get(n, {}).get("CPU", 0.0)), float(free.get(n, {}).get("GPU", 0.0))) for n in node_ids]
 
 
 def _autoscales() -> bool:

@@ -20,7 +20,7 @@ from ray import train, tune
 from ray.train.torch import TorchConfig, TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
-from sweeper.cluster import storage
+from sweeper.cluster import recovery, storage
 from sweeper.cluster.resources import Resources, in_trial
 from sweeper.cluster.records import GROUP_ERROR
 from sweeper.plan import GridPoint
@@ -99,6 +99,7 @@ def _fit(worker: Callable, loop_config: Dict[str, Any], num_workers: int, resour
     # the controller polls its workers (every transition of the group waits for a poll).
     os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(resources.start_timeout_seconds)
     os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = str(resources.health_check_seconds)
+    _wait_while_held(num_workers, per_worker)
     trainer = TorchTrainer(
         worker,
         train_loop_config=loop_config,
@@ -131,6 +132,22 @@ def _fit(worker: Callable, loop_config: Dict[str, Any], num_workers: int, resour
         # error as its last result, not as a failure Tune would retry (Tune retries the trials whose
         # own process died, such as a group that runs in its trial: in_trial).
         tune.report({GROUP_ERROR: f"{type(exc).__name__}: {exc}"})
+
+
+def _wait_while_held(num_workers: int, per_worker: Dict[str, float], every: float = 1.0) -> None:
+    """Until the cluster has a worker group's resources free, while its totals hold them: another sweep or job
+    sharing the cluster holds them now, and Ray Train's start timeout (cluster.start_timeout_seconds, retried
+    cluster.max_failures times) would fail the group's points while it waits behind that work. A cluster whose
+    totals lack them (a node lost, an autoscaler to ask) goes straight to Ray Train, whose start asks for them
+    and times out as before."""
+    need = {k: v * num_workers for k, v in per_worker.items()}
+    while True:
+        total, free = ray.cluster_resources(), ray.available_resources()
+        if any(total.get(k, 0.0) + 1e-9 < v for k, v in need.items()):
+            return
+        if all(free.get(k, 0.0) + 1e-9 >= v for k, v in need.items()):
+            return
+        time.sleep(every)
 
 
 def _api(config: Dict[str, Any]):
@@ -218,10 +235,20 @@ def point_worker(config: Dict[str, Any]) -> None:
     # Checkpoints on a URI (cluster.storage_path): downloaded to start from, written locally, uploaded by rank 0.
     with storage.Staged() as staged:
         pending = [staged.local(spec) for spec in pending]
+        # A point half-trained when its group was lost goes on from its last save on the way (cluster.
+        # checkpoint_every_steps), not from step 0.
+        planned = {spec.point.key: spec for spec in pending}
+        continued = {spec.point.key: recovery.resumed(spec) for spec in pending}
+        pending = [continued[spec.point.key][0] for spec in pending]
 
         def report(result: PointResult) -> None:
+            spec, done = continued.get(result.trial_key, (None, None))
+            if done:
+                recovery.made_whole(result, done, spec)
             if ctx.rank == 0:
                 staged.persist(result)
+                if result.trial_key in planned:
+                    recovery.clear(planned[result.trial_key])
             state.report_point(result)
 
         run_points(pending, ctx, report, group_start_time=config["group_start_time"], threads=config["threads"])

@@ -7,12 +7,14 @@ Ray (the sweep's run functions in cluster.runs do so inside their bodies).
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Callable, Dict, Union
 
 from ray import tune
 from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY
 from ray.tune.result import AUTO_RESULT_KEYS
 
+from sweeper.cluster import records
 from sweeper.cluster.records import Sink
 from sweeper.errors import last_line
 
@@ -25,6 +27,10 @@ _SINKS: Dict[str, Sink] = {}
 # checkpoint: not the trial's own measurements.
 TUNE_FIELDS = frozenset(AUTO_RESULT_KEYS) | {"done", "trial_id", "experiment_tag", "should_checkpoint",
                                               CHECKPOINT_PATH_KEY}
+
+
+# How long an experiment's trials wait to be placed before the driver says the cluster is held.
+WAIT_NOTE_SECONDS = 10.0
 
 
 class Relay(tune.Callback):
@@ -42,6 +48,24 @@ class Relay(tune.Callback):
     @property
     def sink(self) -> Sink:
         return _SINKS[self.key]
+
+    def on_step_begin(self, iteration, trials, **info):
+        records.raise_deferred()  # Ctrl-C or SIGTERM, past Tune's graceful stop of every trial
+
+    def on_step_end(self, iteration, trials, **info):
+        """Says once when the experiment's trials have all waited WAIT_NOTE_SECONDS to be placed (none running):
+        another sweep or job holds the cluster."""
+        statuses = {t.status for t in trials}
+        waiting = "PENDING" in statuses and "RUNNING" not in statuses
+        now = time.monotonic()
+        since = getattr(self, "_pending_since", None)
+        if not waiting:
+            self._pending_since = None
+        elif since is None:
+            self._pending_since = now
+        elif now - since >= WAIT_NOTE_SECONDS * (1 + getattr(self, "_asked", 0)) and not getattr(self, "_said", False):
+            self._asked = getattr(self, "_asked", 0) + 1
+            self._said = self.sink.waiting(now - since)
 
     def on_trial_start(self, iteration, trials, trial, **info):
         self.sink.started(trial.trial_id, trial.config)
@@ -91,7 +115,12 @@ def launch(
                     failure_config=tune.FailureConfig(max_failures=max_failures),
                 ),
             )
-        tuner.fit()
+        records._TUNE_LOOPS.append(1)
+        try:
+            tuner.fit()
+        finally:
+            records._TUNE_LOOPS.pop()
+        records.raise_deferred()  # a stop that came as the last step ended
     finally:
         _SINKS.pop(experiment, None)
 

@@ -4,13 +4,34 @@ both sides (cluster.launch, cluster.entry, cluster.runs) read it without an impo
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from sweeper.errors import last_line
 
 # A trial's last result when its Ray Train worker group failed for good (entry._fit): the trial ends
 # without an error of its own, so Tune does not retry what Ray Train already restarted.
 GROUP_ERROR = "worker_group_error"
+
+
+# A stop (SIGINT, SIGTERM) that reached the driver while a Tune experiment ran is raised by the experiment's
+# Relay at the loop's next step (Tune steps every ~0.1 s), in Python code, rather than by the signal handler
+# inside Ray's C code: there it surfaces as a SystemError, an Exception on which Tune first stops every trial
+# gracefully (2.6-2.9 s here before the record could end KILLED; `ray job stop` SIGKILLs after 3 s).
+_TUNE_LOOPS: List[int] = []
+_DEFERRED: List[BaseException] = []
+
+
+def defer_stop(stop: BaseException) -> bool:
+    """Whether a Tune experiment runs and will raise `stop` at its next step (else the caller raises it)."""
+    if _TUNE_LOOPS:
+        _DEFERRED.append(stop)
+        return True
+    return False
+
+
+def raise_deferred() -> None:
+    if _DEFERRED:
+        raise _DEFERRED.pop()
 
 
 class Sink:
@@ -34,6 +55,11 @@ class Sink:
     def ended(self, trial_id: str, config: Dict[str, Any], error: Optional[str]) -> None:
         group_error = self._group_errors.pop(trial_id, None)
         self.trial_ended(trial_id, config, error if error is not None else group_error)
+
+    def waiting(self, seconds: float) -> bool:
+        """Every trial has waited `seconds` to be placed, none running; whether the wait was said (a sink
+        that finds its trials not waiting for the cluster says nothing, and is asked again later)."""
+        return False
 
     def trial_result(self, trial_id: str, config: Dict[str, Any], result: Dict[str, Any]) -> None: ...
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, List, Sequence
+from typing import Callable, List, Optional, Sequence
 
 from sweeper.cluster.connect import Cluster
 from sweeper.config import ClusterConfig
@@ -84,7 +84,7 @@ def plan_resources(cfg: ClusterConfig, cluster: Cluster, points: List[GridPoint]
             f"{cpus_per_worker:g} = {need:g} CPUs but the Ray cluster has {cluster.cpus:g}; lower "
             "cluster.cpus_per_worker (null picks the largest share that fits) or sweep.num_workers"
         )
-    elif not _placeable(cpus, max_workers, cpus_per_worker, cfg.cpus_per_trial, strategy):
+    elif not _fits(cpus, max_workers, cpus_per_worker, cfg.cpus_per_trial, strategy):
         problems.append(
             f"cluster.cpus_per_worker={cpus_per_worker:g}: {max_workers} workers of {cpus_per_worker:g} CPUs "
             f"cannot be placed {strategy} on nodes with {cpus} CPUs; lower cluster.cpus_per_worker (null "
@@ -92,7 +92,39 @@ def plan_resources(cfg: ClusterConfig, cluster: Cluster, points: List[GridPoint]
         )
     if problems:
         raise ConfigError(problems)
+    held = held_by_others(cfg, cluster, max_workers, cpus_per_worker, use_gpu)
+    if held:
+        note(held)
     return _resources(cfg, use_gpu, cpus_per_worker)
+
+
+def held_by_others(cfg: ClusterConfig, cluster: Cluster, max_workers: int, cpus_per_worker: float,
+                   use_gpu: bool) -> Optional[str]:
+    """What a sweep says when its largest worker group fits the cluster but not what other work (another
+    sweep, a job) leaves free now: its groups wait for it (Ray places them when it is released), sized for
+    the cluster as a sweep alone on it would be, so the two sweeps' measurements compare. None: it fits."""
+    if not cluster.free:
+        return None
+    cpus, gpus = [c for c, _ in cluster.free], [g for _, g in cluster.free]
+    strategy = cfg.placement_strategy
+    fits = _fits(cpus, max_workers, cpus_per_worker, cfg.cpus_per_trial, strategy)
+    if use_gpu:
+        fits = fits and _placeable(gpus, max_workers, 1.0, 0.0, one_node(strategy, max_workers))
+    if fits:
+        return None
+    need = cfg.cpus_per_trial + max_workers * cpus_per_worker
+    return (f"the Ray cluster is busy: other work holds its resources (free CPUs per node now {_round(cpus)} of "
+            f"{_round([c for c, _ in cluster.node_resources])}{f', GPUs {_round(gpus)}' if use_gpu else ''}); this "
+            f"sweep's largest worker group ({need:g} CPUs{f', {max_workers} GPUs' if use_gpu else ''}) waits until "
+            "they are released")
+
+
+def _round(values: List[float]) -> List[float]:
+    return [round(v, 2) for v in values]
+
+
+def one_node(strategy: str, workers: int) -> str:
+    return "STRICT_PACK" if in_trial(workers) else strategy
 
 
 def _resources(cfg: ClusterConfig, use_gpu: bool, cpus_per_worker: float) -> Resources:
@@ -179,10 +211,10 @@ def _cpu_share(cfg: ClusterConfig, cluster: Cluster, max_workers: int, use_gpu: 
     as it would get its own GPU, so groups of 1 and 2 workers are comparable per worker."""
     cpus, strategy = [c for c, _ in cluster.node_resources], cfg.placement_strategy
     one_node = math.floor((max(cpus) - cfg.cpus_per_trial) / max_workers * 100) / 100
-    fits_one_node = strategy != "STRICT_SPREAD" and _placeable(cpus, max_workers, one_node, cfg.cpus_per_trial,
-                                                               "STRICT_PACK")
+    fits_one_node = strategy != "STRICT_SPREAD" and _fits(cpus, max_workers, one_node, cfg.cpus_per_trial,
+                                                          "STRICT_PACK")
     share = math.floor((cluster.cpus - cfg.cpus_per_trial) / max_workers * 100) / 100
-    while share > 0 and not _placeable(cpus, max_workers, share, cfg.cpus_per_trial, strategy):
+    while share > 0 and not _fits(cpus, max_workers, share, cfg.cpus_per_trial, strategy):
         share = round(share - 0.01, 2)
     # On one node when that leaves each worker a whole CPU (or a GPU does the work): no network
     # between its workers; else spread, when that gives each worker more.
@@ -199,6 +231,14 @@ def concurrent_trials(cluster: Cluster, resources: Resources, num_workers: int) 
         by_gpu = int(gpus // num_workers) if resources.use_gpu else by_cpu
         fits += max(0, min(by_cpu, by_gpu))
     return max(1, fits)
+
+
+def _fits(capacity: List[float], workers: int, each: float, driver: float, strategy: str) -> bool:
+    """_placeable for a worker group: a worker in its trial's process (in_trial) is one bundle with the
+    trial's driver, on one node whatever the strategy."""
+    if in_trial(workers):
+        return _placeable(capacity, 1, each + driver, 0.0, "STRICT_PACK")
+    return _placeable(capacity, workers, each, driver, strategy)
 
 
 def _placeable(capacity: List[float], workers: int, each: float, driver: float, strategy: str) -> bool:

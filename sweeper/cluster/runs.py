@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Callable, Dict, List
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 from sweeper.cluster.connect import Cluster
 from sweeper.cluster.records import Sink
@@ -27,15 +27,22 @@ PointCallback = Callable[[GridPoint, PointResult], None]
 class PointSink(Sink):
     """Grid points, one result each, whatever happens to their worker group."""
 
-    def __init__(self, on_group_start: Callable[[List[GridPoint]], None], on_point: PointCallback, skip: frozenset):
+    def __init__(self, on_group_start: Callable[[List[GridPoint]], None], on_point: PointCallback, skip: frozenset,
+                 note: Callable[[str], None] = lambda text: None):
         super().__init__()
-        self.on_group_start, self.on_point = on_group_start, on_point
+        self.on_group_start, self.on_point, self.note = on_group_start, on_point, note
         self.skip = skip  # recorded before a resume: not measured, not reported
         self.reported: Dict[str, set] = {}
         self.not_attempted: List[GridPoint] = []
 
     def started(self, trial_id, config):
         self.on_group_start(_points(config))
+
+    def waiting(self, seconds):
+        line = held_line(seconds)
+        if line is not None:
+            self.note(line)
+        return line is not None
 
     def trial_result(self, trial_id, config, result):
         by_key = {p.key: p for p in _points(config)}
@@ -65,6 +72,22 @@ class PointSink(Sink):
         return [point for point in _points(config) if point.key not in seen]
 
 
+def held_line(seconds: float) -> Optional[str]:
+    """The driver's line when its worker groups wait for the cluster (another sweep or job holds it): one of
+    this driver's placement groups is still PENDING. None when none is (a trial placed, its process starting)."""
+    import ray
+    from ray.util.placement_group import placement_group_table
+
+    job = ray.get_runtime_context().get_job_id()  # a placement group's id ends with its job's
+    if not any(g["state"] == "PENDING" and g["placement_group_id"].endswith(job)
+               for g in placement_group_table().values()):
+        return None
+    free, total = ray.available_resources(), ray.cluster_resources()
+    return (f"waiting {seconds:.0f} s so far for the Ray cluster: other work holds its resources ("
+            f"{free.get('CPU', 0.0):g} of {total.get('CPU', 0.0):g} CPUs free now); the next worker group starts "
+            "when they are released")
+
+
 def _explained(error: str) -> str:
     """A worker group's error in the user's terms where Ray's own words do not say it."""
     if "WorkerGroupStartupTimeout" in error or ("Failed to start" in error and "worker group" in error):
@@ -88,11 +111,12 @@ def run_points(
     on_point: PointCallback,
     done_keys: frozenset = frozenset(),
     resume: bool = False,
+    note: Callable[[str], None] = lambda text: None,
 ) -> List[GridPoint]:
     """Run every group of grid points as one Ray Tune trial (one Ray Train worker group that measures
     its points one after another); `on_point(point, result)` is called in this process as each
     point finishes, its status ok | oom | failed. Points in `done_keys` (already recorded) are not
-    measured.
+    measured. `note(line)` is told when every group waits for a cluster other work holds.
 
     With `resume`, Ray Tune restores the experiment of that name and runs its unfinished and errored
     trials again (finished ones are not); their worker groups skip `done_keys`.
@@ -103,7 +127,7 @@ def run_points(
     """
     from sweeper.cluster import entry, launch
 
-    sink = PointSink(on_group_start, on_point, frozenset(done_keys))
+    sink = PointSink(on_group_start, on_point, frozenset(done_keys), note)
     launch.launch(
         experiment,
         entry.group_trial,

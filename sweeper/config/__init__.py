@@ -232,6 +232,7 @@ def check_combinations(cfg: SweeperConfig) -> List[str]:
         problems += _branch_problems(cfg)
     if cfg.train.batch_schedule and cfg.train.start_from:
         problems.append("train.batch_schedule with train.start_from: a schedule starts from sample 0; drop one of them")
+    problems += _saves_on_the_way_problems(cfg)
     if cfg.report.quality == "val_bits_per_byte" and not (is_token_data(cfg.data) and cfg.data.name == "text"):
         problems.append(f"report.quality=val_bits_per_byte needs byte-level text (data=text), not "
                         f"data={cfg.data.name}: "
@@ -279,4 +280,22 @@ def _check_contexts(cfg: SweeperConfig) -> List[str]:
     if cfg.task == "inference" and is_language_model(cfg.model) and cfg.model.name != "gpt":
         problems.append(f"task=inference with model={cfg.model.name}: decode with a KV cache is measured for "
                         "sweeper's GPT (model=gpt); time a transformers model's training instead (task=train)")
+    return problems
+
+
+def _saves_on_the_way_problems(cfg: "SweeperConfig") -> List[str]:
+    """cluster.checkpoint_every_steps: a grid point's saves on the way, continued by the same point retried."""
+    every, problems = cfg.cluster.checkpoint_every_steps, []
+    if every is None:
+        return problems
+    others = [key for key, on in (("sweep.strategy=" + cfg.sweep.strategy, cfg.sweep.strategy != "grid"),
+                                  ("train.start_from", bool(cfg.train.start_from)),
+                                  ("train.batch_schedule", bool(cfg.train.batch_schedule))) if on]
+    if others:
+        problems.append(f"cluster.checkpoint_every_steps={every} with {', '.join(others)}: saves on the way are "
+                        "built for a grid point trained from step 0 in one span; set it to null")
+    if cfg.cluster.storage_path and "://" in cfg.cluster.storage_path:
+        problems.append(f"cluster.checkpoint_every_steps={every} with cluster.storage_path={cfg.cluster.storage_path}: "
+                        "saves on the way go to a folder every node reads (an NFS mount); a URI is uploaded only "
+                        "at a point's end: use a mounted folder, or null")
     return problems

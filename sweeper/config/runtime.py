@@ -78,6 +78,11 @@ class ClusterConfig:
     # default is 2 s). Each state change of a worker group (started, running, finished, shut down)
     # waits for the next poll: at 2 s a one-group sweep of 4 tiny points spent ~9 s of its 30 s grid waiting here.
     health_check_seconds: float = 0.5
+    # A point saves its training state every this many optimizer steps on the way (under
+    # <storage>/<sweep>/resume/<point key>/, deleted once the point is recorded), so a point whose worker
+    # group is lost (a node, a worker process) continues from its last save instead of step 0. Needs a
+    # folder every node reads (cluster.storage_path, or the default on one machine). null: no saves.
+    checkpoint_every_steps: Optional[int] = None
 
 
 def normalize_use_gpu(value: Any) -> str:
@@ -123,6 +128,8 @@ def check_cluster(cluster: ClusterConfig) -> List[str]:
     for key in ("start_timeout_seconds", "collective_timeout_seconds", "point_timeout_seconds", "health_check_seconds"):
         check_rule(problems, f"cluster.{key}", getattr(cluster, key), is_positive,
                    "must be a positive number of seconds")
+    check_rule(problems, "cluster.checkpoint_every_steps", cluster.checkpoint_every_steps, is_positive,
+               "must be a positive number of optimizer steps, or null for no saves on the way")
     check_rule(
         problems, "cluster.dashboard_port", cluster.dashboard_port, lambda port: 1 <= port <= 65535,
         "a TCP port must be between 1 and 65535, e.g. 8265",

@@ -164,6 +164,12 @@ def note(text: str) -> None:
     console.print(f"[bold]sweeper[/]: {escape(text)}", soft_wrap=True)
 
 
+def print_continued(key: str, samples: Optional[int], folder: str) -> None:
+    """A point whose worker group was lost mid-point, recorded after it went on from its last save."""
+    note(f"{key} went on from its save at {samples} samples ({folder}) after its worker group was lost, "
+         "instead of from step 0")
+
+
 def stopped(why: str, parent_run_id: str, status: str) -> None:
     """How a sweep that stopped early is left, and the one line that finishes it."""
     args = [a for a in sys.argv[1:] if not a.startswith("sweep.resume=")]

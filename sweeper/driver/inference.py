@@ -7,7 +7,6 @@ Takes typed config only; Hydra stays in `__main__`.
 from __future__ import annotations
 
 import os
-import time
 from collections import Counter
 from dataclasses import replace
 from typing import Any, Dict, List, Optional, Tuple
@@ -17,6 +16,7 @@ from sweeper.cluster import runs
 from sweeper.config import ModelConfig, SweeperConfig, budget_bytes, tracking_uri, validate
 from sweeper.driver import console
 from sweeper.driver import decode as decode_answer
+from sweeper.driver import resume
 from sweeper.driver.skeleton import Phases, Session, session
 from sweeper.errors import EXIT_OK, EXIT_POINT_FAILED, ConfigError, first_line
 from sweeper.inference import roofline
@@ -57,7 +57,7 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
     groups = specs(cfg, chosen, num_classes)
     phases("setup")
     with session(cfg, phases, [GridPoint(1, 1, 1)]) as s:
-        name = f"inference-{cfg.model.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        name = resume.sweep_name("inference", cfg.model.name)
         parent = s.tracker.start_sweep(name, sweep_params(cfg, chosen, s.resources), resolved_yaml, task="inference")
         console.print_where(s.uri, s.cluster.dashboard_url, s.cluster.token_path, s.cluster.results_dir)
         console.print_start(sum(len(g) for g in groups), len(groups), groups="Ray Tune trial(s), one per model")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
+import time
 from typing import Any, Dict, List, Tuple
 
 import yaml
@@ -60,6 +62,19 @@ def differences(recorded_yaml: str, resolved_yaml: str) -> List[str]:
             if before.get(k) != now.get(k)]
 
 
+def sweep_name(kind: str, *parts: str) -> str:
+    """A new sweep's name (its MLflow parent run, its Ray Tune experiment and storage folders): the start to
+    the second, and a random number so that two sweeps started in one second on one cluster, one
+    cluster.ray_dir and one tracking store never share a name (Tune would mix their experiment states)."""
+    return "-".join([kind, *parts, time.strftime("%Y%m%d-%H%M%S"), f"{secrets.randbelow(10**6):06d}"])
+
+
+def _started(name: str, prefix: str) -> bool:
+    """Whether `name` is a sweep name made from `prefix` (with or without the random part, which older
+    sweeps lack)."""
+    return name.startswith(prefix) and name[len(prefix):].replace("-", "").isdigit()
+
+
 def results_dir(cfg: SweeperConfig) -> str:
     """Where the sweep's Ray Tune experiments are (cluster.connect makes the same folder)."""
     return os.path.join(os.path.abspath(cfg.cluster.ray_dir), "results")
@@ -73,11 +88,10 @@ def find_interrupted(cfg: SweeperConfig, tracker: tracking.Tracker, resolved_yam
     prefix = f"sweep-{cfg.model.name}-{cfg.data.name}-"
     folder = results_dir(cfg)
     names = sorted(
-        (n for n in (os.listdir(folder) if os.path.isdir(folder) else [])
-         if n.startswith(prefix) and n[len(prefix):].replace("-", "").isdigit()),
+        (n for n in (os.listdir(folder) if os.path.isdir(folder) else []) if _started(n, prefix)),
         reverse=True,
     )
-    finished = []
+    finished, refused = [], []
     for name in names:
         run = tracker.find_sweep(name)
         if run is None:
@@ -85,8 +99,16 @@ def find_interrupted(cfg: SweeperConfig, tracker: tracking.Tracker, resolved_yam
         if run.info.status == "FINISHED":
             finished.append(name)
             continue
-        _check_resumable(tracker, folder, name, run, resolved_yaml)
+        try:
+            _check_resumable(tracker, folder, name, run, resolved_yaml)
+        except ConfigError as exc:
+            # Another sweep of this model and data (one that shares the cluster, say): the latest that is
+            # this one is resumed; none is, and the latest one's refusal says why.
+            refused.append(exc)
+            continue
         return name, run.info.run_id
+    if refused:
+        raise refused[0]
     done = f" (the latest, {finished[0]}, finished)" if finished else ""
     raise ConfigError([
         f"sweep.resume=true: no unfinished sweep of {cfg.model.name} on {cfg.data.name} under {folder} with its "

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional
 
 from sweeper import tracking
-from sweeper.cluster import connect
+from sweeper.cluster import connect, records
 from sweeper.cluster.resources import Resources, plan_resources
 from sweeper.config import SweeperConfig, tracking_uri
 from sweeper.driver import console
@@ -144,7 +144,10 @@ class Signals:
         if self.fired:
             os._exit(128 + signum)  # the second signal: no more cleanup
         self.fired.append(signum)
-        raise Interrupted(signum)
+        stop = Interrupted(signum)
+        if records.defer_stop(stop):
+            return  # raised by the running Tune experiment at its next step (cluster.records says why)
+        raise stop
 
 
 def interruption(exc: BaseException) -> Optional[Interrupted]:

@@ -13,7 +13,7 @@ from dataclasses import asdict, replace
 from typing import Any, Dict, List, Optional, Tuple
 
 from sweeper import plan, tracking
-from sweeper.cluster import runs, storage
+from sweeper.cluster import recovery, runs, storage
 from sweeper.cluster.resources import Resources, concurrent_trials
 from sweeper.cluster.resources import in_trial as resources_in_trial
 from sweeper.config import SweeperConfig, tracking_uri
@@ -118,7 +118,7 @@ def open_sweep(cfg: SweeperConfig, s: Session, auto: bool, resolved_yaml: str,
         done = set(s.tracker.recorded_keys()) - (set(s.tracker.failed_keys()) if cfg.sweep.retry_failed else set())
         console.print_resume(name, len(done), replayed, half_written)
         return name, parent, frozenset(done)
-    name = f"sweep-{cfg.model.name}-{cfg.data.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    name = resume.sweep_name("sweep", cfg.model.name, cfg.data.name)
     params = sweep_params(cfg, auto, s.resources)
     parent = s.tracker.start_sweep(name, params, resolved_yaml, config_hash=resume.config_hash(resolved_yaml))
     return name, parent, frozenset()
@@ -158,12 +158,7 @@ def measure_grid(
     groups = worker_groups(points, cfg.sweep.points_per_worker_group)
     if not cfg.sweep.resume:
         s.tracker.log_sweep_params({"num_trials": len(points), "num_worker_groups": len(groups)})
-    if cfg.profile:
-        traces = os.path.join(s.cluster.results_dir, name, "profile")
-        specs = {p: replace(spec, profile_dir=traces) for p, spec in specs.items()}
-    if cfg.train.save_state:  # every point's training state at its end, where every node reads
-        folder = storage.join(storage.root(cfg.cluster.storage_path, s.cluster.results_dir, name), "checkpoints")
-        specs = {p: replace(spec, save_state_to=storage.join(folder, p.key)) for p, spec in specs.items()}
+    specs = _with_outputs(cfg, s, name, specs)
     _print_start(points, groups)
     rows: Rows = []
     recorded = set(done_keys)
@@ -178,6 +173,8 @@ def measure_grid(
             s.tracker.log_point(point, point_params(cfg, specs[point]), result, replace_failed=cfg.sweep.retry_failed)
             rows.append((point, result))
             recorded.add(point.key)
+            if result.state.continued_from and cfg.cluster.checkpoint_every_steps:
+                console.print_continued(point.key, result.state.start_samples, result.state.continued_from)
             waiting = s.tracker.pending
             pending = f" ({waiting} write(s) pending: the tracking store is unreachable)" if waiting else ""
             bar.update(task, advance=1, description=f"{point.key}: {result.status}{pending}")
@@ -194,6 +191,7 @@ def measure_grid(
                 runs.run_points(
                     label, worker_groups(remaining, cfg.sweep.points_per_worker_group), specs, s.resources,
                     s.cluster, concurrency, started, done, done_keys=frozenset(recorded), resume=restore,
+                    note=console.note,
                 )
             except Exception as exc:  # noqa: BLE001 - only the restore may fail so; MLflow knows what is left
                 if not restore:
@@ -203,6 +201,23 @@ def measure_grid(
             remaining = [p for p in points if p.key not in recorded]
             attempt += 1
     return rows
+
+
+def _with_outputs(
+    cfg: SweeperConfig, s: Session, name: str, specs: Dict[GridPoint, PointSpec],
+) -> Dict[GridPoint, PointSpec]:
+    """The specs with where each point writes: its profile traces, its training state at the end, and
+    its saves on the way (a point whose group is lost goes on from its last)."""
+    if cfg.profile:
+        traces = os.path.join(s.cluster.results_dir, name, "profile")
+        specs = {p: replace(spec, profile_dir=traces) for p, spec in specs.items()}
+    root = storage.root(cfg.cluster.storage_path, s.cluster.results_dir, name)
+    if cfg.train.save_state:  # every point's training state at its end, where every node reads
+        folder = storage.join(root, "checkpoints")
+        specs = {p: replace(spec, save_state_to=storage.join(folder, p.key)) for p, spec in specs.items()}
+    if cfg.cluster.checkpoint_every_steps:
+        specs = {p: recovery.with_saves(spec, root, cfg.cluster.checkpoint_every_steps) for p, spec in specs.items()}
+    return specs
 
 
 def _print_start(points: List[GridPoint], groups: List[List[GridPoint]]) -> None:

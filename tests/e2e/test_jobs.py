@@ -3,11 +3,8 @@ KubeRay RayJob runs), through the Jobs API against a Ray head this test starts: 
 logs, its exit status as the job's status, `ray job stop` ending it KILLED and resumable, and no placement
 group left behind by the stopped sweep nor by its resume (Ray's state API)."""
 
-import os
 import shlex
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -16,44 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import RayHead, mlflow_store, recorded
+from tests.harness import mlflow_store, recorded, start_head, stop_block
 from tests.e2e.test_faults import COMMON, POINT_KEYS, SLEEPY, THREE_POINTS, _nothing_running, _runs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.own_ray]
-
-
-def start_head(folder: Path, num_cpus: int = 2):
-    """`ray start --head --block` in its own process group, its dashboard (the Jobs API) answering:
-    (the process, its RayHead). Stopped with `stop_head`, by its process id, never `ray stop` (which
-    ends every Ray on the machine)."""
-    from ray.job_submission import JobSubmissionClient
-
-    head = RayHead(folder, num_cpus=num_cpus)
-    log = open(folder / "ray-start.log", "w")
-    proc = subprocess.Popen(head.command("--block"), env={**os.environ, **head.env}, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.time() + 180
-    while True:
-        try:
-            JobSubmissionClient(head.dashboard, headers=head.headers()).list_jobs()
-            return proc, head
-        except Exception:  # noqa: BLE001 - not up yet (refused, 503 until the job agent registers)
-            if proc.poll() is not None or time.time() > deadline:
-                stop_head(proc)
-                raise AssertionError(f"the Ray head did not come up:\n{(folder / 'ray-start.log').read_text()[-3000:]}")
-            time.sleep(1)
-
-
-def stop_head(proc) -> None:
-    """SIGTERM to `ray start --block`, which stops the processes it started; its group killed after 30 s."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    except ProcessLookupError:
-        pass
 
 
 def _supervisor_lines(ray_folder: Path, job_id: str) -> list:
@@ -79,7 +42,8 @@ def _wait_for(client, job_id: str, terminal=True, timeout: float = 600):
         if info.status.is_terminal() if terminal else info.status == JobStatus.RUNNING:
             return info
         time.sleep(0.5)
-    raise AssertionError(f"job {job_id} still {info.status} after {timeout:.0f} s:\n{client.get_job_logs(job_id)[-3000:]}")
+    raise AssertionError(f"job {job_id} still {info.status} after {timeout:.0f} s:\n"
+                         f"{client.get_job_logs(job_id)[-3000:]}")
 
 
 def test_a_sweep_submitted_as_a_ray_job_stops_killed_with_ray_job_stop_and_resumes(tmp_path):
@@ -102,8 +66,9 @@ def test_a_sweep_submitted_as_a_ray_job_stops_killed_with_ray_job_stop_and_resum
         def submit(*extra: str) -> str:
             entrypoint = shlex.join([sys.executable, "-m", "sweeper", *args, *extra])
             # Time to end the sweep and leave the cluster after `ray job stop`'s SIGTERM, as the RayJob of
-            # deploy/kuberay/ gives it: Ray's default, 3 s, SIGKILLed the driver here while it disconnected
-            # (its record already ended KILLED).
+            # deploy/kuberay/ gives it. Run alone, the sweep ends its record KILLED ~0.5 s after a SIGTERM and
+            # exits after ~1.4 s; under `ray job stop` here Ray's default 3 s still ran out (2 runs of 2 on 2
+            # busy cores, the cause not found yet: docs/cluster.md).
             return client.submit_job(entrypoint=entrypoint, runtime_env={
                 "working_dir": str(project), "env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "60"}})
 
@@ -151,5 +116,5 @@ def test_a_sweep_submitted_as_a_ray_job_stops_killed_with_ray_job_stop_and_resum
         assert head.placement_groups() == []
         print(f"`ray job stop` to a terminal status: {stop_seconds:.1f} s")
     finally:
-        stop_head(head_proc)
+        stop_block(head_proc)
         shutil.rmtree(ray_folder, ignore_errors=True)

@@ -88,6 +88,15 @@ def test_a_trial_larger_than_any_node_is_spread_with_a_share_each_node_can_hold(
     assert 3 <= sum(int(c // r.cpus_per_worker) for c in (4 - 0.01, 1)) and r.cpus_per_worker <= 1.33
 
 
+def test_a_worker_in_its_trial_shares_one_node_with_the_trial_driver():
+    # A group of one worker is one bundle (the trial's driver and its worker): on nodes of 1 CPU (a head with
+    # none, as KubeRay's), 0.01 + 1.0 was asked and could never be placed.
+    r = plan_resources(ClusterConfig(), nodes(0, 1, 1), [GridPoint(8, 1, 1)])
+    assert trial_resources(r, 1)["CPU"] <= 1.0
+    with pytest.raises(ConfigError, match="cannot be placed"):
+        plan_resources(ClusterConfig(cpus_per_worker=1.0), nodes(0, 1, 1), [GridPoint(8, 1, 1)])
+
+
 def test_placement_that_can_never_happen_is_refused_before_any_trial():
     with pytest.raises(ConfigError, match="cannot be placed STRICT_PACK"):
         plan_resources(ClusterConfig(cpus_per_worker=2, placement_strategy="STRICT_PACK"), nodes(4, 4),
@@ -153,3 +162,59 @@ def test_the_cli_refuses_a_million_local_workers_before_the_grid(tmp_path):
     errors = [line for line in result.stderr.splitlines() + result.stdout.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and errors[0].startswith("error: sweep.num_workers=[1000000]:"), errors
     assert "CPUs" in errors[0] and "train.epochs" not in errors[0]
+
+
+def held(cpus, free):
+    """A joined cluster of nodes with these CPUs, of which other work (another sweep) leaves `free`."""
+    return replace(nodes(*cpus), free=[(float(f), 0.0) for f in free])
+
+
+def test_a_cluster_another_sweep_holds_is_waited_for_and_said_sized_as_if_alone():
+    said = []
+    r = plan_resources(ClusterConfig(), held([2], [0]), [GridPoint(8, 1, 1)], said.append)
+    assert r.cpus_per_worker == pytest.approx(1.99)  # the whole node, as a sweep alone gets: comparable figures
+    assert len(said) == 1 and said[0].startswith("the Ray cluster is busy: other work holds its resources")
+    assert "(free CPUs per node now [0.0] of [2.0])" in said[0] and "(2 CPUs) waits until" in said[0]
+    # Free enough on one node for the group and its trial's driver: nothing to say.
+    said.clear()
+    plan_resources(ClusterConfig(), held([2, 2], [0, 2]), [GridPoint(8, 1, 1)], said.append)
+    assert said == []
+    # Two workers of 1.99 CPUs need two free nodes' worth: one free node is not enough.
+    plan_resources(ClusterConfig(), held([2, 2], [0, 2]), [GridPoint(8, 1, 2)], said.append)
+    assert len(said) == 1 and "[0.0, 2.0] of [2.0, 2.0]" in said[0]
+
+
+class _Trial:
+    def __init__(self, status):
+        self.status = status
+
+
+def test_the_driver_says_once_when_every_trial_has_waited_to_be_placed(monkeypatch):
+    from sweeper.cluster import launch
+    from sweeper.cluster.records import Sink
+
+    waited = []
+
+    class Told(Sink):
+        def waiting(self, seconds):  # its trials' placement groups wait from the second ask on
+            waited.append(seconds)
+            return len(waited) > 1
+
+    clock = iter([0.0, 5.0, 11.0, 12.0, 21.0, 35.0, 36.0])
+    monkeypatch.setattr(launch.time, "monotonic", lambda: next(clock))
+    monkeypatch.setitem(launch._SINKS, "e", Told())
+    relay = launch.Relay("e")
+    for _ in range(6):
+        relay.on_step_end(0, [_Trial("PENDING"), _Trial("TERMINATED")])
+    assert waited == [11.0, 21.0]  # asked after WAIT_NOTE_SECONDS, again 10 s on, and said once
+    relay.on_step_end(0, [_Trial("RUNNING"), _Trial("PENDING")])  # one placed: nobody waits for the cluster
+    assert waited == [11.0, 21.0] and relay._pending_since is None
+
+
+def test_two_sweeps_started_in_one_second_get_names_of_their_own_that_resume_still_finds():
+    from sweeper.driver import resume
+
+    names = {resume.sweep_name("sweep", "mlp", "digits") for _ in range(50)}
+    assert len(names) == 50  # one per sweep: Tune's experiment folders and MLflow's run names never shared
+    assert all(resume._started(n, "sweep-mlp-digits-") for n in names)
+    assert resume._started("sweep-mlp-digits-20260101-000000", "sweep-mlp-digits-")  # an older sweep's name
