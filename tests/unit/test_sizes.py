@@ -12,16 +12,6 @@ ROOT = pathlib.Path(__file__).resolve().parents[2] / "sweeper"
 MAX_MODULE_LINES = 700
 MAX_FUNCTION_LINES = 60
 
-# Functions other developers were shortening when this test came in (issue 45's last round): each is
-# (module path under sweeper/, function name). The lead empties this list once their branches merge;
-# nothing new goes in.
-ALLOWED_LONG_FUNCTIONS = {
-    ("driver/train.py", "measure_grid"),  # the sharding axis' branch
-    ("report/branched.py", "snippets"),
-    ("report/analysis.py", "recommend"),
-    ("strategies/branch_driver.py", "decide"),
-}
-
 
 def _sources() -> List[pathlib.Path]:
     return sorted(ROOT.rglob("*.py"))
@@ -40,9 +30,8 @@ def test_no_module_is_over_700_lines():
     assert not long, f"modules over {MAX_MODULE_LINES} lines (split them by concern): {long}"
 
 
-def test_no_function_is_over_60_lines_but_the_allowed_ones():
-    long = {f"{p.relative_to(ROOT).as_posix()}:{name}": n for p in _sources() for name, n in _long_functions(p)
-            if (p.relative_to(ROOT).as_posix(), name) not in ALLOWED_LONG_FUNCTIONS}
+def test_no_function_is_over_60_lines():
+    long = {f"{p.relative_to(ROOT).as_posix()}:{name}": n for p in _sources() for name, n in _long_functions(p)}
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines (split them into named helpers): {long}"
 
 
