@@ -38,7 +38,7 @@ PURE = (
     "sweeper.measure.knee", "sweeper.inference.roofline", "sweeper.inference.batching_sim",
     "sweeper.measure.sharded_memory", "sweeper.cluster.environment", "sweeper.cluster.resources", "sweeper.cluster.records", "sweeper.strategies",
     "sweeper.strategies.smart", "sweeper.strategies.branch", "sweeper.report.analysis",
-    "sweeper.report.critical_batch", "sweeper.report.snippets", "sweeper.report.points",
+    "sweeper.report.critical_batch", "sweeper.report.snippets", "sweeper.report.folding",
     "sweeper.workloads.mlp_config", "sweeper.workloads.gpt_config", "sweeper.workloads.hf_config",
 )
 HEAVY = ("torch", "ray")
