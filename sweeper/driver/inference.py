@@ -15,8 +15,7 @@ from sweeper import tracking
 from sweeper.cluster import runs
 from sweeper.config import ModelConfig, SweeperConfig, budget_bytes, tracking_uri, validate
 from sweeper.driver import console
-from sweeper.driver import decode as decode_answer
-from sweeper.driver import resume
+from sweeper.driver import decode_answer, resume
 from sweeper.driver.skeleton import Phases, Session, session
 from sweeper.errors import EXIT_OK, EXIT_POINT_FAILED, ConfigError, first_line
 from sweeper.inference import roofline

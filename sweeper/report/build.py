@@ -16,8 +16,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from sweeper import tracking
 from sweeper.config import ReportConfig
 from sweeper.errors import first_line
-from sweeper.report import analysis, branched, classes, headline, plots, reasons, snippets, points, sections
-from sweeper.report import parallelism_plots
+from sweeper.report import analysis, branched, classes, folding, headline, plots, reasons, sections, snippets
+from sweeper.report.plots import by_parallelism
 from sweeper.report import html as html_report
 from sweeper.report.analysis import Recommendation, Trial
 from sweeper.report.critical_batch import CriticalBatch
@@ -85,7 +85,7 @@ def build(
     # The report's own budget, else the one the sweep ran under (device.memory_budget_gb).
     budget_gb = cfg.memory_budget_gb or _number(sweep.params.get("device_memory_budget_gb"))
     budget = budget_gb * 2**30 if budget_gb else None
-    found = points.critical_batch(trials)
+    found = folding.critical_batch(trials)
     # sweep.strategy=branch: the branches' answer, whose critical batch size is the quality rule
     is_branch = sweep.params.get("strategy") == "branch"
     answer = branched.read(tracker, parent_run_id) if is_branch else None
@@ -95,10 +95,10 @@ def build(
     yaml_path = _write_text(os.path.join(folder, "recommendation.yaml"), analysis.recommendation_yaml(
         rec, cfg.objective, cfg.min_accuracy, budget, cfg.max_accuracy_drop, cfg.max_loss_rise))
     images = _draw_plots(folder, trials, cfg, sweep.params, budget, rec, found)
-    images.update(parallelism_plots.draw(folder, trials, budget))  # only when it measured several parallelisms
-    why = recommendation_text(rec, line, found, points.single_context(trials))
+    images.update(by_parallelism.draw(folder, trials, budget))  # only when it measured several parallelisms
+    why = recommendation_text(rec, line, found, folding.single_context(trials))
     glance = branched.glance(answer, rec.best, trials, line) if answer is not None and rec.best else None
-    text = answer_text(rec, line, found, points.single_context(trials), glance)
+    text = answer_text(rec, line, found, folding.single_context(trials), glance)
     extra: List[Any] = [("Alternatives", headline.alternatives(rec)), ("Why", why),
                         ("Accuracy classes", classes.words(rec.classes, coupled(sweep.params)))]
     if answer is not None:
@@ -150,7 +150,7 @@ def _branch_sections(answer: Dict[str, Any], folder: str, trials: List[Trial], f
     """sweep.strategy=branch: the critical batch size over training drawn into `images` (when there is
     something to draw) and the branches' two report sections."""
     drawn = branched.plot(answer, os.path.join(folder, "critical_batch_over_training.png"),
-                          found.critical_batch_size if found else None, points.b_simple_mean(trials))
+                          found.critical_batch_size if found else None, folding.b_simple_mean(trials))
     if drawn:
         images["critical_batch_over_training"] = drawn
     return [("Critical batch size over training (sweep.strategy=branch)", branched.words(answer)),
@@ -173,9 +173,9 @@ def _log_critical_batch(tracker: "tracking.Tracker", run_id: str, trials: List[T
     """The sweep-level prediction on the parent run: critical_batch_* and gns_b_simple_mean metrics,
     the LR rule it holds under as tag sweeper.critical_batch_lr_rule, or why there is none as tag
     sweeper.critical_batch."""
-    metrics = points.critical_batch_metrics(found, points.b_simple_mean(trials))
+    metrics = folding.critical_batch_metrics(found, folding.b_simple_mean(trials))
     tags = {"sweeper.critical_batch_lr_rule": sections.lr_rule(params)} if found else {
-        "sweeper.critical_batch": points.no_fit_reason(trials)}
+        "sweeper.critical_batch": folding.no_fit_reason(trials)}
     tracker.log_sweep_metrics(run_id, metrics, tags)
 
 
@@ -192,7 +192,7 @@ def _draw_plots(
     validation accuracy, no target, one recipe) is left out. One mark per point (seeds folded), one
     per layout on the throughput and memory views (LR multipliers folded too)."""
     lr_label = f"LR scaling: {params.get('lr_scaling', '?')} (base {params.get('base_batch_size', '?')})"
-    layouts = points.fold_layouts(trials)
+    layouts = folding.fold_layouts(trials)
     # A language model's throughput is tokens/s: drawn in the samples/s slot, the axis named for it.
     # Points that ran out of memory or failed have neither figure and stay as they are (the red x).
     rated, unit = layouts, "samples/s"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from sweeper.report import analysis, points, recipes
+from sweeper.report import analysis, folding, recipes
 from sweeper.report.analysis import Trial
 from sweeper.report.critical_batch import CriticalBatch
 from sweeper.report.html import Section
@@ -74,15 +74,15 @@ def _against_grid(figures: Dict[str, float]) -> str:
 def _critical_batch_words(trials: List[Trial], found: Optional[CriticalBatch], params: Dict[str, str]) -> str:
     """The fit in words with the mean B_simple beside it, or why there is none ('' when the sweep
     measured neither steps to a target nor a noise scale)."""
-    b_simple = points.b_simple_mean(trials)
+    b_simple = folding.b_simple_mean(trials)
     noise = "" if b_simple is None else (
         f" The points' gradient noise scale B_simple averages {b_simple:.0f} (McCandlish et al. 2018 expect "
         "B_crit ~ B_simple within an order of magnitude).")
     if found is None:
         if b_simple is None and not any(t.steps_to_target is not None for t in trials):
             return ""
-        return f"No fit: {points.no_fit_reason(trials)}.{noise}"
-    words = found.in_words(points.single_context(trials))
+        return f"No fit: {folding.no_fit_reason(trials)}.{noise}"
+    words = found.in_words(folding.single_context(trials))
     return (f"{words[:1].upper()}{words[1:]}; fitted to {found.points} global batch sizes "
             f"(R\u00b2 {found.r_squared:.2f}) under {lr_rule(params)}.{noise}")
 
@@ -95,8 +95,8 @@ def _point_rows(trials: List[Trial], quality: Quality = ACCURACY) -> List[Dict[s
     rows = []
     for key, members in groups.items():
         acc, loss = analysis.accuracy_interval(members), analysis.loss_interval(members)
-        point = points.fold(members)[0]
-        time = points.spread(members, "time_to_target_seconds")
+        point = folding.fold(members)[0]
+        time = folding.spread(members, "time_to_target_seconds")
         reached = [t for t in members if t.reached_target]
         rows.append({
             "point": key,
@@ -118,7 +118,7 @@ def _point_rows(trials: List[Trial], quality: Quality = ACCURACY) -> List[Dict[s
         # A language model: its rows lead with tokens/s and the judged loss, next-token accuracy after.
         lead = ("point", "tokens/s", f"{quality.metric} [interval]")
         for row, members in zip(rows, groups.values()):
-            rate = points.fold(members)[0].tokens_per_second
+            rate = folding.fold(members)[0].tokens_per_second
             row["tokens/s"] = _fmt(rate, "{:,.0f}")
         rows = [{**{k: r[k] for k in lead}, **{k: v for k, v in r.items() if k not in lead}} for r in rows]
     telling = any(len(m) > 1 for m in groups.values()) or any(
@@ -221,15 +221,15 @@ def largest_micro_batches(trials: List[Trial], frontier: Dict[str, float]) -> Li
             "largest micro-batch": str(max(ok)) if ok else "-",
             "from": "largest ok point" + (f" (oom at {min(oom)})" if oom else " (none ran out of memory)"),
         }
-    return [{"recipe": points.recipe_label((p, c)), "workers": str(w), **row}
-            for (p, c, w), row in sorted(found.items(), key=lambda kv: points.recipe_order(kv[0][:2]) + (kv[0][2],))]
+    return [{"recipe": folding.recipe_label((p, c)), "workers": str(w), **row}
+            for (p, c, w), row in sorted(found.items(), key=lambda kv: folding.recipe_order(kv[0][:2]) + (kv[0][2],))]
 
 
 
 def _by_recipe_and_workers(trials: List[Trial]) -> Dict[Tuple[str, str, int], List[Trial]]:
     groups: Dict[Tuple[str, str, int], List[Trial]] = {}
     for t in trials:
-        groups.setdefault((*points.recipe(t), t.num_workers), []).append(t)
+        groups.setdefault((*folding.recipe(t), t.num_workers), []).append(t)
     return groups
 
 
@@ -246,13 +246,13 @@ def _recipe_sections(trials: List[Trial], frontier: Dict[str, float], max_drop: 
         return "-" if value is None else pattern.format(value)
 
     rows = [{
-        "recipe": points.recipe_label((r.precision, r.checkpointing)),
+        "recipe": folding.recipe_label((r.precision, r.checkpointing)),
         "layouts compared": str(r.layouts_compared),
         "throughput vs fp32": signed(r.throughput_delta, "{:+.0%}"),
         "val accuracy vs fp32": signed(None if r.accuracy_delta is None else r.accuracy_delta * 100,
                                        "{:+.1f} points"),
         "peak memory vs fp32": signed(r.memory_delta, "{:+.0%}"),
-    } for r in sorted(compared.rows, key=lambda r: points.recipe_order((r.precision, r.checkpointing)))
+    } for r in sorted(compared.rows, key=lambda r: folding.recipe_order((r.precision, r.checkpointing)))
         if (r.precision, r.checkpointing) != recipes.BASELINE]
     return [
         ("Largest micro-batch per recipe", largest_micro_batches(trials, frontier)),

@@ -76,11 +76,11 @@ def test_one_context_given_as_a_number_is_a_list():
 
 
 def test_the_report_keeps_contexts_apart_in_layouts_and_plot_series():
-    from sweeper.report import plots, points
+    from sweeper.report import folding, plots
 
     a = Trial("mb8-acc1-w1-lrx2-ctx32", 8, 1, 1, 8, "ok", lr_multiplier=2.0, context=32)
     b = Trial("mb8-acc1-w1-ctx64", 8, 1, 1, 8, "ok", context=64)
-    assert points.layout_key(a) == "mb8-acc1-w1-ctx32"
+    assert folding.layout_key(a) == "mb8-acc1-w1-ctx32"
     assert plots.series_of(a)[2] == "LR x2, context 32" and plots.series_of(b)[2] == "context 64"
     assert plots.series_of(Trial("mb8-acc1-w1", 8, 1, 1, 8, "ok", context=64))[2] == ""
 

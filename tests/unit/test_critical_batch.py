@@ -36,7 +36,7 @@ def test_no_diminishing_return_or_one_batch_is_no_fit():
     assert fit([(64, 10.0), (64, 12.0)]) is None
 
 
-# -- what the sweep feeds the fit (sweeper/report/points.py) -----------------------------------------
+# -- what the sweep feeds the fit (sweeper/report/folding.py) -----------------------------------------
 
 
 def run(batch, steps, seed, multiplier=1.0, reached=True, status="ok", b_simple=None):
@@ -50,7 +50,7 @@ def run(batch, steps, seed, multiplier=1.0, reached=True, status="ok", b_simple=
 
 
 def test_the_fit_takes_the_best_multiplier_per_batch_and_only_points_that_reached_the_target_in_every_seed():
-    from sweeper.report import points
+    from sweeper.report import folding
 
     trials = [
         run(32, 300, 0), run(32, 310, 1),  # x1 is best at 32
@@ -59,23 +59,23 @@ def test_the_fit_takes_the_best_multiplier_per_batch_and_only_points_that_reache
         run(64, 260, 0, 2.0), run(64, 240, 1, 2.0),  # ...so x2 stands for 64, though slower than x1's one seed
         run(128, 90, 0, 4.0, status="diverged"), run(128, 150, 1, 4.0),  # diverged in a seed: left out
     ]
-    assert sorted(points.fitted_points(trials)) == ["mb32-acc1-w1", "mb64-acc1-w1-lrx2"]
-    assert sorted(points.critical_batch_observations(trials)) == [(32.0, 300.0), (32.0, 310.0), (64.0, 240.0),
+    assert sorted(folding.fitted_points(trials)) == ["mb32-acc1-w1", "mb64-acc1-w1-lrx2"]
+    assert sorted(folding.critical_batch_observations(trials)) == [(32.0, 300.0), (32.0, 310.0), (64.0, 240.0),
                                                                   (64.0, 260.0)]
-    found = points.critical_batch(trials)  # 305 steps at 32, 250 at 64: S_min 195, B_crit 18
+    found = folding.critical_batch(trials)  # 305 steps at 32, 250 at 64: S_min 195, B_crit 18
     assert found.s_min == pytest.approx(195.0) and found.critical_batch_size == pytest.approx(64 * 55 / 195)
-    metrics = points.critical_batch_metrics(found, 12.5)
+    metrics = folding.critical_batch_metrics(found, 12.5)
     assert metrics["critical_batch_points"] == 2 and metrics["gns_b_simple_mean"] == 12.5
 
 
 def test_without_a_fit_the_reason_says_what_is_missing_and_b_simple_is_a_mean_over_points():
-    from sweeper.report import points
+    from sweeper.report import folding
 
-    assert points.no_fit_reason([run(32, None, 0, reached=False)]).startswith("no point recorded steps_to_target")
+    assert folding.no_fit_reason([run(32, None, 0, reached=False)]).startswith("no point recorded steps_to_target")
     one = [run(32, 300, 0), run(64, None, 0, reached=False), run(64, 200, 1)]
-    assert points.no_fit_reason(one).startswith("1 global batch size(s) reached the target in every seed")
+    assert folding.no_fit_reason(one).startswith("1 global batch size(s) reached the target in every seed")
     faster = [run(32, 400, 0), run(64, 150, 0)]  # steps fell faster than 1/B
-    assert points.critical_batch(faster) is None and points.no_fit_reason(faster).startswith("no diminishing return")
+    assert folding.critical_batch(faster) is None and folding.no_fit_reason(faster).startswith("no diminishing return")
     # Two seeds of one point (10, 30) and one of another (50): (20 + 50) / 2, not (10 + 30 + 50) / 3.
     noise = [run(32, 1, 0, b_simple=10.0), run(32, 1, 1, b_simple=30.0), run(64, 1, 0, b_simple=50.0)]
-    assert points.b_simple_mean(noise) == pytest.approx(35.0)
+    assert folding.b_simple_mean(noise) == pytest.approx(35.0)

@@ -68,7 +68,7 @@ def test_the_decode_record_names_the_cache_and_the_steps_activations_apart(capsy
     """Issue 46, finding 7: the parent run's kv_cache_measured_bytes_per_sequence was the slope of the
     peak memory (the cache plus a step's activations); now the cache's tensors' slope on the batch, the
     activations' slope beside it under its own name, the peak's apart."""
-    from sweeper.driver import decode as decode_driver
+    from sweeper.driver import decode_answer
     from sweeper.schema import InferenceResult
     from tests.harness import compose_cfg
     from sweeper import config
@@ -90,7 +90,7 @@ def test_the_decode_record_names_the_cache_and_the_steps_activations_apart(capsy
             self.logged.update(metrics)
 
     tracker = Tracker()
-    decode_driver.record(cfg, tracker, [spec], rows, {})
+    decode_answer.record(cfg, tracker, [spec], rows, {})
     m = tracker.logged
     assert m["kv_cache_measured_bytes_per_sequence_gpt-ctx64"] == pytest.approx(262144, rel=1e-9)
     assert m["decode_activation_peak_bytes_per_sequence_gpt-ctx64"] == pytest.approx((49088 - 6136) / 7, rel=1e-9)

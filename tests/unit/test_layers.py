@@ -36,9 +36,10 @@ PURE = (
     "sweeper.plan", "sweeper.schema", "sweeper.errors", "sweeper.units", "sweeper.journal", "sweeper.stats",
     "sweeper.config", "sweeper.config.report", "sweeper.measure.timing", "sweeper.measure.frontier",
     "sweeper.measure.knee", "sweeper.inference.roofline", "sweeper.inference.batching_sim",
-    "sweeper.measure.sharded_memory", "sweeper.cluster.environment", "sweeper.cluster.resources", "sweeper.cluster.records", "sweeper.strategies",
+    "sweeper.measure.sharded_memory", "sweeper.cluster.environment", "sweeper.cluster.resources",
+    "sweeper.cluster.records", "sweeper.strategies",
     "sweeper.strategies.smart", "sweeper.strategies.branch", "sweeper.report.analysis",
-    "sweeper.report.critical_batch", "sweeper.report.snippets", "sweeper.report.points",
+    "sweeper.report.critical_batch", "sweeper.report.snippets", "sweeper.report.folding",
     "sweeper.workloads.mlp_config", "sweeper.workloads.gpt_config", "sweeper.workloads.hf_config",
     "sweeper.report.sharded_snippets", "sweeper.report.elastic", "sweeper.report.parallelism",
 )

@@ -6,7 +6,8 @@ import os
 
 from matplotlib.image import imread
 
-from sweeper.report import headline, parallelism, parallelism_plots
+from sweeper.report import headline, parallelism
+from sweeper.report.plots import by_parallelism
 from sweeper.report.analysis import Trial, recommend
 
 MIB = 2 ** 20
@@ -38,23 +39,23 @@ def test_a_points_parallelism_is_its_record_else_its_keys_suffix():
 
 
 def test_a_ddp_only_sweep_draws_nothing_more(tmp_path):
-    assert parallelism_plots.draw(str(tmp_path), SWEEP[:3], 2 ** 30) == {}
+    assert by_parallelism.draw(str(tmp_path), SWEEP[:3], 2 ** 30) == {}
     assert os.listdir(tmp_path) == []
 
 
 def test_one_line_per_parallelism_in_both_figures(tmp_path):
-    images = parallelism_plots.draw(str(tmp_path), SWEEP, 64 * MIB)
+    images = by_parallelism.draw(str(tmp_path), SWEEP, 64 * MIB)
     assert sorted(images) == ["memory_per_worker_by_parallelism", "throughput_by_parallelism"]
     for path in images.values():
         assert imread(path).shape[:2] == (540, 840)
     ok = [t for t in SWEEP if t.status == "ok"]
     # Memory at micro-batch 4 (measured at the most parallelism x workers pairs): the largest peak over
     # accumulation at each worker count (zero3 at two workers: 58 MiB at accumulation 2, not 46).
-    memory = parallelism_plots._lines([t for t in ok if t.micro_batch_size == 4], lambda t: t.num_workers,
+    memory = by_parallelism._lines([t for t in ok if t.micro_batch_size == 4], lambda t: t.num_workers,
                                       lambda t: t.peak_memory_bytes / MIB)
     assert memory == {"ddp": [(1, 70.0), (2, 68.0)], "zero2": [(2, 51.0)], "zero3": [(1, 72.0), (2, 58.0)]}
     # Throughput at two workers, the count every parallelism measured.
-    rates = parallelism_plots._lines([t for t in ok if t.num_workers == 2], lambda t: t.micro_batch_size,
+    rates = by_parallelism._lines([t for t in ok if t.num_workers == 2], lambda t: t.micro_batch_size,
                                      lambda t: t.samples_per_second)
     assert rates == {"ddp": [(4, 60.0)], "zero2": [(4, 50.0)], "zero3": [(4, 45.0), (8, 55.0)]}
 

@@ -11,7 +11,7 @@ import pytest
 from matplotlib.image import imread
 
 from sweeper.report import analysis, plots
-from sweeper.report import points as folding
+from sweeper.report import folding
 from sweeper.report import html as html_report
 from sweeper.report.analysis import Trial
 from sweeper.report.plots import canvas
@@ -305,7 +305,7 @@ def targets(micro, steps, seeds=(0, 1), b_simple=50.0, reached=True):
 
 def test_steps_and_time_to_target_plots(monkeypatch, tmp_path):
     from sweeper.report.critical_batch import fit_with_interval
-    from sweeper.report.points import critical_batch_observations
+    from sweeper.report.folding import critical_batch_observations
 
     trials = [t for m in (16, 32, 64, 128) for t in targets(m, 100 * (1 + 64 / m), b_simple=30.0 + m)]
     trials += [diverged(256)]

@@ -136,9 +136,9 @@ def test_the_yaml_names_the_quality_its_tolerance_and_each_points_loss_interval(
 
 
 def test_a_points_bits_per_byte_and_tokens_per_second_are_means_over_its_seeds():
-    from sweeper.report import points
+    from sweeper.report import folding
 
-    folded = points.fold([lm("a", 1000, 2.0, seed=0), lm("a", 3000, 1.0, seed=1)])[0]
+    folded = folding.fold([lm("a", 1000, 2.0, seed=0), lm("a", 3000, 1.0, seed=1)])[0]
     assert folded.val_bits_per_byte == pytest.approx(1.5 / LN2) and folded.tokens_per_second == 2000
     # One validation set behind every seed: the pooled loss SE is the seeds' mean, not divided by sqrt(2).
     point = summarize([lm("a", 1000, 2.0, 0.02, seed=0), lm("a", 1000, 2.0, 0.04, seed=1)])

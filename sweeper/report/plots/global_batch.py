@@ -13,7 +13,7 @@ from matplotlib.axes import Axes
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, PercentFormatter
 
-from sweeper.report import points as folding
+from sweeper.report import folding
 from sweeper.report.analysis import Trial, replicates, summarize
 from sweeper.report.critical_batch import CriticalBatch
 from sweeper.report.plots import canvas, marks

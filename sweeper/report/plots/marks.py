@@ -10,7 +10,7 @@ from typing import Dict, Iterable, List, Sequence, Tuple
 from matplotlib.axes import Axes
 from matplotlib.lines import Line2D
 
-from sweeper.report import points as folding
+from sweeper.report import folding
 from sweeper.report.analysis import Trial, replicates
 from sweeper.report.plots import canvas
 

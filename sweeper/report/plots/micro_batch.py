@@ -12,7 +12,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.lines import Line2D
 
-from sweeper.report import points as folding
+from sweeper.report import folding
 from sweeper.report.analysis import Trial
 from sweeper.report.plots import canvas, marks
 from sweeper.units import MiB

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Optional, Sequence
 
-from sweeper.report import points as folding
+from sweeper.report import folding
 from sweeper.report.analysis import Trial
 from sweeper.report.plots import canvas
 from sweeper.units import MiB

@@ -13,7 +13,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from sweeper.report import parallelism, points
+from sweeper.report import folding, parallelism
 from sweeper.report.trials import Trial
 
 ORDER = ("ddp", "zero2", "zero3")
@@ -23,12 +23,12 @@ MIB = 2 ** 20
 
 def draw(folder: str, trials: Sequence[Trial], budget_bytes: Optional[float] = None) -> Dict[str, str]:
     """name -> PNG path of the figures across parallelisms; {} when the sweep measured one parallelism."""
-    ok = [t for t in points.fold_layouts(trials) if t.status == "ok"]
+    ok = [t for t in folding.fold_layouts(trials) if t.status == "ok"]
     if len({parallelism.of(t) for t in trials}) < 2 or not ok:
         return {}
-    recipe = Counter(points.recipe(t) for t in ok).most_common(1)[0][0]
-    ok = [t for t in ok if points.recipe(t) == recipe]
-    shown = "" if recipe == points.DEFAULT_RECIPE else f", {points.recipe_label(recipe)}"
+    recipe = Counter(folding.recipe(t) for t in ok).most_common(1)[0][0]
+    ok = [t for t in ok if folding.recipe(t) == recipe]
+    shown = "" if recipe == folding.DEFAULT_RECIPE else f", {folding.recipe_label(recipe)}"
     images = {}
     for name, figure in (("memory_per_worker_by_parallelism", lambda p: memory_vs_workers(ok, p, budget_bytes, shown)),
                          ("throughput_by_parallelism", lambda p: throughput_vs_micro_batch(ok, p, shown))):
