@@ -18,7 +18,7 @@ from sweeper.report.trials import PointSummary, Recommendation, Trial, seconds_t
 
 def override_line(best: Trial, lr_scaling: Optional[str] = None) -> str:
     """Hydra overrides that train `best`'s configuration, to append to the sweep's own command line:
-    the layout (its parallelism when recorded), the recipe it recorded (precision, activation checkpointing,
+    the layout (its parallelism when sharded), the recipe it recorded (precision, activation checkpointing,
     optimizer group, `train.compile=true` when compiled) and its LR.
 
     `optim.lr` and `sweep.lr_multipliers=[m]` together give the LR the trial trained with: the LR
@@ -35,7 +35,7 @@ def override_line(best: Trial, lr_scaling: Optional[str] = None) -> str:
         f"sweep.accumulation_steps=[{best.accumulation_steps}]",
         f"sweep.num_workers=[{best.num_workers}]",
     ]
-    if best.parallelism is not None:
+    if best.parallelism not in (None, "ddp"):  # ddp is the default: the headline stays within its 3 lines
         parts.append(f"sweep.parallelism=[{best.parallelism}]")
     if best.precision is not None:
         parts.append(f"sweep.precisions=[{best.precision}]")

@@ -46,7 +46,7 @@ def _budget_gb(*sweep: str) -> float:
 
 def test_a_ddp_point_over_the_budget_is_skipped_by_prediction_and_the_zero3_point_is_recommended(tmp_path):
     sweep = [*SWEEP, _token_files(tmp_path / "corpus")]
-    result = run_cli(*sweep, f"device.memory_budget_gb={_budget_gb(*sweep)!r}", cwd=tmp_path, timeout=300)
+    result = run_cli(*sweep, f"device.memory_budget_gb={_budget_gb(*sweep)!r}", cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert f"{DDP.key}: predicted" in result.stdout and "skipped, not launched" in result.stdout
     _, (parent,), children = _runs(tmp_path)

@@ -101,8 +101,9 @@ def _trial(parallelism):
                  global_batch_size=8, status="ok", parallelism=parallelism, precision="fp32")
 
 
-def test_the_override_line_names_the_recorded_parallelism_and_an_old_record_none():
+def test_the_override_line_names_a_sharded_parallelism_and_leaves_the_default_out():
     assert "sweep.num_workers=[2] sweep.parallelism=[zero3] sweep.precisions=[fp32]" in override_line(_trial("zero3"))
+    assert "sweep.parallelism" not in override_line(_trial("ddp"))  # the headline's 3 lines (test_e2e_answer)
     assert "sweep.parallelism" not in override_line(_trial(None))
 
 
