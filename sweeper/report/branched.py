@@ -150,6 +150,14 @@ def headline(answer: Dict[str, Any]) -> str:
             + (f" ({', '.join(said)})." if said else "."))
 
 
+def chosen_word(answer: Optional[Dict[str, Any]], glance: Optional[Tuple[List[str], Optional[str]]]) -> str:
+    """The alternatives' verdict for the report's recommended (constant) point: "recommended", unless the
+    branch sweep's one answer (its `glance`) is a schedule, which that constant layout is the fallback of."""
+    if answer is None or glance is None or choice(answer) != SCHEDULE or len(answer["schedule"]) < 2:
+        return "recommended"
+    return "constant (the schedule is recommended)"
+
+
 def choice(answer: Dict[str, Any]) -> str:
     """SCHEDULE, CONSTANT or TIE (the constant is the answer); an answer recorded before ties: by its flag."""
     return answer.get("choice") or (SCHEDULE if answer["recommend_schedule"] else CONSTANT)

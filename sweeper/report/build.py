@@ -98,8 +98,9 @@ def build(
     images.update(by_parallelism.draw(folder, trials, budget))  # only when it measured several parallelisms
     why = recommendation_text(rec, line, found, folding.single_context(trials))
     glance = branched.glance(answer, rec.best, trials, line) if answer is not None and rec.best else None
-    text = answer_text(rec, line, found, folding.single_context(trials), glance)
-    extra: List[Any] = [("Alternatives", headline.alternatives(rec)), ("Why", why),
+    word = branched.chosen_word(answer, glance)  # the recommended point's verdict in the alternatives
+    text = answer_text(rec, line, found, folding.single_context(trials), glance, word)
+    extra: List[Any] = [("Alternatives", headline.alternatives(rec, word)), ("Why", why),
                         ("Accuracy classes", classes.words(rec.classes, coupled(sweep.params)))]
     if answer is not None:
         extra += _branch_sections(answer, folder, trials, found, images)
@@ -437,12 +438,13 @@ def _row(t: Trial) -> Dict[str, str]:
 
 
 def answer_text(rec: Recommendation, line: Optional[str], found: Optional[CriticalBatch] = None,
-                context: Optional[int] = None, glance: Optional[Tuple[List[str], Optional[str]]] = None) -> str:
+                context: Optional[int] = None, glance: Optional[Tuple[List[str], Optional[str]]] = None,
+                chosen_word: str = "recommended") -> str:
     """What the console prints and the parent run's tag holds: the headline (at most 3 lines of 120
     characters; a branch sweep's `glance` says whether to train the schedule or the constant layout), the
     table of alternatives, and the critical batch size in one line."""
     text = "\n".join(headline.headline(rec, line, glance))
-    rows = headline.alternatives(rec)
+    rows = headline.alternatives(rec, chosen_word)
     if rows:
         text += "\n" + headline.table_text(rows)
     if found is not None:

@@ -105,9 +105,10 @@ def gap_text(interval: stats.Interval, quality: Quality) -> str:
     return f"{g.mean:+.3f} [{g.low:+.3f}, {g.high:+.3f}]"
 
 
-def alternatives(rec: Recommendation) -> List[Dict[str, str]]:
+def alternatives(rec: Recommendation, chosen_word: str = "recommended") -> List[Dict[str, str]]:
     """The recommended point and up to MAX_ROWS - 1 others, fastest first, with the most accurate point
-    always among them: point, throughput, gap [interval] to the best class, verdict, seeds to settle it."""
+    always among them: point, throughput, gap [interval] to the best class, verdict, seeds to settle it.
+    `chosen_word`: the recommended point's verdict (a branch sweep whose answer is a schedule names it so)."""
     if rec.best is None:
         return []
     quality = QUALITIES[rec.quality]
@@ -117,7 +118,7 @@ def alternatives(rec: Recommendation) -> List[Dict[str, str]]:
     if top is not None and top not in chosen:
         chosen[-1] = top
     tokens = best.trial.tokens_per_second is not None
-    return [_row(rec, p, quality, p is best, tokens) for p in chosen]
+    return [_row(rec, p, quality, p is best, tokens, chosen_word) for p in chosen]
 
 
 def _top_summary(rec: Recommendation) -> Optional[PointSummary]:
@@ -136,11 +137,12 @@ def _judged(rec: Recommendation, point: PointSummary) -> Optional[Gap]:
     return judge_gap(mine, top, quality.tie_floor, rec.level, quality)
 
 
-def _row(rec: Recommendation, point: PointSummary, quality: Quality, chosen: bool, tokens: bool) -> Dict[str, str]:
+def _row(rec: Recommendation, point: PointSummary, quality: Quality, chosen: bool, tokens: bool,
+         chosen_word: str) -> Dict[str, str]:
     speed = rate(point.trial)
     gap = _judged(rec, point)
     mine = rec.classes.get(point.key, point)
-    verdict, settle = _verdict(rec, point, chosen, gap), "-"
+    verdict, settle = (chosen_word if chosen else _verdict(rec, point, gap)), "-"
     if gap is not None and gap.interval is not None:
         shown = gap_text(gap.interval, quality)
         if gap.outcome == "unproven" and point.key in rec.gaps:
@@ -159,9 +161,7 @@ def _row(rec: Recommendation, point: PointSummary, quality: Quality, chosen: boo
     }
 
 
-def _verdict(rec: Recommendation, point: PointSummary, chosen: bool, gap: Optional[Gap]) -> str:
-    if chosen:
-        return "recommended"
+def _verdict(rec: Recommendation, point: PointSummary, gap: Optional[Gap]) -> str:
     status = point.trial.status
     if status != "ok":
         return status.replace("_", " ")

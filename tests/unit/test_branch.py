@@ -450,3 +450,10 @@ def test_a_branch_sweep_gives_one_answer_and_a_difference_inside_the_noise_is_a_
         joined = " ".join(lines)
         assert "train.batch_schedule=[[0,16],[640,64]]" in joined and "sweep.accumulation_steps=[1]" in joined
         assert "optim.lr=0.001 " in joined and "train.lr_scaling=sqrt train.base_batch_size=16" in joined
+
+    # The alternatives name the constant point a fallback when the schedule is the answer, never "recommended".
+    word = branched.chosen_word(said, branched.glance(said, rec.best, trials, line))
+    best_row = headline.alternatives(rec, word)[0]
+    assert best_row["point"] == "mb16-acc4-w1"
+    assert best_row["verdict"] == ("recommended" if cv == 0.08 else "constant (the schedule is recommended)")
+    assert "constant (the schedule is recommended)" in answer_text(rec, line, None, None, None, word) or cv == 0.08
