@@ -6,13 +6,12 @@ batch, in the same gloo processes, alternating rounds; the paired ratio per para
 
 sweeper's GPT at conf/model/gpt.yaml's size on data=text, AdamW, fp32, one thread per process.
 
-What is compared (the worker's sharded path is not wired into worker/step.setup yet, docs/parallelism.md's
-step 4): "sweeper" is worker/step.setup (the seeded model, the point's GlobalBatchSampler loader), with its DDP
-wrap left out (a context of world size 1; the rank is the real one), then `sharding.apply` over the gloo group
-and the optimizer rebuilt on the shards (recipe.build_optimizer), timed through `Training.step`, which
-accumulates under `sharding.accumulation_context`. The gradient noise scale and the divergence check are off
-(their hooks and norms do not read sharded gradients yet). "plain" is the loop a user writes from FSDP2's docs:
-`fully_shard` per block then the root, torch.optim.AdamW, a DistributedSampler DataLoader, and
+What is compared: "sweeper" is the worker's own sharded path, `worker/step.setup` for a point with
+`parallelism` zero2/zero3 over the real gloo group (the seeded model, `sharding.apply` per block then the root,
+the optimizer built on the shards, the point's GlobalBatchSampler loader), timed through `Training.step`, which
+accumulates under `sharding.accumulation_context`. The gradient noise scale (refused with sharding) and the
+divergence check (a per-step norm the plain loop has no counterpart for) are off. "plain" is the loop a user
+writes from FSDP2's docs: `fully_shard` per block then the root, torch.optim.AdamW, a DistributedSampler DataLoader, and
 `set_requires_gradient_sync(last micro-step)`. Each side's samples/s is the global batch's, over the timed
 steps after warm-up, paced by the slowest rank.
 """
@@ -31,7 +30,6 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler
 
-from sweeper import recipe
 from sweeper.config import DataConfig, DivergenceConfig, GnsConfig, ModelConfig, OptimConfig, TrainConfig
 from sweeper.measure import telemetry
 from sweeper.plan import GridPoint
@@ -62,14 +60,13 @@ def _timed(run_step, steps: int, warmup: int, global_batch: int) -> float:
 
 def _sweeper(parallelism, rank, world, splits, args) -> float:
     model_cfg, data_cfg = _configs()
-    point = GridPoint(args.micro, args.accum, world, "fp32")
+    point = GridPoint(args.micro, args.accum, world, "fp32", parallelism=parallelism)
     spec = PointSpec(model=model_cfg, data=data_cfg, train=TrainConfig(), point=point, lr=LR, steps=args.steps,
                      optim=OptimConfig(name="adamw", lr=LR, weight_decay=0.01), gns=GnsConfig(enabled=False),
                      divergence=DivergenceConfig(check=False), evaluate=False)
-    # world_size 1 in the context: setup's DDP wrap is left out; the sampler takes the real rank's share.
-    training = step.setup(spec, WorkerContext(rank=rank, world_size=1), telemetry.Device(torch.device("cpu")), splits)
-    training.model, _ = sharding.apply(training.model, parallelism, None, "fp32", model_cfg.checkpoint_modules)
-    training.optimizer = recipe.build_optimizer(spec.optim, training.model.parameters(), LR)
+    training = step.setup(spec, WorkerContext(rank=rank, world_size=world), telemetry.Device(torch.device("cpu")),
+                          splits)
+    assert sharding.is_sharded(training.model), "the point's model was not sharded"
     return _timed(training.step, args.steps, args.warmup, point.global_batch_size)
 
 
