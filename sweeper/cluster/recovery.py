@@ -27,7 +27,7 @@ def with_saves(spec, root: str, every: int):
     batch = spec.point.global_batch_size
     folder = point_folder(root, spec.point.key)
     at = {n * batch: os.path.join(folder, f"{SAVE_PREFIX}{n * batch}") for n in range(every, spec.steps, every)}
-    return replace(spec, save_states_at=at)
+    return replace(spec, save_states_at=at, saves_for_retry=True)
 
 
 def saves(spec) -> List[Tuple[int, str]]:
@@ -48,9 +48,11 @@ def min_steps(spec) -> int:
 def resumed(spec) -> Tuple[object, Optional[int]]:
     """`spec` continuing from its point's latest readable save that leaves enough steps to time (with the
     steps after it and only the saves past it), and the optimizer steps before it; `spec` itself and None
-    when there is none."""
+    when there is none, or when `spec`'s saves are not for its retry (a branch sweep's trunk checkpoints)."""
     from sweeper.worker import state
 
+    if not spec.saves_for_retry:
+        return spec, None
     batch = spec.point.global_batch_size
     for at, folder in saves(spec):
         done = at // batch
@@ -91,6 +93,9 @@ def made_whole(result, done: int, spec) -> None:
 
 def clear(spec) -> None:
     """A point's saves on the way removed once its result is reported: they served only its retry (`spec`
-    as with_saves made it, every save named)."""
+    as with_saves made it, every save named). Saves that are not for its retry (a branch sweep's trunk
+    checkpoints, which its branches start from after the trunk is recorded) are left alone."""
+    if not spec.saves_for_retry:
+        return
     for folder in {os.path.dirname(f) for f in spec.save_states_at.values()}:
         shutil.rmtree(folder, ignore_errors=True)

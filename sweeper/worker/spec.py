@@ -81,6 +81,10 @@ class PointSpec:
     # Save the training state on the way too: samples seen (from sample 0, at a step boundary of this run)
     # -> the folder (sweep.strategy=branch: the trunk's checkpoints its branches start from).
     save_states_at: Dict[int, str] = field(default_factory=dict)
+    # True when save_states_at are a point's saves for its own retry (cluster.checkpoint_every_steps,
+    # sweeper/cluster/recovery.py): continued from when its group is lost, deleted once it is recorded. A
+    # branch sweep's trunk checkpoints are not: its branches start from them after the trunk is recorded.
+    saves_for_retry: bool = False
     # train.batch_schedule: the spans after this spec's own (its point and steps are the first span's),
     # each continuing the one before at a layout of its global batch with its LR and its optimizer steps.
     later_spans: List["Span"] = field(default_factory=list)

@@ -107,11 +107,12 @@ BRANCH = [
 
 @pytest.mark.e2e
 def test_a_branch_sweep_interrupted_mid_branch_resumes_each_branch_once_and_answers(tmp_path):
-    # checkpoints on a URI, as on a cluster (s3://, gs:// take the same path): written locally, uploaded, fetched
-    args = [*BRANCH, f"cluster.storage_path=file://{tmp_path}/store"]
+    # The default path: the trunk's checkpoints in the sweep's local Ray results folder (a URI storage path's
+    # staging, written locally, uploaded and fetched, is tests/unit/test_storage.py's).
+    args = list(BRANCH)
     interrupt_once_recorded(args, tmp_path, "branch-")  # once the trunk is recorded and its branches under way
     held = recorded(tmp_path / "mlflow.db", "branch-")
-    store = tmp_path / "store"
+    store = tmp_path / ".sweeper" / "ray" / "results"
     assert len(list(store.glob("*/trunk/*/s*/meta.json"))) == 2  # the trunk's checkpoints, kept for the resume
 
     again = run_cli(*args, "sweep.resume=true", cwd=tmp_path, env={"PYTHONPATH": str(REPO)}, timeout=400)
@@ -137,7 +138,7 @@ def test_a_branch_sweep_interrupted_mid_branch_resumes_each_branch_once_and_answ
         tags, metrics = run.data.tags, run.data.metrics
         assert tags["sweeper.branch_trunk"] == trunk_key and tags["sweeper.status"] == "ok"
         assert int(metrics["branch_checkpoint_samples"]) in marks
-        assert tags["sweeper.continued_from"].startswith(f"file://{tmp_path}/store/")
+        assert tags["sweeper.continued_from"].startswith(f"{store}/")
         assert tags["sweeper.continued_from"].endswith(f"/s{int(metrics['branch_checkpoint_samples'])}")
         assert metrics["branch_global_batch"] in (32, 64)
         # the window's steps at the branch's own global batch, from the checkpoint on

@@ -57,3 +57,15 @@ def test_a_save_too_late_to_time_the_rest_is_passed_over(tmp_path):
 def test_saves_on_the_way_it_cannot_make_are_refused_in_one_line(overrides, says):
     found = problems("model=mlp", "cluster.checkpoint_every_steps=5", *overrides)
     assert any(says in line for line in found), found
+
+
+def test_a_branch_trunks_checkpoints_are_neither_continued_from_nor_deleted_with_its_record(tmp_path):
+    # sweep.strategy=branch saves the trunk's state on the way for its branches, which start from those
+    # checkpoints after the trunk is recorded: deleting them with the record failed every branch.
+    torch.set_num_threads(1)
+    trunk = _spec(POINT, 16)
+    trunk.save_states_at = {n * 32: str(tmp_path / "trunk" / POINT.key / f"s{n * 32}") for n in (4, 8)}
+    train_point(trunk, WorkerContext())
+    assert recovery.resumed(trunk) == (trunk, None)
+    recovery.clear(trunk)
+    assert sorted(p.parent.name for p in (tmp_path / "trunk" / POINT.key).glob("s*/meta.json")) == ["s128", "s256"]
