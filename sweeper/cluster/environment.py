@@ -104,3 +104,25 @@ def _available_token() -> Tuple[Optional[str], str]:
         return os.environ[TOKEN_PATH], "RAY_AUTH_TOKEN_PATH"
     default = Path.home() / ".ray" / TOKEN_FILE
     return (str(default), "~/.ray/auth_token, Ray's default") if default.is_file() else (None, "none")
+
+
+# Set by Ray's job supervisor in the environment of a job's entrypoint (`ray job submit`, a KubeRay RayJob).
+JOB_CONFIG = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ash", "ksh"})
+
+
+def job_shell() -> Optional[str]:
+    """The shell between Ray's job supervisor and this driver when it runs as a Ray job's entrypoint
+    without `exec` (None otherwise, or off Linux). Ray runs the entrypoint with `sh -c` and `ray job stop`
+    signals the shell and the driver together: the shell dies at once, the driver ends its sweep and exits
+    orphaned, and the supervisor waits for that orphan's zombie until the node's init reaps it (1.5-2 s on
+    this machine's init, unknown in a pod's), within RAY_JOB_STOP_WAIT_TIME_S (3 s by default) or the job
+    is force-killed. With `exec python -m sweeper ...` the driver is the supervisor's own child, reaped the
+    moment it exits."""
+    if JOB_CONFIG not in os.environ:
+        return None
+    try:
+        name = Path(f"/proc/{os.getppid()}/comm").read_text().strip()
+    except OSError:
+        return None
+    return name if name in SHELLS else None

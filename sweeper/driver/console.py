@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from sweeper.cluster import environment
 from sweeper.plan import GridPoint
 from sweeper.schema import FrontierResult, InferenceResult, PointResult
 from sweeper.units import MiB, format_bytes
@@ -35,6 +36,13 @@ def print_where(tracking_uri: str, dashboard_url: Optional[str], token_path: Opt
                 "login prompt (or send `Authorization: Bearer <token>`)",
                 soft_wrap=True,
             )
+    shell = environment.job_shell()
+    if shell:
+        console.print(
+            f"  Ray job:        started through `{shell} -c`; put `exec` before `python -m sweeper` in the "
+            "entrypoint, so `ray job stop` waits for the sweep, not for its orphan to be reaped (docs/cluster.md)",
+            soft_wrap=True,
+        )
 
 
 def print_start(num_points: int, num_groups: int, groups: str = "Ray Train worker group(s)") -> None:

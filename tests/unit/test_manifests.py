@@ -118,7 +118,8 @@ def test_the_rayjob_has_the_fields_kuberay_documents():
 
 
 def test_every_pod_runs_the_image_with_the_clusters_token_and_one_shared_work_folder():
-    images = {c["image"] for pod in _pods().values() for c in pod["spec"].get("initContainers", []) + pod["spec"]["containers"]}
+    images = {c["image"] for pod in _pods().values()
+              for c in pod["spec"].get("initContainers", []) + pod["spec"]["containers"]}
     assert len(images) == 1 and images.pop().endswith("/sweeper:0.1.0")  # one Ray and Python everywhere
     (secret,) = _of_kind("Secret")
     claims = {c["metadata"]["name"]: c for c in _of_kind("PersistentVolumeClaim")}
@@ -149,6 +150,8 @@ def _dockerfile_cmd() -> list:
 
 def test_the_entrypoint_is_the_images_command_with_overrides_sweeper_accepts():
     words = shlex.split(_rayjob()["spec"]["entrypoint"])
+    # `exec`: the driver replaces Ray's `sh -c`, so `ray job stop` waits for the sweep itself (docs/cluster.md)
+    assert words.pop(0) == "exec"
     command = _dockerfile_cmd()
     assert words[: len(command)] == command == ["python", "-m", "sweeper"]
     overrides = words[len(command):]

@@ -170,3 +170,17 @@ def test_a_failed_local_start_never_advises_the_value_already_set():
     assert "/w/.sweeper/ray/auth_token" in token and "refused its own token" in token
     joined = connect.start_problem(ClusterConfig(address="10.0.0.1:6379"), env, ConnectionError("timed out"))
     assert joined.startswith("cluster.address='10.0.0.1:6379': cannot join") and "ray status --address" in joined
+
+
+@pytest.mark.parametrize("entrypoint, shell", [("{python} -c '{probe}'; true", "sh"),
+                                               ("exec {python} -c '{probe}'", "None")])
+def test_a_ray_job_started_through_a_shell_is_told_to_exec(entrypoint, shell):
+    # What Ray's job supervisor does: `sh -c <entrypoint>` with its job config in the environment. Through a
+    # shell, `ray job stop` orphans the driver and then waits for its zombie: the console says to use exec.
+    probe = "from sweeper.cluster import environment; print(environment.job_shell())"
+    run = subprocess.run(["sh", "-c", entrypoint.format(python=sys.executable, probe=probe)], capture_output=True,
+                         text=True, env={**os.environ, environment.JOB_CONFIG: "{}"}, cwd=REPO)
+    assert run.stdout.strip() == shell, run.stderr
+    alone = subprocess.run(["sh", "-c", f"{sys.executable} -c '{probe}'; true"], capture_output=True, text=True,
+                           env={k: v for k, v in os.environ.items() if k != environment.JOB_CONFIG}, cwd=REPO)
+    assert alone.stdout.strip() == "None"  # not a Ray job: a shell is no matter
