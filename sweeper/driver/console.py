@@ -353,7 +353,9 @@ def print_branch_answer(answer) -> None:
         judged = ", ".join(f"{g}: {d:+.3g} ({c.verdict(g)}; margin {c.tolerance_of(g):.3g})"
                            for g, d in c.differences.items())
         weak = "; weak: the trunk fell too little over the window to tell" if c.weak else ""
-        console.print(f"  at {c.samples} samples: {c.low} {upto}  (loss rise by global batch: {judged}{weak})",
+        reading = f"{c.low} {upto}" if c.informative else \
+            "no reading (the trunk did not fall and no branch was certified no worse; left out of the rising fit)"
+        console.print(f"  at {c.samples} samples: {reading}  (loss rise by global batch: {judged}{weak})",
                       soft_wrap=True)
     spans = ", ".join(f"{g} from {s}" for s, g in answer.schedule)
     console.print(f"  schedule: {spans}; predicted {answer.schedule_seconds:.3g} s to the trunk's final loss; "

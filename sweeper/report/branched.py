@@ -92,8 +92,10 @@ def section_rows(answer: Dict[str, Any]) -> List[Dict[str, str]]:
                                               if g in verdicts and g in bounds and bounds[g][1] == bounds[g][1]
                                               else f" ({verdicts[g]})" if g in verdicts else "")
                           for g, d in c["differences"].items())
+        silent = c.get("informative") is False  # answers before the rule have no such key: a reading each
         rows.append({"samples seen": str(c["samples"]),
-                     "critical batch size": f"{c['critical_batch_size']} to {high}" if high else
+                     "critical batch size": "no reading (nothing certified against a zero margin; left out of "
+                     "the rising fit)" if silent else f"{c['critical_batch_size']} to {high}" if high else
                      f">= {c['critical_batch_size']}",
                      "rising fit": f"{c['monotone_fit']:.0f}" if c.get("monotone_fit") else "-",
                      "margin": "-" if c["tolerance"] != c["tolerance"] else f"{c['tolerance']:.4f}",

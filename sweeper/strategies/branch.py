@@ -217,20 +217,36 @@ class Local:
         """A reading that could not have told a branch making half the trunk's progress from one keeping up:
         some global batch it counts as keeping up has a margin above POWER x the trunk's fall over the
         window (branch.tolerance set that wide, or the trunk did not fall). A reading bounded by a branch
-        that fell behind is only as weak as the keep-ups below it."""
+        that fell behind is only as weak as the keep-ups below it; a zero margin (a trunk that did not fall,
+        kept up with only by a branch certified no worse than it) is the strictest there is."""
         if not self.kept:
             return False
         if not (math.isfinite(self.progress) and self.progress > 0):
-            return True
+            return any(self.tolerance_of(g) > 0 for g in self.kept)
         return any(self.tolerance_of(g) > POWER * self.progress * (1 + 1e-9) for g in self.kept)
+
+    @property
+    def informative(self) -> bool:
+        """Whether this reading says anything of the critical batch size. A margin above zero: yes (a global
+        batch that keeps up would be certified, given the precision). A zero margin (the trunk did not fall
+        over the window): only when some branch was certified no worse than the trunk, since against no
+        margin a branch exactly as good as the trunk is certified no more often than the confidence allows:
+        failing to is what noise alone gives, not a sign that only the trunk's global batch keeps up. No
+        margin at all (the trunk's fall not measured): no."""
+        if math.isfinite(self.tolerance) and self.tolerance > 0:
+            return True
+        return math.isfinite(self.tolerance) and KEEPS_UP in self.verdicts.values()
 
 
 def margin(progress: float, fixed: Optional[float]) -> float:
     """The rise a branch must be certified within: `fixed` (branch.tolerance) when set, else POWER x the
-    trunk's fall over the window (nan when it did not fall: nothing can then be certified to keep up)."""
+    trunk's fall over the window; zero when the trunk did not fall (there is no progress to keep up with: a
+    branch keeps up only when certified no worse than the trunk); nan when the fall is not measured."""
     if fixed is not None:
         return fixed
-    return POWER * progress if math.isfinite(progress) and progress > 0 else math.nan
+    if not math.isfinite(progress):
+        return math.nan
+    return POWER * progress if progress > 0 else 0.0
 
 
 def judge(rise: float, standard_error: float, limit: float, z: float) -> Tuple[str, Tuple[float, float]]:
@@ -289,10 +305,22 @@ def _rms(values: Sequence[float]) -> float:
 def monotone(locals_: Sequence[Local]) -> List[float]:
     """The critical batch size over training as it is known to behave, rising and never falling (Merrill et
     al. 2025): the least-squares non-decreasing fit (pool adjacent violators) of the measured values in log2, so
-    one low reading between higher ones is read as the noise it is rather than holding the schedule down."""
-    blocks: List[List[float]] = []  # [sum of log2 values, count]
+    one low reading between higher ones is read as the noise it is rather than holding the schedule down.
+    Readings that say nothing (`Local.informative`) are left out of the fit and take the fitted value before
+    them (the first fitted value when none is before); with none informative, every reading is fitted."""
+    used = [c for c in locals_ if c.informative] or list(locals_)
+    fitted = dict(zip(map(id, used), _fit_log2([c.low for c in used])))
+    out: List[float] = []
     for c in locals_:
-        blocks.append([math.log2(c.low), 1.0])
+        out.append(fitted.get(id(c), out[-1] if out else next(iter(fitted.values()))))
+    return out
+
+
+def _fit_log2(values: Sequence[int]) -> List[float]:
+    """The least-squares non-decreasing fit of `values` in log2 (pool adjacent violators), back in values."""
+    blocks: List[List[float]] = []  # [sum of log2 values, count]
+    for value in values:
+        blocks.append([math.log2(value), 1.0])
         while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
             total, count = blocks.pop()
             blocks[-1][0] += total

@@ -73,7 +73,7 @@ class Answer:
                              "tolerances": {str(g): t for g, t in c.tolerances.items()},
                              "bounds": {str(g): list(b) for g, b in c.bounds.items()},
                              "verdicts": {str(g): v for g, v in c.verdicts.items()},
-                             "trunk_fall": c.progress, "weak": c.weak}
+                             "trunk_fall": c.progress, "weak": c.weak, "informative": c.informative}
                             for c, fitted in zip(self.locals, branch.monotone(self.locals))],
             "critical_batch_size_flat": branch.flat(self.locals, self.base),
             "schedule": [[s, g] for s, g in self.schedule], "schedule_layouts": self.schedule_layouts,

@@ -147,7 +147,7 @@ def test_a_reading_whose_trunk_barely_fell_is_weak_one_bounded_by_a_failure_is_n
     assert not reading(32, {32: 0.03, 64: 0.5}, 0.128, high=64).weak  # only 32's keep-up counts
 
 
-def test_a_trunk_that_did_not_fall_certifies_nothing_and_a_wide_fixed_margin_is_called_weak(cfg_of):
+def test_a_trunk_that_did_not_fall_is_kept_up_with_only_by_a_branch_certified_no_worse(cfg_of):
     from sweeper.strategies.branch_driver import decide
     from sweeper.plan import GridPoint
     from sweeper.schema import PointResult
@@ -160,15 +160,39 @@ def test_a_trunk_that_did_not_fall_certifies_nothing_and_a_wide_fixed_margin_is_
     fastest = {g: GridPoint(16, g // 16, 1) for g in (16, 32, 64)}
     budget, mark = 16 * 200, 2560
     flat = [0.3 + 0.05 * math.sin(i) for i in range(budget // BASE)]  # noise about a level: no progress
-    branches = {(None, 1, g): PointResult(train_loss=branch_of(flat[mark // BASE:], g)) for g in (32, 64)}
-    args = (BASE, budget, WINDOW, [mark], [None], {None: PointResult(train_loss=flat)}, branches, fastest, ok, [32, 64])
-    answer = decide(cfg_of(), *args)
-    # nothing to fall behind on: no margin, so no larger global batch is certified, and none is called worse
-    assert answer.locals[-1].low == BASE and not answer.locals[-1].weak
-    assert set(answer.to_dict()["checkpoints"][-1]["verdicts"].values()) == {rule.UNPROVEN}
-    answer = decide(cfg_of("branch.tolerance=1.0"), *args)
-    assert answer.locals[-1].weak and "reading (where the rising fit ends) is weak: the trunk's loss" in answer.why
-    assert answer.to_dict()["checkpoints"][-1]["weak"] is True
+
+    def answer(shift, *overrides):
+        branches = {(None, 1, g): PointResult(train_loss=branch_of(flat[mark // BASE:], g, shift=shift))
+                    for g in (32, 64)}
+        return decide(cfg_of(*overrides), BASE, budget, WINDOW, [mark], [None], {None: PointResult(train_loss=flat)},
+                      branches, fastest, ok, [32, 64])
+
+    # Nothing to keep up with: the margin is zero. Branches that lost ground are not certified, and against no
+    # margin that says nothing of the critical batch size: the reading is left out (not "only 16 keeps up").
+    behind = answer(0.3)
+    last = behind.locals[-1]
+    assert last.tolerance == 0.0 and last.low == BASE and not last.informative and not last.weak
+    assert set(behind.to_dict()["checkpoints"][-1]["verdicts"].values()) == {rule.WORSE}
+    assert behind.to_dict()["checkpoints"][-1]["informative"] is False
+    from sweeper.report import branched
+    assert branched.section_rows(behind.to_dict())[-1]["critical batch size"].startswith("no reading")
+    # Branches certified better than the trunk keep up: the reading counts, at zero margin not weak.
+    ahead = answer(-0.3).locals[-1]
+    assert ahead.low == 64 and ahead.informative and not ahead.weak
+    # A fixed margin wider than half of no progress is weak.
+    wide = answer(0.0, "branch.tolerance=1.0")
+    assert wide.locals[-1].weak and "reading (where the rising fit ends) is weak: the trunk's loss" in wide.why
+    assert wide.to_dict()["checkpoints"][-1]["weak"] is True
+
+
+def test_a_reading_that_says_nothing_is_left_out_of_the_rising_fit():
+    silent = rule.Local(3440, 16, 32, 0.0, {32: 0.1}, {32: 0.0}, -0.1, {32: (0.0, 0.2)}, {32: rule.UNPROVEN})
+    assert not silent.informative
+    readings = [local(560, 32), local(1712, 64), silent, local(5744, 128)]
+    assert rule.monotone(readings) == [32, 64, 64, 128]  # the silent one takes the fit before it
+    assert rule.flat([local(560, 64), silent], 16) == 64  # not pulled down to the trunk's 16
+    assert rule.flat([silent], 16) == 16  # nothing informative: the readings themselves
+    assert rule.monotone([silent, local(1712, 64)]) == [64, 64]
 
 
 def test_the_margin_follows_the_trunks_fall_or_is_the_number_given():
@@ -177,7 +201,8 @@ def test_the_margin_follows_the_trunks_fall_or_is_the_number_given():
     assert rule.trend_noise([1.0, 0.9, 0.8, 0.7]) == pytest.approx(0.0, abs=1e-12)  # a straight fall is no noise
     assert rule.margin(0.32, None) == pytest.approx(rule.POWER * 0.32)
     assert rule.margin(0.32, 0.01) == 0.01
-    assert math.isnan(rule.margin(-0.1, None)) and math.isnan(rule.margin(math.nan, None))
+    assert rule.margin(-0.1, None) == 0.0 and rule.margin(0.0, None) == 0.0  # no progress: certified no worse
+    assert math.isnan(rule.margin(math.nan, None))
 
 
 def local(samples, low, high=None):
