@@ -226,6 +226,14 @@ class Local:
         return any(self.tolerance_of(g) > POWER * self.progress * (1 + 1e-9) for g in self.kept)
 
     @property
+    def estimate(self) -> float:
+        """The critical batch size this reading points at: it lies between `low` and `high` (the next global
+        batch tried), so the geometric middle of the two (on the grid's doubling global batches, half a step
+        in log2 above `low`); `low` itself when every branch kept up (a lower bound, all it says). Fitting the
+        lower bounds alone reads the critical batch size half a step low at every bounded checkpoint."""
+        return math.sqrt(self.low * self.high) if self.high is not None else float(self.low)
+
+    @property
     def informative(self) -> bool:
         """Whether this reading says anything of the critical batch size. A margin above zero: yes (a global
         batch that keeps up would be certified, given the precision). A zero margin (the trunk did not fall
@@ -304,19 +312,23 @@ def _rms(values: Sequence[float]) -> float:
 
 def monotone(locals_: Sequence[Local]) -> List[float]:
     """The critical batch size over training as it is known to behave, rising and never falling (Merrill et
-    al. 2025): the least-squares non-decreasing fit (pool adjacent violators) of the measured values in log2, so
+    al. 2025): the least-squares non-decreasing fit (pool adjacent violators) of the readings in log2, so
     one low reading between higher ones is read as the noise it is rather than holding the schedule down.
-    Readings that say nothing (`Local.informative`) are left out of the fit and take the fitted value before
-    them (the first fitted value when none is before); with none informative, every reading is fitted."""
-    used = [c for c in locals_ if c.informative] or list(locals_)
-    fitted = dict(zip(map(id, used), _fit_log2([c.low for c in used])))
+    Each reading is fitted at its `estimate` (the middle of its interval). Readings that say nothing
+    (`Local.informative`) are left out of the fit and take the fitted value before them (the first fitted
+    value when none is before); with none informative, each reads its own `low`: the trunk's global batch,
+    nothing having been certified."""
+    used = [c for c in locals_ if c.informative]
+    if not used:
+        return [float(c.low) for c in locals_]
+    fitted = dict(zip(map(id, used), _fit_log2([c.estimate for c in used])))
     out: List[float] = []
     for c in locals_:
         out.append(fitted.get(id(c), out[-1] if out else next(iter(fitted.values()))))
     return out
 
 
-def _fit_log2(values: Sequence[int]) -> List[float]:
+def _fit_log2(values: Sequence[float]) -> List[float]:
     """The least-squares non-decreasing fit of `values` in log2 (pool adjacent violators), back in values."""
     blocks: List[List[float]] = []  # [sum of log2 values, count]
     for value in values:
@@ -388,7 +400,7 @@ def predicted_seconds(spans: Sequence[Tuple[int, int]], budget: int, locals_: Se
     [(samples of the trunk's progress, global batch), ...] at `rate[global batch]` samples/s: each stretch
     of the trunk's progress between checkpoints costs its samples x samples_factor at the stretch's
     critical batch size (the monotone fit at the checkpoint the stretch starts from, the first checkpoint's for
-    the stretch before it: B_crit read from the largest batch that kept up, its lower bound)."""
+    the stretch before it: each reading fitted at the middle of its interval, `Local.estimate`)."""
     edges = [0] + [c.samples for c in locals_] + [budget]
     fitted = monotone(locals_)
     crit = [fitted[0]] + fitted if locals_ else [float(base)]

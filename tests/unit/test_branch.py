@@ -185,6 +185,15 @@ def test_a_trunk_that_did_not_fall_is_kept_up_with_only_by_a_branch_certified_no
     assert wide.to_dict()["checkpoints"][-1]["weak"] is True
 
 
+def test_each_reading_is_fitted_at_the_middle_of_its_interval():
+    # A reading says the critical batch size lies between the largest global batch that kept up and the next
+    # one tried: fitted at their geometric middle, not at the lower bound (half a step low in log2).
+    assert rule.Local(560, 32, 64, 0.05, {}).estimate == pytest.approx(32 * 2 ** 0.5)
+    assert rule.Local(560, 64, None, 0.05, {}).estimate == 64  # every branch kept up: a lower bound only
+    readings = [local(560, 16, 32), local(1712, 16, 32), local(3440, 32, 64)]
+    assert rule.flat(readings, 16) == pytest.approx(2 ** 5.5)  # 45, where the lower bounds alone gave 32
+
+
 def test_a_reading_that_says_nothing_is_left_out_of_the_rising_fit():
     silent = rule.Local(3440, 16, 32, 0.0, {32: 0.1}, {32: 0.0}, -0.1, {32: (0.0, 0.2)}, {32: rule.UNPROVEN})
     assert not silent.informative
@@ -224,8 +233,10 @@ def test_the_critical_batch_size_is_read_as_rising_one_low_reading_is_noise():
 def test_the_schedule_follows_the_rising_fit_and_changes_on_step_boundaries():
     batches = [16, 32, 64, 128, 256]
     rising = [local(100, 16, 32), local(500, 64, 128), local(1000, 128, 256), local(2000, 100, 256)]
-    # 128 then 100 pool to ~113: 64 from 500 on (the grid's largest at or below it)
-    assert rule.schedule(rising, 16, batches) == [(0, 16), (512, 64)]
+    # each reading fitted at its interval's geometric middle: ~23, ~91, ~181, 160; the last two pool to ~170:
+    # 64 from 500 on, 128 from 1000 on (the grid's largest at or below the fit), each on a step boundary
+    assert [round(f) for f in rule.monotone(rising)] == [23, 91, 170, 170]
+    assert rule.schedule(rising, 16, batches) == [(0, 16), (512, 64), (1024, 128)]
     assert rule.schedule([local(200, 16, 32)], 16, batches) == [(0, 16)]  # no change to make
     assert rule.schedule([local(100, 256)], 16, batches) == [(0, 16), (112, 256)]
 
