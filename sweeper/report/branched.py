@@ -248,7 +248,7 @@ def plot(answer: Dict[str, Any], path: str, grid_fit: Optional[float] = None, b_
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    checkpoints = answer["checkpoints"]
+    checkpoints = [c for c in answer["checkpoints"] if c.get("informative") is not False]  # no reading, no point
     if not checkpoints:
         return None
     fig = Figure(figsize=(8, 4.8), dpi=110, layout="constrained")

@@ -451,9 +451,10 @@ def log_answer(s: Session, answer: Answer, name: str) -> None:
     import shutil
     import tempfile
 
-    curves = {"critical_batch_size_branched": [(c.samples, float(c.low)) for c in answer.locals],
+    said = [c for c in answer.locals if c.informative]  # a checkpoint that says nothing draws no point
+    curves = {"critical_batch_size_branched": [(c.samples, float(c.low)) for c in said],
               "branch_tolerance": [(c.samples, c.tolerance) for c in answer.locals if math.isfinite(c.tolerance)]}
-    upper = [(c.samples, float(c.high)) for c in answer.locals if c.high is not None]
+    upper = [(c.samples, float(c.high)) for c in said if c.high is not None]
     if upper:
         curves["critical_batch_size_branched_upper"] = upper
     metrics = {"critical_batch_size_flat": branch.flat(answer.locals, answer.base)}
