@@ -12,7 +12,10 @@ Prints, per model:
   (its seed-0 points), each run's evaluation seconds left out of both sides and printed apart (the grid
   evaluates on the bench's cadence, ~40 times a run; the branch sweep at its own);
 - agreement: whether the branch sweep's constant recommendation has the grid's recommended global batch, or the
-  grid's own eligibility rule (non-inferiority) keeps it ("agree") or not ("disagree");
+  grid's own eligibility rule (non-inferiority) keeps it ("agree"); or the grid calls it "unproven" beside its
+  pick, neither certified within the margin nor shown beyond it ("not told apart": the grid's data cannot
+  say which is right, so a disagreement would claim more than they show); or it shows it worse or excludes
+  it for another reason ("disagree");
 - the critical batch size three ways: branched (where it flattens, with the next global batch tried), the grid
   fit's B_crit with its interval (steps to the target below against the global batch), the mean B_simple;
 - the schedule against the trunk's global batch and every layout of the grid, to three targets, each a
@@ -111,6 +114,8 @@ def agreement(branch_key: str, grid: Sweep) -> str:
     why = (recommendation.get("excluded") or {}).get(branch_key)
     if why is None:
         return f"agree (the grid keeps {branch_key} eligible beside its pick {chosen['key']})"
+    if why.startswith(("unproven", "faster but unproven")):
+        return f"not told apart (grid picks {chosen['key']}; on {branch_key} it says: {why[:240]})"
     return f"disagree (grid picks {chosen['key']}; on {branch_key} it says: {why[:240]})"
 
 

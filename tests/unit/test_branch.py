@@ -493,3 +493,25 @@ def test_a_branch_sweep_gives_one_answer_and_a_difference_inside_the_noise_is_a_
     assert best_row["point"] == "mb16-acc4-w1"
     assert best_row["verdict"] == ("recommended" if cv == 0.08 else "constant (the schedule is recommended)")
     assert "constant (the schedule is recommended)" in answer_text(rec, line, None, None, None, word) or cv == 0.08
+
+
+def test_the_bench_calls_a_branch_answer_the_grid_cannot_tell_from_its_pick_not_told_apart():
+    import sys
+
+    import yaml
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import bench_branch
+    finally:
+        sys.path.pop(0)
+
+    class Grid:
+        def artifact(self, path):
+            return yaml.safe_dump({"recommendation": {"key": "mb64-acc1-w1", "global_batch_size": 64}, "excluded": {
+                "mb16-acc1-w1": "unproven: its val_accuracy gap to the best is -0.033 [-0.087, +0.020]",
+                "mb64-acc2-w2": "val_accuracy 0.455 is more than report.max_accuracy_drop=0.02 below the best"}})
+
+    assert bench_branch.agreement("mb16-acc4-w1", Grid()).startswith("agree (global batch 64")
+    assert bench_branch.agreement("mb16-acc1-w1", Grid()).startswith("not told apart (grid picks mb64-acc1-w1")
+    assert bench_branch.agreement("mb64-acc2-w2", Grid()).startswith("disagree (grid picks mb64-acc1-w1")
