@@ -295,8 +295,9 @@ def compute(name: str, branch: Sweep, grid: Sweep) -> float:
 def critical_batch(name: str, answer: dict, grid: Sweep, points: List[dict], reached: dict) -> None:
     """Branched (where it flattens), the grid fit's B_crit (the report's rule: every layout whose every seed
     got to the target, one pair per run), B_simple."""
-    flat = answer["checkpoints"][-1] if answer["checkpoints"] else None
-    branched = (f"{answer['critical_batch_size_flat']:.0f} fitted; the last checkpoint read "
+    said = [c for c in answer["checkpoints"] if c.get("informative") is not False]  # a checkpoint may say nothing
+    flat = said[-1] if said else None
+    branched = (f"{answer['critical_batch_size_flat']:.0f} fitted; the last checkpoint with a reading read "
                 f"{flat['critical_batch_size']} to {flat['next_tried'] or 'beyond the grid'}" if flat else "none")
     observations = []
     for key in {p["point"] for p in points}:
@@ -309,7 +310,8 @@ def critical_batch(name: str, answer: dict, grid: Sweep, points: List[dict], rea
                 f"{fit.points} global batches" if fit else
                 f"no fit ({len({b for b, _ in observations})} global batch(es) got to the target in every seed)")
     b_simple = grid.metrics.get("gns_b_simple_mean")
-    over = ", ".join("{}@{}".format(c["critical_batch_size"], c["samples"]) for c in answer["checkpoints"])
+    over = ", ".join("{}@{}".format("none" if c.get("informative") is False else c["critical_batch_size"],
+                                    c["samples"]) for c in answer["checkpoints"])
     simple = f"mean B_simple {b_simple:.1f}" if b_simple is not None else "no B_simple"
     print(f"{name}_critical_batch: branched {branched} (readings: {over}); grid fit B_crit {fit_text}; {simple}")
 
