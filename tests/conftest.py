@@ -24,6 +24,17 @@ from tests.harness import SESSION_RAY, STORE_TEMPLATE, ZYGOTE, SessionRay, compo
 from tests.scheduling import pytest_runtest_protocol, pytest_xdist_make_scheduler  # noqa: F401,E402
 
 
+def pytest_configure(config):
+    """Under `pytest -n 2` each xdist worker owns one of the 2 cores: one torch intra-op thread per worker.
+    torch's default is one per core, and a test training in-process with two threads while the other
+    worker ran Ray end-to-end tests took 20 times as long (ResNet-18's epoch: 175 s against 9 s alone, in
+    a fresh-clone .ci/run); serially, a test keeps torch's default."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
+
+
 @pytest.fixture
 def cfg_of():
     """Typed, validated config from overrides (raises ConfigError like the CLI would)."""
