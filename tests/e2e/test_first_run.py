@@ -8,7 +8,6 @@ import re
 import time
 
 import pytest
-import torch
 import yaml
 
 from sweeper import config, plan
@@ -80,9 +79,8 @@ RESNET = {name for name in TRAINING if config.load(compose_cfg(f"+experiment={na
     pytest.param([f"+experiment={name}"], marks=pytest.mark.e2e) if name in RESNET else [f"+experiment={name}"]
     for name in TRAINING], ids=["default"] + TRAINING)
 def test_each_shipped_recipe_learns_on_a_short_budget(overrides):
-    # One intra-op thread: under `pytest -n 2` the other worker runs Ray end-to-end tests on the second core,
-    # and two threads there made ResNet-18's epoch 175 s instead of 9 s (a fresh-clone .ci/run).
-    torch.set_num_threads(1)
+    # torch's threads as the session sets them: one per xdist worker under `pytest -n 2` (tests/conftest.py's
+    # pytest_configure; two here made ResNet-18's epoch 175 s instead of 9 s), its default when run serially.
     hits, samples, chance, accuracy, seconds, status = learns(*overrides)
     assert above_chance(hits, samples, chance), (
         f"{overrides or 'the default recipe'} reached {hits}/{samples} = {accuracy:.3f} validation accuracy in one "
