@@ -318,13 +318,13 @@ def monotone(locals_: Sequence[Local]) -> List[float]:
     (`Local.informative`) are left out of the fit and take the fitted value before them (the first fitted
     value when none is before); with none informative, each reads its own `low`: the trunk's global batch,
     nothing having been certified."""
-    used = [c for c in locals_ if c.informative]
+    used = [i for i, c in enumerate(locals_) if c.informative]
     if not used:
         return [float(c.low) for c in locals_]
-    fitted = dict(zip(map(id, used), _fit_log2([c.estimate for c in used])))
+    fitted = dict(zip(used, _fit_log2([locals_[i].estimate for i in used])))
     out: List[float] = []
-    for c in locals_:
-        out.append(fitted.get(id(c), out[-1] if out else next(iter(fitted.values()))))
+    for i in range(len(locals_)):
+        out.append(fitted.get(i, out[-1] if out else fitted[used[0]]))
     return out
 
 
