@@ -124,11 +124,11 @@ def fitted_points(trials: Sequence[Trial]) -> Dict[str, List[Trial]]:
     for key, members in reaching.items():
         first = members[0]
         by_batch.setdefault(first.global_batch_size, {}).setdefault(multiplier(first), {})[key] = members
-    out: Dict[str, List[Trial]] = {}
-    for batch, by_multiplier in sorted(by_batch.items()):
-        def steps(groups: Dict[str, List[Trial]]) -> float:
-            return statistics.fmean(statistics.fmean(t.steps_to_target for t in g) for g in groups.values())
+    def steps(groups: Dict[str, List[Trial]]) -> float:
+        return statistics.fmean(statistics.fmean(t.steps_to_target for t in g) for g in groups.values())
 
+    out: Dict[str, List[Trial]] = {}
+    for _, by_multiplier in sorted(by_batch.items()):
         out.update(by_multiplier[min(by_multiplier, key=lambda m: (steps(by_multiplier[m]), m))])
     return out
 
