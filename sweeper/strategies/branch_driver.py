@@ -304,9 +304,9 @@ def decide(cfg: SweeperConfig, base: int, budget: int, window: int, marks: List[
         return None
     z = statistics.NormalDist().inv_cdf(cfg.branch.confidence)  # one-sided: "certified within", as the grid's
     locals_ = readings(cfg, base, window, marks, whole, branches, larger, z)
-    plan_ = schedule_plan(base, budget, locals_, fastest, ok)
-    rates = {g: ok[fastest[g]].throughput.samples_per_second for g in fastest}
     flat = branch.flat(locals_, base)
+    plan_ = schedule_plan(base, budget, locals_, flat, fastest, ok)
+    rates = {g: ok[fastest[g]].throughput.samples_per_second for g in fastest}
     # the fastest layout whose global batch stays at or below the critical batch size where it flattens
     constant_batch = max((g for g in fastest if g <= flat), key=lambda g: rates[g])
     constant_seconds, _ = branch.predicted_seconds([(0, constant_batch)], budget, locals_, base, rates)
@@ -355,10 +355,11 @@ class Plan:
     unreachable: List[int]
 
 
-def schedule_plan(base: int, budget: int, locals_: List[branch.Local], fastest: Dict[int, GridPoint],
+def schedule_plan(base: int, budget: int, locals_: List[branch.Local], flat: float, fastest: Dict[int, GridPoint],
                   ok: Dict[GridPoint, PointResult]) -> Plan:
     """The schedule at the trunk's micro-batch and workers, more accumulation for each larger span, each span
-    timed at its layout's measured samples/s (or a lower bound: the largest accumulation measured below)."""
+    timed at its layout's measured samples/s (or a lower bound: the largest accumulation measured below);
+    `flat`, where the critical batch size flattens, bounds the global batches it names unreachable."""
     first = fastest[base]
     measured = {p.accumulation_steps: r.throughput.samples_per_second for p, r in ok.items()
                 if replace(p, accumulation_steps=1) == replace(first, accumulation_steps=1)}
@@ -366,7 +367,6 @@ def schedule_plan(base: int, budget: int, locals_: List[branch.Local], fastest: 
     spans = branch.schedule(locals_, base, sorted(reach))
     seconds, _ = branch.predicted_seconds(spans, budget, locals_, base,
                                           {g: measured[timed] for g, (_, timed) in reach.items()})
-    flat = branch.flat(locals_, base)
     return Plan(spans, [replace(first, accumulation_steps=reach[g][0]).key for _, g in spans],
                 [replace(first, accumulation_steps=reach[g][1]).key for _, g in spans], seconds, first,
                 [g for g in fastest if base < g <= flat and g not in reach])
