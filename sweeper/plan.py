@@ -13,7 +13,9 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 # The recipe axes' defaults: a point that uses them keeps the key it had before they existed.
 DEFAULT_PRECISION, DEFAULT_CHECKPOINTING = "fp32", "none"
-# The data-parallel layout's default (sweep.parallelism): a DDP point keeps the key it had before the axis.
+# The data-parallel layouts (sweep.parallelism): worker.sharding applies them, measure.sharded_memory prices
+# them. The default, DDP: a DDP point keeps the key it had before the axis.
+PARALLELISMS = ("ddp", "zero2", "zero3")
 DEFAULT_PARALLELISM = "ddp"
 
 

@@ -12,7 +12,7 @@ from sweeper.config.report import invalid_choice
 from sweeper.config.rules import check_rule, check_choices, is_not_negative, is_positive, check_sizes
 from sweeper.config.runtime import is_auto, normalize_batch_coupled
 from sweeper.config.training import CHECKPOINTING, PRECISIONS
-from sweeper.measure.sharded_memory import PARALLELISMS
+from sweeper.plan import PARALLELISMS
 
 
 STRATEGIES = ("grid", "smart", "branch")

@@ -1,5 +1,6 @@
 """Peak memory per worker of a training step under DDP, ZeRO-2 and ZeRO-3 (FSDP2), predicted before launch from
-the model's parameter shapes, the layout and the activation bytes per sample. Standard library only.
+the model's parameter shapes, the layout and the activation bytes per sample. Standard library only (and the
+layouts' names from plan.py, itself standard library only).
 
 Where the peak is and what is resident there (FSDP2 in torch 2.14, read from its source and checked against
 torch's MemTracker per rank in scripts/bench_sharding.py; docs/parallelism.md has the figures): the top of
@@ -26,7 +27,8 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
-PARALLELISMS = ("ddp", "zero2", "zero3")
+from sweeper.plan import PARALLELISMS
+
 SCALAR_BYTES = 4  # Adam's per-tensor `step`: a float32 scalar on every rank, never sharded
 
 

@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import yaml
 
-from sweeper.measure.sharded_memory import PARALLELISMS
+from sweeper.plan import PARALLELISMS
 from sweeper.report import sharded_snippets as sharded
 
 PRECISIONS = ("fp32", "bf16", "fp16")

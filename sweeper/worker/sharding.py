@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from sweeper import recipe
-from sweeper.measure.sharded_memory import PARALLELISMS
+from sweeper.plan import PARALLELISMS
 from sweeper.worker import state
 
 SHARDED = ("zero2", "zero3")

@@ -6,7 +6,7 @@ import ast
 
 import pytest
 
-from sweeper import recipe
+from sweeper import plan, recipe
 from sweeper.workloads.gpt import GPT
 from sweeper.measure import sharded_memory as sm
 
@@ -95,9 +95,15 @@ def test_units_of_a_gpt_count_the_tied_head_once_in_the_root():
     assert units[-1].shapes == ((64, 32), (16, 32), (32,), (32,))  # wte (= head), wpe, ln_f
 
 
+def _imported(module) -> set:
+    """Top-level names a module imports; sweeper's own modules by their full name."""
+    tree = ast.parse(open(module.__file__).read())
+    names = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+    names += [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+    return {name if name.startswith("sweeper.") else name.split(".")[0] for name in names}
+
+
 def test_the_memory_model_imports_the_standard_library_only():
-    tree = ast.parse(open(sm.__file__).read())
-    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
-                for alias in node.names}
-    imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    assert imported <= {"__future__", "math", "dataclasses", "typing"}
+    """It takes the layouts' names from plan.py, which is standard library only itself."""
+    assert _imported(sm) <= {"__future__", "math", "dataclasses", "typing", "sweeper.plan"}
+    assert _imported(plan) <= {"__future__", "itertools", "math", "dataclasses", "typing"}
