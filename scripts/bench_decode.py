@@ -1,7 +1,7 @@
 """Decode knee, measured against the decode roofline's prediction (issue 31, seed 003's transformer section).
 
 In one process (no Ray): sweeper's GPT decodes with its KV cache at each context, batch sizes 1..N
-concurrent sequences, each decode step timed as task=inference times it (sweeper.inference.timing);
+concurrent sequences, each decode step timed as task=inference times it (sweeper.inference.latency);
 the machine's peak FLOP/s (the faster of a large matmul and convolution) and memory bandwidth (a 256 MiB
 copy) measured once; the predicted knee from the counted decode FLOPs per token, the weights' bytes and
 each sequence's KV cache bytes read per step. Prints a table per context and the figures behind it.
@@ -22,8 +22,9 @@ import torch  # noqa: E402
 
 from sweeper.config import ModelConfig  # noqa: E402
 from sweeper.inference import roofline  # noqa: E402
-from sweeper.inference.timing import InferenceSpec, run_inference_points  # noqa: E402
-from sweeper.measure import bandwidth, flops  # noqa: E402
+from sweeper.inference.latency import InferenceSpec, run_inference_points  # noqa: E402
+from sweeper.inference import bandwidth  # noqa: E402
+from sweeper.measure import flops  # noqa: E402
 
 
 def main() -> int:

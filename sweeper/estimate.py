@@ -10,7 +10,7 @@ from typing import List, Optional
 from sweeper import plan
 from sweeper.config import SweeperConfig, budget_bytes
 from sweeper.errors import first_line
-from sweeper.measure.estimate import point_estimates, predicted_frontier
+from sweeper.measure.fake_memory import point_estimates, predicted_frontier
 from sweeper.units import format_bytes
 from sweeper.workloads import models
 

@@ -479,7 +479,7 @@ class PointResult(Record):
 
 @dataclass
 class Latency(Record):
-    """Timed forward passes at one batch size (inference.timing.summarize_latency)."""
+    """Timed forward passes at one batch size (inference.latency.summarize_latency)."""
 
     latency_p50_seconds: Optional[float] = metric()
     latency_p95_seconds: Optional[float] = metric()

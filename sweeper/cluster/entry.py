@@ -76,8 +76,9 @@ def frontier_trial(config: Dict[str, Any], fspecs, resources: Resources, storage
 def inference_trial(config: Dict[str, Any], groups, threads: int) -> None:
     """A model's batch sizes timed in the trial's own process, then the device's memory bandwidth
     (a table on GPU, a large copy timed on CPU) for the roofline."""
-    from sweeper.inference.timing import run_inference_points
-    from sweeper.measure import bandwidth, telemetry
+    from sweeper.inference.latency import run_inference_points
+    from sweeper.inference import bandwidth
+    from sweeper.measure import telemetry
 
     specs = groups[config["group"]]
     run_inference_points(specs, report=lambda result: tune.report(result.to_flat()), threads=threads)

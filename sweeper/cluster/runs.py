@@ -19,7 +19,7 @@ from sweeper.plan import GridPoint
 from sweeper.schema import FrontierResult, InferenceResult, PointResult
 
 if TYPE_CHECKING:  # torch is imported by the workers, not by the driver's Ray layer
-    from sweeper.inference.timing import InferenceSpec
+    from sweeper.inference.latency import InferenceSpec
     from sweeper.worker.spec import FrontierSpec, PointSpec
 
 PointCallback = Callable[[GridPoint, PointResult], None]

@@ -15,7 +15,7 @@ from sweeper.config import SweeperConfig, budget_bytes
 from sweeper.driver import console
 from sweeper.errors import first_line
 from sweeper.inference import roofline
-from sweeper.inference.timing import InferenceSpec, group_label
+from sweeper.inference.latency import InferenceSpec, group_label
 from sweeper.schema import InferenceResult
 
 Rows = List[Tuple[str, InferenceResult]]

@@ -15,7 +15,7 @@ from sweeper.driver import console
 from sweeper.driver.preflight import Prepared
 from sweeper.driver.skeleton import Session
 from sweeper.errors import first_line
-from sweeper.measure import estimate, frontier
+from sweeper.measure import fake_memory, frontier
 from sweeper.plan import GridPoint, frontier_label
 from sweeper.report import build as report_build
 from sweeper.schema import FrontierResult, PointResult
@@ -113,7 +113,7 @@ def add_estimates(cfg: SweeperConfig, prepared: Prepared, search: GridPoint, res
         for accumulation, found in ((1, result.plain), (2, result.accumulating)):
             if found is None:
                 continue
-            predicted = estimate.predicted_frontier(
+            predicted = fake_memory.predicted_frontier(
                 cfg, prepared.num_classes, search.num_workers, int(result.memory_budget_bytes), accumulation,
                 *search.recipe,
             )

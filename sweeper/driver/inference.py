@@ -19,7 +19,7 @@ from sweeper.driver import decode_answer, resume
 from sweeper.driver.skeleton import Phases, Session, session
 from sweeper.errors import EXIT_OK, EXIT_POINT_FAILED, ConfigError, first_line
 from sweeper.inference import roofline
-from sweeper.inference.timing import InferenceSpec, group_label, label
+from sweeper.inference.latency import InferenceSpec, group_label, label
 from sweeper.measure import flops
 from sweeper.plan import GridPoint
 from sweeper.report import build as report_build
@@ -165,7 +165,7 @@ def record_knees(
 ) -> Dict[str, Tuple[Optional[int], Optional[int]]]:
     """Per model, the measured knee (first batch after which doubling gains < report.knee_min_gain)
     and the roofline's predicted knee on the same grid, logged side by side on the parent run."""
-    from sweeper.measure import bandwidth
+    from sweeper.inference import bandwidth
 
     knees: Dict[str, Tuple[Optional[int], Optional[int]]] = {}
     metrics: Dict[str, float] = {}

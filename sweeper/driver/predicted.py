@@ -29,12 +29,12 @@ def predict(cfg: SweeperConfig, points: Sequence[GridPoint], num_classes: int,
     sees it (preflight's)."""
     if not any(p in SHARDED for p in cfg.sweep.parallelism):
         return {}
-    from sweeper.measure import estimate
+    from sweeper.measure import fake_memory
 
     out: Dict[GridPoint, sharded_memory.Prediction] = {}
     try:
         for context in sorted({p.context for p in points}, key=lambda c: c or 0):
-            out.update(estimate.sharded_predictions(at_context(cfg, context),
+            out.update(fake_memory.sharded_predictions(at_context(cfg, context),
                                                     [p for p in points if p.context == context], num_classes))
     except Exception as exc:  # noqa: BLE001 - a prediction is extra: the points are measured regardless
         console.warn(f"memory per worker not predicted for model {cfg.model.name!r}: {first_line(exc)}")

@@ -18,7 +18,7 @@ from sweeper.config import (AUTO_NEEDS_BUDGET, SweeperConfig, budget_bytes, is_a
                             tracking_uri, validate)
 from sweeper.driver import console, predicted
 from sweeper.errors import ConfigError, first_line
-from sweeper.measure import estimate, flops
+from sweeper.measure import fake_memory, flops
 from sweeper.plan import GridPoint
 from sweeper.worker.spec import PointSpec, Span
 from sweeper.workloads import datasets, models
@@ -295,7 +295,7 @@ def estimate_memory(cfg: SweeperConfig, points: List[GridPoint], num_classes: in
     if not cfg.measure.memory_breakdown:
         return {}
     try:
-        return estimate.point_estimates(cfg, points, num_classes)
+        return fake_memory.point_estimates(cfg, points, num_classes)
     except Exception as exc:  # noqa: BLE001 - an estimate is extra; the points measure regardless
         console.warn(f"memory not estimated for model {cfg.model.name!r}: {first_line(exc)}")
         return {}

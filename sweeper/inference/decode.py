@@ -17,8 +17,7 @@ from typing import Any, Callable, Dict, List, Tuple
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from sweeper.measure import flops as flops_mod
-from sweeper.measure import telemetry
+from sweeper.measure import flops, telemetry
 from sweeper.workloads import gpt
 
 # The prefill is timed this many times (a prompt is long: a few runs give its median).
@@ -53,7 +52,7 @@ def measure(model: gpt.GPT, batch: int, context: int, seed: int, device: telemet
             model(token, cache)
 
         # sweeper's formulas count the CPU's fused attention kernel, which torch's table lacks.
-        with FlopCounterMode(display=False, custom_mapping=flops_mod.ATTENTION_FORMULAS) as counter:
+        with FlopCounterMode(display=False, custom_mapping=flops.ATTENTION_FORMULAS) as counter:
             step()
         samples, seconds = timed(step)
     prefill_p50 = sorted(prefill)[len(prefill) // 2]

@@ -13,8 +13,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from sweeper.workloads import datasets, models
 from sweeper import errors
-from sweeper.measure import flops as flops_mod
-from sweeper.measure import telemetry
+from sweeper.measure import flops, telemetry
 from sweeper.plan import GridPoint
 from sweeper.schema import STATUSES, PointResult
 from sweeper.worker import collectives as comm
@@ -161,10 +160,10 @@ def group_facts(specs: Sequence[PointSpec], device: telemetry.Device, ctx: Worke
     for precision in sorted({s.point.precision for s in counted}):
         count = counted[0].flop_count
         if device.is_cuda:
-            peak = flops_mod.device_peak(device.name, True, count, threads, precision)
+            peak = flops.device_peak(device.name, True, count, threads, precision)
         else:
             # Every worker gets the same CPU share; one measurement on rank 0 stands for all of them.
-            peak = flops_mod.device_peak(device.name, False, count, threads, precision) if ctx.rank == 0 else None
+            peak = flops.device_peak(device.name, False, count, threads, precision) if ctx.rank == 0 else None
             peak = comm.broadcast_object(peak, ctx)
         if peak is not None:
             peaks[precision] = peak
@@ -257,7 +256,7 @@ def _flops_metrics(spec: PointSpec, result: PointResult, facts: GroupFacts) -> D
         out.update(
             peak_flops_per_second=peak.flops_per_second * workers,
             peak_flops_source=peak.source,
-            mfu=flops_mod.mfu(achieved / workers, peak),
-            hfu=flops_mod.mfu(count.hardware * rate / workers, peak),
+            mfu=flops.mfu(achieved / workers, peak),
+            hfu=flops.mfu(count.hardware * rate / workers, peak),
         )
     return out

@@ -7,7 +7,7 @@ import torch
 
 from sweeper.config import ModelConfig
 from sweeper.inference import roofline
-from sweeper.inference.timing import InferenceSpec, run_inference_points
+from sweeper.inference.latency import InferenceSpec, run_inference_points
 from sweeper.workloads import gpt
 
 

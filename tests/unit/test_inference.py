@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from sweeper.config import ModelConfig
-from sweeper.inference import timing as inference
-from sweeper.inference.timing import InferenceSpec, run_inference_point, run_inference_points, summarize_latency
+from sweeper.inference import latency
+from sweeper.inference.latency import InferenceSpec, run_inference_point, run_inference_points, summarize_latency
 from sweeper.measure.flops import FlopCount
 
 SLEEP_SECONDS = 0.01
@@ -126,13 +126,13 @@ def test_achieved_flops_from_the_forward_flop_count():
 
 def test_simulated_oom_implies_oom_for_larger_batches_of_the_same_model(monkeypatch):
     ran = []
-    real = inference.run_inference_point
+    real = latency.run_inference_point
 
     def recording(s, *args, **kwargs):
         ran.append((s.key, s.memory_budget_bytes))
         return real(s, *args, **kwargs)
 
-    monkeypatch.setattr(inference, "run_inference_point", recording)
+    monkeypatch.setattr(latency, "run_inference_point", recording)
     budget = 100_000  # the 22 kB of weights and a small batch fit; 1024 samples of 64 floats do not
     specs = [
         spec(batch_size=2048, memory_budget_bytes=budget),

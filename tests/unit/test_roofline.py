@@ -10,7 +10,8 @@ import torch
 from sweeper.config import ModelConfig
 from sweeper.inference import roofline
 from sweeper.inference.roofline import measured_knee, predict_knee
-from sweeper.measure import bandwidth, flops
+from sweeper.inference import bandwidth
+from sweeper.measure import flops
 
 SEED_MLP = ModelConfig(name="mlp", input_shape=[1024], depth=8, width=1024)
 DOUBLING = [2**i for i in range(10)]  # 1 .. 512, seed 003's grid
