@@ -3,8 +3,10 @@ point. Everything after `load()` works with these dataclasses, never with a `Dic
 
 One module per section, each holding its fields' defaults (once) and its checks: sweep.py (sweep and the
 strategies: smart, branch, frontier), training.py (optim, loss, train, eval, divergence, gns, measure),
-workload.py (model, data, inference), runtime.py (device, cluster, tracking), report.py. This module
-composes them (SweeperConfig), loads Hydra's config (`load`) and checks what spans sections.
+workload.py (model, data, inference; each built-in model's own fields: model_sections.py), runtime.py (device,
+cluster, tracking), report.py. This module composes them (SweeperConfig), loads Hydra's config (`load`) and
+checks what spans sections. Imports only the standard library, Hydra, OmegaConf and sweeper.errors/plan: every
+other package reads the config, so it imports none of them.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The workload's sections (model, data, inference): ModelConfig composed of the fields every model has and
-each built-in model's own section (sweeper/workloads/<model>_config.py, found by model.name in MODEL_SECTIONS),
-the fields of the datasets, their defaults once, and their checks, the model-and-data pairing included.
+each built-in model's own section (config/model_sections.py, found by model.name in MODEL_SECTIONS), the fields
+of the datasets, their defaults once, and their checks, the model-and-data pairing included.
 """
 
 from __future__ import annotations
@@ -11,23 +11,18 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
+from sweeper.config.model_sections import MODEL_SECTIONS, GPTConfig, HFConfig, MLPConfig
 from sweeper.config.rules import check_rule, is_not_negative, is_positive, check_sizes
 from sweeper.config.runtime import physical_memory_bytes
 from sweeper.errors import first_line
-from sweeper.workloads import gpt_config, hf_config, mlp_config
 
 
 BYTE_VOCAB = 256  # data=text's vocabulary: bytes
 
 
-# model.name -> the module of a built-in model's own config fields and checks (`check(model)`). Its model
-# is found by the same name in sweeper/workloads/models.py; adding one: docs/adding-a-workload.md.
-MODEL_SECTIONS = {"mlp": mlp_config, "gpt": gpt_config, "hf": hf_config}
-
-
 # Models that take token ids and predict the next token at every position (each section says whether it
 # is one), and the data that makes token sequences for them (sweeper/workloads/text.py).
-LANGUAGE_MODELS = tuple(name for name, section in MODEL_SECTIONS.items() if section.LANGUAGE_MODEL)
+LANGUAGE_MODELS = tuple(name for name, section in MODEL_SECTIONS.items() if section.language_model)
 
 
 TOKEN_DATA = ("text", "tokens")
@@ -57,7 +52,7 @@ class _EveryModel:
 
 
 @dataclass
-class ModelConfig(mlp_config.MLPConfig, hf_config.HFConfig, gpt_config.GPTConfig, _EveryModel):
+class ModelConfig(MLPConfig, HFConfig, GPTConfig, _EveryModel):
     """The `model` section: the fields every model has, then each built-in model's own (MODEL_SECTIONS'
     dataclasses, one flat section: `model.depth`, `model.n_layer`, ... as in the YAML), whichever model
     is chosen."""

@@ -164,4 +164,4 @@ def from_config(cfg: ModelConfig, num_classes: int) -> GPT:
 
 
 def check_config(cfg: ModelConfig, num_classes: int) -> List[str]:
-    return []  # its fields' rules are config checks (gpt_config.check, before Ray starts)
+    return []  # its fields' rules are config checks (config.model_sections.check_gpt, before Ray starts)

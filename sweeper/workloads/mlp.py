@@ -1,5 +1,5 @@
 """`model=mlp`: seed 003's MLP, Linear+ReLU blocks on the flattened input, then a classifier. Its config
-fields (model.depth, model.width) and their checks are its own section, mlp_config.py."""
+fields (model.depth, model.width) and their checks are its section in sweeper/config/model_sections.py."""
 
 from __future__ import annotations
 
@@ -44,4 +44,4 @@ def from_config(cfg: ModelConfig, num_classes: int) -> nn.Module:
 
 
 def check_config(cfg: ModelConfig, num_classes: int) -> List[str]:
-    return []  # its fields' rules are config checks (mlp_config.check, before Ray starts)
+    return []  # its fields' rules are config checks (config.model_sections.check_mlp, before Ray starts)

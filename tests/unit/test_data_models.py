@@ -166,9 +166,11 @@ def test_a_data_factory_that_keeps_its_contract_passes_and_loads():
 
 def test_every_built_in_model_has_its_own_config_section_found_by_its_name():
     from sweeper.config import check_model
-    from sweeper.config.workload import MODEL_SECTIONS
+    from sweeper.config.model_sections import MODEL_SECTIONS
 
     assert set(MODEL_SECTIONS) == set(models.BUILT_IN)
+    # Each section's fields are keys of the one flat `model` section.
+    assert [s.fields for s in MODEL_SECTIONS.values() if not issubclass(ModelConfig, s.fields)] == []
     assert check_model(ModelConfig(name="mlp", depth=0, input_shape=[4])) == ["model.depth=0: must be positive"]
     assert check_model(ModelConfig(name="hf", context=1, input_shape=[1]))[0].startswith("model.context=1: must be")
     # A factory of your own is not a built-in model, whatever its name: the section's rules do not apply.
