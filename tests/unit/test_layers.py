@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
-from typing import Dict, Iterable, List, Mapping, Optional, Set, Tuple
+from typing import Dict, Iterable, List, Mapping, Set, Tuple
 
 import pytest
 
