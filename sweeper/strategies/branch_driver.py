@@ -25,7 +25,7 @@ from sweeper.driver import console
 from sweeper.driver.skeleton import Session
 from sweeper.plan import GridPoint
 from sweeper.schema import PointResult
-from sweeper.strategies import branch, smart, smart_driver
+from sweeper.strategies import branch, branch_reading, smart, smart_driver
 from sweeper.worker.spec import PointSpec
 
 Record = Callable[[GridPoint, PointResult], None]
@@ -41,7 +41,7 @@ class Answer:
     base: int
     budget: int
     window: int
-    locals: List[branch.Local]
+    locals: List[branch_reading.Local]
     schedule: List[Tuple[int, int]]
     schedule_layouts: List[str]
     schedule_seconds: Optional[float]
@@ -74,8 +74,8 @@ class Answer:
                              "bounds": {str(g): list(b) for g, b in c.bounds.items()},
                              "verdicts": {str(g): v for g, v in c.verdicts.items()},
                              "trunk_fall": c.progress, "weak": c.weak, "informative": c.informative}
-                            for c, fitted in zip(self.locals, branch.monotone(self.locals))],
-            "critical_batch_size_flat": branch.flat(self.locals, self.base),
+                            for c, fitted in zip(self.locals, branch_reading.monotone(self.locals))],
+            "critical_batch_size_flat": branch_reading.flat(self.locals, self.base),
             "schedule": [[s, g] for s, g in self.schedule], "schedule_layouts": self.schedule_layouts,
             "schedule_timed_as": self.schedule_timed_as,
             "schedule_predicted_seconds": self.schedule_seconds, "constant": self.constant,
@@ -175,12 +175,12 @@ def measure(cfg: SweeperConfig, s: Session, name: str, points: List[GridPoint], 
     budget = trunk_spec.steps * base
     window = branch.window_samples(cfg.branch.window, budget, [base, *larger])
     marks = branch.positions(cfg.branch.at, budget, base, window)
-    unjudged = [g for g in larger if g not in branch.judged(larger, window)]
+    unjudged = [g for g in larger if g not in branch_reading.judged(larger, window)]
     if unjudged:
         console.warn(f"branch: global batch(es) {', '.join(map(str, unjudged))} not branched to: a window of {window} "
-                     f"samples gives them fewer than {branch.MIN_TAIL_STEPS} steps in its compared second half (a "
-                     f"step's loss is measured before its update); branch.window="
-                     f"{2 * branch.MIN_TAIL_STEPS * max(unjudged)} or more would judge them")
+                     f"samples gives them fewer than {branch_reading.MIN_TAIL_STEPS} steps in its compared second "
+                     f"half (a step's loss is measured before its update); branch.window="
+                     f"{2 * branch_reading.MIN_TAIL_STEPS * max(unjudged)} or more would judge them")
         larger = [g for g in larger if g not in unjudged]
     if not larger or not marks:
         why = ("no layout of a larger global batch got through its throughput run" if not larger and not unjudged
@@ -304,7 +304,7 @@ def decide(cfg: SweeperConfig, base: int, budget: int, window: int, marks: List[
         return None
     z = statistics.NormalDist().inv_cdf(cfg.branch.confidence)  # one-sided: "certified within", as the grid's
     locals_ = readings(cfg, base, window, marks, whole, branches, larger, z)
-    flat = branch.flat(locals_, base)
+    flat = branch_reading.flat(locals_, base)
     plan_ = schedule_plan(base, budget, locals_, flat, fastest, ok)
     rates = {g: ok[fastest[g]].throughput.samples_per_second for g in fastest}
     # the fastest layout whose global batch stays at or below the critical batch size where it flattens
@@ -325,9 +325,10 @@ def decide(cfg: SweeperConfig, base: int, budget: int, window: int, marks: List[
 
 
 def readings(cfg: SweeperConfig, base: int, window: int, marks: List[int], whole: Dict[object, PointResult],
-             branches: Dict[Tuple[object, int, int], PointResult], larger: List[int], z: float) -> List[branch.Local]:
+             branches: Dict[Tuple[object, int, int], PointResult], larger: List[int], z: float
+             ) -> List[branch_reading.Local]:
     """The local critical batch size at each checkpoint, each seed's branches compared with its trunk."""
-    locals_: List[branch.Local] = []
+    locals_: List[branch_reading.Local] = []
     for k, mark in enumerate(marks, 1):
         by_seed = []
         for seed, trunk in whole.items():
@@ -336,9 +337,9 @@ def readings(cfg: SweeperConfig, base: int, window: int, marks: List[int], whole
             for g in larger:
                 b = branches.get((seed, k, g))
                 losses = list(b.train_loss or []) if b is not None and b.status == "ok" else []
-                compared[g] = branch.compare(after, base, losses, g, window)
+                compared[g] = branch_reading.compare(after, base, losses, g, window)
             by_seed.append(compared)
-        locals_.append(branch.local_critical(mark, base, by_seed, z, cfg.branch.tolerance))
+        locals_.append(branch_reading.local_critical(mark, base, by_seed, z, cfg.branch.tolerance))
     return locals_
 
 
@@ -355,8 +356,8 @@ class Plan:
     unreachable: List[int]
 
 
-def schedule_plan(base: int, budget: int, locals_: List[branch.Local], flat: float, fastest: Dict[int, GridPoint],
-                  ok: Dict[GridPoint, PointResult]) -> Plan:
+def schedule_plan(base: int, budget: int, locals_: List[branch_reading.Local], flat: float,
+                  fastest: Dict[int, GridPoint], ok: Dict[GridPoint, PointResult]) -> Plan:
     """The schedule at the trunk's micro-batch and workers, more accumulation for each larger span, each span
     timed at its layout's measured samples/s (or a lower bound: the largest accumulation measured below);
     `flat`, where the critical batch size flattens, bounds the global batches it names unreachable."""
@@ -401,7 +402,7 @@ def choice_why(plan_: Plan, base: int, flat: float, constant_batch: int, constan
             "steps outweigh the samples it loses early")
 
 
-def weak_why(last: branch.Local) -> str:
+def weak_why(last: branch_reading.Local) -> str:
     """What the why adds when the last checkpoint's reading (where the rising fit ends) is weak."""
     fell = f"fell by {last.progress:.3g}" if math.isfinite(last.progress) and last.progress > 0 else "did not fall"
     widest = max(last.tolerance_of(g) for g in last.kept)
@@ -457,7 +458,7 @@ def log_answer(s: Session, answer: Answer, name: str) -> None:
     upper = [(c.samples, float(c.high)) for c in said if c.high is not None]
     if upper:
         curves["critical_batch_size_branched_upper"] = upper
-    metrics = {"critical_batch_size_flat": branch.flat(answer.locals, answer.base)}
+    metrics = {"critical_batch_size_flat": branch_reading.flat(answer.locals, answer.base)}
     if answer.schedule_seconds is not None:
         metrics["schedule_predicted_seconds"] = answer.schedule_seconds
     if answer.constant_seconds is not None:
