@@ -152,7 +152,7 @@ def test_a_reading_whose_trunk_barely_fell_is_weak_one_bounded_by_a_failure_is_n
 
 
 def test_a_trunk_that_did_not_fall_is_kept_up_with_only_by_a_branch_certified_no_worse(cfg_of):
-    from sweeper.strategies.branch_driver import decide
+    from sweeper.strategies.branch import decide
     from sweeper.plan import GridPoint
     from sweeper.schema import PointResult
 
@@ -259,7 +259,7 @@ def test_a_schedule_reaches_only_what_more_accumulation_reaches_and_is_timed_by_
 
 
 def test_the_answer_schedules_on_the_trunks_layout_and_times_it_there_not_at_each_batchs_fastest(cfg_of):
-    from sweeper.strategies.branch_driver import decide
+    from sweeper.strategies.branch import decide
     from sweeper.plan import GridPoint
     from sweeper.schema import PointResult
 
@@ -303,7 +303,8 @@ def test_the_answers_folder_goes_once_recorded_and_stays_while_its_write_waits_i
     import tempfile
     from types import SimpleNamespace
 
-    from sweeper.strategies.branch_driver import Answer, log_answer
+    from sweeper.driver.branch import log_answer
+    from sweeper.strategies.branch import Answer
     from sweeper.tracking import Tracker
     from tests.harness import mlflow_store
 
@@ -442,7 +443,7 @@ def _branch_sweep(cfg_of, cv):
     from sweeper.plan import GridPoint
     from sweeper.report.analysis import Trial
     from sweeper.schema import PointResult
-    from sweeper.strategies.branch_driver import decide
+    from sweeper.strategies.branch import decide
 
     rates = {1: 300.0, 2: 340.0, 4: 384.0}
     ok = {}
