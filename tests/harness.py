@@ -492,7 +492,7 @@ class ZygoteChild:
 ZYGOTE_SCRIPT = """
 import json, os, sys, traceback
 import sweeper.__main__ as cli
-import sweeper.driver.train, sweeper.driver.inference  # noqa: F401 - what every run imports
+import sweeper.driver.train_sweep, sweeper.driver.inference  # noqa: F401 - what every run imports
 import mlflow  # noqa: F401
 base_path = [p for p in sys.path if p not in ("", os.getcwd())]
 for line in sys.stdin:

@@ -17,6 +17,7 @@ from sweeper.cluster.resources import capacity_problems
 from sweeper.config import (AUTO_NEEDS_BUDGET, SweeperConfig, budget_bytes, is_auto, normalize_batch_coupled,
                             tracking_uri, validate)
 from sweeper.driver import console, predicted
+from sweeper.driver.strategy import strategy_of
 from sweeper.errors import ConfigError, first_line
 from sweeper.measure import fake_memory, flops
 from sweeper.plan import GridPoint
@@ -75,10 +76,8 @@ def preflight(cfg: SweeperConfig) -> Tuple[Prepared, Dict[GridPoint, PointSpec]]
         # that its points get too few steps).
         problems += local_capacity(cfg)
     points = [] if auto or problems else grid(cfg, problems)
-    if points and cfg.sweep.strategy == "branch":
-        from sweeper.strategies.branch_driver import grid_problems
-
-        problems += grid_problems(cfg, points)
+    if points:
+        problems += strategy_of(cfg.sweep.strategy).grid_problems(cfg, points)
     if problems:
         raise ConfigError(problems)
     splits = datasets.load(cfg.data, cfg.model.input_shape)

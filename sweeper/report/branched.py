@@ -1,5 +1,5 @@
 """sweep.strategy=branch in the report: the branches' answer (branch/answer.json on the parent run, written by
-sweeper/strategies/branch_driver.py) as a section, a plot of the critical batch size over training, the limit it puts
+sweeper/driver/branch.py) as a section, a plot of the critical batch size over training, the limit it puts
 on which points may be recommended, and the schedule as paste-able code."""
 
 from __future__ import annotations

@@ -204,7 +204,7 @@ def run_cases(cases: List[List[str]], folder: Path, stub_driver: bool = False) -
 
 
 def validating_driver(cfg, resolved_yaml: str) -> int:
-    """A stand-in for sweeper.driver.train.run that keeps its contract without Ray: a ConfigError for
+    """A stand-in for sweeper.driver.train_sweep.run that keeps its contract without Ray: a ConfigError for
     bad input, else an exit status (here the job's train.seed, so a test can choose it)."""
     from sweeper.config import validate
     from sweeper.errors import ConfigError
@@ -221,9 +221,9 @@ def _main(spec: str, results: str, stub_driver: bool) -> None:
     import sweeper.__main__ as cli
 
     if stub_driver:
-        from sweeper.driver import train
+        from sweeper.driver import train_sweep
 
-        train.run = validating_driver
+        train_sweep.run = validating_driver
     records = []
     for index, args in enumerate(json.loads(Path(spec).read_text())):
         case_dir = Path(spec).parent / f"case{index}"

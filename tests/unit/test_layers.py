@@ -51,14 +51,6 @@ RANKS: Dict[str, int] = {
     "sweeper.__main__": 10, "sweeper.estimate": 10, "sweeper": 10,
 }
 
-# Imports between packages that break the ranks today, each (importer, imported), deleted when the change
-# that removes it lands: test_known_violations_are_still_there fails once one is gone.
-KNOWN_UNTIL_STRATEGIES_SPLIT = {
-    # Removed when the strategies split lands (issue 53): smart_driver.py and branch_driver.py move into
-    # driver/, and strategies/ never imports the driver (the driver <-> strategies circle).
-    ("sweeper.strategies", "sweeper.driver"),
-}
-
 # Pure arithmetic, tested without processes: neither they nor anything they import at module level
 # loads torch or Ray.
 PURE = (
@@ -66,8 +58,9 @@ PURE = (
     "sweeper.config", "sweeper.config.report", "sweeper.config.model_sections", "sweeper.measure.timing",
     "sweeper.measure.frontier", "sweeper.measure.knee", "sweeper.inference.roofline",
     "sweeper.inference.batching_sim", "sweeper.measure.sharded_memory", "sweeper.cluster.environment",
-    "sweeper.cluster.resources", "sweeper.cluster.records", "sweeper.strategies",
-    "sweeper.strategies.smart", "sweeper.strategies.branch", "sweeper.report.analysis",
+    "sweeper.cluster.resources", "sweeper.cluster.records", "sweeper.strategies", "sweeper.strategies.base",
+    "sweeper.strategies.grid", "sweeper.strategies.smart", "sweeper.strategies.branch",
+    "sweeper.strategies.branch_reading", "sweeper.report.analysis",
     "sweeper.report.critical_batch", "sweeper.report.snippets", "sweeper.report.folding",
     "sweeper.report.sharded_snippets", "sweeper.report.elastic", "sweeper.report.parallelism",
 )
@@ -173,12 +166,12 @@ def _unranked(modules: Iterable[str]) -> List[str]:
     return sorted({_package(m) for m in modules} - set(RANKS))
 
 
-def _not_downward(imports: Imports = IMPORTS, known=KNOWN_UNTIL_STRATEGIES_SPLIT) -> List[str]:
+def _not_downward(imports: Imports = IMPORTS) -> List[str]:
     """Each import of a package at the importer's rank or above, with the line that makes it."""
     return sorted(
         f"{a} (rank {RANKS.get(a)}) imports {b} (rank {RANKS.get(b)}): {lines[0]}"
         for (a, b), lines in _package_imports(imports).items()
-        if (a, b) not in known and not (a in RANKS and b in RANKS and RANKS[a] > RANKS[b])
+        if not (a in RANKS and b in RANKS and RANKS[a] > RANKS[b])
     )
 
 
@@ -206,10 +199,6 @@ def test_an_upward_import_between_packages_fails():
     assert [line.split(": ")[0] for line in _not_downward(sideways)] == [
         "sweeper.worker (rank 5) imports sweeper.inference (rank 5)"]
 
-
-def test_known_violations_are_still_there():
-    """An allowed violation that is gone must leave the allow-list, so it cannot come back unseen."""
-    assert sorted(KNOWN_UNTIL_STRATEGIES_SPLIT - set(_package_imports())) == []
 
 
 def _circles(graph: Mapping[str, Iterable[str]]) -> List[List[str]]:
@@ -253,10 +242,10 @@ def _module_circles(imports: Imports = IMPORTS) -> List[List[str]]:
                      for name, found in imports.items()})
 
 
-def _package_circles(imports: Imports = IMPORTS, known=KNOWN_UNTIL_STRATEGIES_SPLIT) -> List[List[str]]:
+def _package_circles(imports: Imports = IMPORTS) -> List[List[str]]:
     """Circles between packages: two modules need not import each other for their packages to."""
     graph: Dict[str, List[str]] = {}
-    for a, b in sorted(set(_package_imports(imports)) - set(known)):
+    for a, b in sorted(set(_package_imports(imports))):
         graph.setdefault(a, []).append(b)
     return _circles(graph)
 

@@ -6,7 +6,7 @@ import pytest
 from collections import Counter
 
 from sweeper.driver.skeleton import Phases
-from sweeper.driver.train import summary
+from sweeper.driver.train_sweep import summary
 from sweeper.plan import GridPoint
 from sweeper.schema import PointResult
 from sweeper.worker.points import startup_split

@@ -121,7 +121,7 @@ def test_the_recommendation_yaml_carries_the_parallelism_absent_meaning_ddp():
 def test_a_point_params_name_its_parallelism_and_gradient_sync(parallelism):
     from sweeper import config
     from sweeper.driver.preflight import _point_spec
-    from sweeper.driver.train import point_params
+    from sweeper.driver.params import point_params
     from tests.harness import compose_cfg
 
     cfg = config.load(compose_cfg("model=mlp", "gns.enabled=false"))
