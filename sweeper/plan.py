@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 
 # The recipe axes' defaults: a point that uses them keeps the key it had before they existed.
@@ -165,6 +165,29 @@ def optimizer_steps(num_train_samples: int, epochs: int, global_batch_size: int)
     return (num_train_samples * epochs) // global_batch_size
 
 
+def rank_runs(step_begin: int, step_end: int, point: GridPoint, rank: int,
+              sample_offset: int = 0) -> Iterator[Tuple[int, int]]:
+    """(first stream position, length) of each micro-batch rank `rank` consumes for optimizer steps
+    [step_begin, step_end), in order, lazily (nothing held per sample).
+
+    The one rule of the sample stream, for a map-style dataset (positions through each epoch's
+    permutation: sampler.GlobalBatchSampler) and a streamed one alike (positions read in stream order:
+    workloads.streaming): global step k is positions [sample_offset + k*G, sample_offset + (k+1)*G),
+    cut into micro-batches of consecutive positions; micro-batch m*num_workers + r is rank r's
+    micro-step m. Whatever the layout, step k covers the same samples, so layouts with the same global
+    batch compute the same gradient (up to float summation order). Layouts that also share the
+    micro-batch size put the same samples in each micro-batch, so BatchNorm normalizes over the same
+    groups too: (16, 2, 1) and (16, 1, 2) then train the same model, not just on the same data.
+    `sample_offset`: where in the stream step 0 starts (a run continued from a checkpoint at that many
+    samples seen, whatever the global batch before it: the stream is a function of sample position, so
+    nothing repeats or is skipped)."""
+    g, micro, workers = point.global_batch_size, point.micro_batch_size, point.num_workers
+    for step in range(step_begin, step_end):
+        first = sample_offset + step * g + rank * micro
+        for micro_step in range(point.accumulation_steps):
+            yield first + micro_step * workers * micro, micro
+
+
 def stream_indices(
     permutations: Sequence[Sequence[int]],
     step_begin: int,
@@ -173,26 +196,13 @@ def stream_indices(
     rank: int,
     sample_offset: int = 0,
 ) -> List[int]:
-    """Sample indices rank `rank` consumes for optimizer steps [step_begin, step_end), in order.
-
-    Global step k is stream[sample_offset + k*G : sample_offset + (k+1)*G] of the concatenated
-    permutations, cut into micro-batches of consecutive samples; micro-batch m*num_workers + r is rank
-    r's micro-step m. Whatever the layout, step k covers the same samples, so layouts with the same global
-    batch compute the same gradient (up to float summation order). Layouts that also share the micro-batch
-    size put the same samples in each micro-batch, so BatchNorm normalizes over the same groups too: (16,
-    2, 1) and (16, 1, 2) then train the same model, not just on the same data. `sample_offset`: where in
-    the stream step 0 starts (a run continued from a checkpoint at that many samples seen, whatever the
-    global batch before it: the stream is a function of sample position, so nothing repeats or is skipped).
-    """
-    g, micro, workers = point.global_batch_size, point.micro_batch_size, point.num_workers
-    chained = itertools.chain.from_iterable(permutations)
-    stream = [int(i) for i in itertools.islice(chained, sample_offset + step_begin * g, sample_offset + step_end * g)]
-    out: List[int] = []
-    for step in range(0, len(stream), g):
-        for micro_step in range(point.accumulation_steps):
-            first = step + (micro_step * workers + rank) * micro
-            out.extend(stream[first : first + micro])
-    return out
+    """Sample indices rank `rank` consumes for optimizer steps [step_begin, step_end), in order, when the
+    stream is the concatenated `permutations` (one per epoch): rank_runs' positions looked up in them.
+    Positions past the permutations' end are left out."""
+    stream = list(itertools.islice(itertools.chain.from_iterable(permutations), sample_offset + step_end *
+                                   point.global_batch_size))
+    return [int(i) for first, length in rank_runs(step_begin, step_end, point, rank, sample_offset)
+            for i in stream[first: first + length]]
 
 
 def replicate(points: Sequence[GridPoint], lr_multipliers: Sequence[float] = (1.0,),
