@@ -79,12 +79,23 @@ class DataConfig:
     val_fraction: float = 0.2
     # synthetic: how many random samples.
     num_samples: int = 2048
-    # data=tokens: the folder holding nanoGPT's train.bin and val.bin (uint16 token ids), and the
+    # data=tokens: the folder holding nanoGPT's train.bin and val.bin (token ids), and the
     # vocabulary those ids are below.
     path: Optional[str] = None
     vocab_size: Optional[int] = None
+    # data=tokens: the ids' width in files without a header (nanoGPT writes none): auto (uint16 for a
+    # vocabulary up to 65,536, else uint32), uint16 or uint32. A file with llm.c's header says its own.
+    token_dtype: str = "auto"
     # torch DataLoader worker processes per training worker (at most 4 per CPU, see check_data).
     loader_workers: int = 0
+    # torch DataLoader: batches in page-locked host memory, copied to a GPU asynchronously (no effect on
+    # CPU workers); and the batches each loader worker keeps ready (null: torch's default, 2; only with
+    # loader_workers > 0). A point that waits on its loader names these in the report (data-bound).
+    pin_memory: bool = True
+    prefetch_factor: Optional[int] = None
+    # A streamed train set (your factory returns an IterableDataset, docs/data.md): its samples per epoch
+    # when the stream cannot say (null: its shards' lengths or len(), else counted once by reading it).
+    stream_samples: Optional[int] = None
 
 
 @dataclass
@@ -120,6 +131,27 @@ def check_data(data: DataConfig, local_cpus: Optional[int]) -> List[str]:
         problems, "data.loader_workers", data.loader_workers, lambda n: 0 <= n <= limit,
         f"must be between 0 and {limit} ({where}), e.g. 0 for loading in the training process",
     )
+    return problems + _loader_problems(data)
+
+
+TOKEN_DTYPES = ("auto", "uint16", "uint32")
+
+
+def _loader_problems(data: DataConfig) -> List[str]:
+    """data.token_dtype, data.prefetch_factor and data.stream_samples."""
+    problems: List[str] = []
+    if data.token_dtype not in TOKEN_DTYPES:
+        problems.append(f"data.token_dtype={data.token_dtype!r} is invalid. Should be one of {TOKEN_DTYPES}: "
+                        "auto picks uint16 for a vocabulary up to 65,536, else uint32")
+    if data.prefetch_factor is not None:
+        check_rule(problems, "data.prefetch_factor", data.prefetch_factor, is_positive,
+                   "must be a positive number of batches per loader worker, or null for torch's default (2)")
+        if data.loader_workers == 0:
+            problems.append(f"data.prefetch_factor={data.prefetch_factor} needs loader worker processes to prefetch: "
+                            "set data.loader_workers > 0, or data.prefetch_factor=null")
+    if data.stream_samples is not None:
+        check_rule(problems, "data.stream_samples", data.stream_samples, is_positive,
+                   "must be a positive number of samples per epoch, or null to take it from the stream")
     return problems
 
 

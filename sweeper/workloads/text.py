@@ -2,8 +2,9 @@
 
 `data=text`: byte-level text (vocabulary 256) from a corpus every machine has without a download, the
 Python standard library's own source files, split into train and validation by file.
-`data=tokens`: the user's tokenized corpus in nanoGPT's layout, `train.bin` and `val.bin` of uint16
-token ids.
+`data=tokens`: the user's tokenized corpus in nanoGPT's layout, `train.bin` and `val.bin` of token ids:
+raw uint16 or uint32 (data.token_dtype; auto: uint16 for a vocabulary up to 65,536), or llm.c's files with
+their 1 KiB header, which names the width itself.
 """
 
 from __future__ import annotations
@@ -24,7 +25,12 @@ from sweeper.config import BYTE_VOCAB, TOKEN_DATA, DataConfig
 from sweeper.workloads.splits import Splits
 
 TOKEN_FILES = ("train.bin", "val.bin")
-TOKEN_DTYPE = np.uint16  # nanoGPT's prepare.py writes GPT-2 BPE ids as uint16
+TOKEN_DTYPE = np.uint16  # nanoGPT's prepare.py writes GPT-2 BPE ids as uint16, with no header
+TOKEN_DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
+# llm.c's dev/data/data_common.py: 256 int32s (magic, version, token count, zeros), then the ids; the magic
+# names their width (GPT-2's uint16, Llama 3's uint32: a vocabulary of 128,256).
+HEADER_BYTES = 256 * 4
+HEADER_MAGIC = {20240520: np.uint16, 20240801: np.uint32}
 # Ids are checked against the vocabulary in chunks, so a large memmap is never read whole into memory.
 _CHUNK = 1 << 24
 
@@ -99,43 +105,94 @@ def unigram_entropy_bits(tokens: np.ndarray, vocab_size: int) -> float:
     return float(-(p * np.log2(p)).sum())
 
 
-def token_file(folder: str, name: str) -> np.memmap:
-    return np.memmap(os.path.join(folder, name), dtype=TOKEN_DTYPE, mode="r")
+@dataclass(frozen=True)
+class TokenLayout:
+    """How a token file holds its ids: their width, and where they begin (after llm.c's header, or at 0)."""
+
+    dtype: type
+    offset_bytes: int = 0
+    header: bool = False
+
+    @property
+    def itemsize(self) -> int:
+        return np.dtype(self.dtype).itemsize
 
 
-def check_tokens(folder: Optional[str], vocab_size: Optional[int], context: int) -> List[str]:
-    """Problems with a nanoGPT-layout corpus: the folder and both files, their size (whole uint16 ids),
-    at least one sequence each, and every id below `vocab_size`."""
+def auto_dtype(vocab_size: Optional[int]) -> type:
+    """The narrowest width that holds every id below `vocab_size`: uint16 up to 65,536 ids (nanoGPT's
+    GPT-2 files), else uint32."""
+    return np.uint16 if vocab_size is None or vocab_size <= np.iinfo(np.uint16).max + 1 else np.uint32
+
+
+def token_layout(path: str, token_dtype: str = "auto", vocab_size: Optional[int] = None) -> TokenLayout:
+    """The file's layout: llm.c's header when its first int32 is a known magic and the header's token count
+    matches the file's size, else raw ids of data.token_dtype (auto: by `vocab_size`)."""
+    size = os.path.getsize(path)
+    if size >= HEADER_BYTES:
+        header = np.fromfile(path, dtype=np.int32, count=3)
+        dtype = HEADER_MAGIC.get(int(header[0]))
+        if dtype is not None and HEADER_BYTES + int(header[2]) * np.dtype(dtype).itemsize == size:
+            return TokenLayout(dtype, HEADER_BYTES, True)
+    return TokenLayout(TOKEN_DTYPES.get(token_dtype) or auto_dtype(vocab_size))
+
+
+def token_file(folder: str, name: str, token_dtype: str = "auto", vocab_size: Optional[int] = None) -> np.ndarray:
+    path = os.path.join(folder, name)
+    layout = token_layout(path, token_dtype, vocab_size)
+    if os.path.getsize(path) == layout.offset_bytes:
+        return np.zeros(0, layout.dtype)
+    return np.memmap(path, dtype=layout.dtype, mode="r", offset=layout.offset_bytes)
+
+
+def check_tokens(folder: Optional[str], vocab_size: Optional[int], context: int,
+                 token_dtype: str = "auto") -> List[str]:
+    """Problems with a nanoGPT-layout corpus: the folder and both files, their size (whole ids of their
+    width), at least one sequence each, and every id below `vocab_size`."""
     if not folder:
         return ["data.path is not set: data=tokens needs the folder holding train.bin and val.bin, "
                 "e.g. data.path=data/shakespeare"]
     if vocab_size is None or vocab_size < 2:
         return [f"data.vocab_size={vocab_size}: data=tokens needs the vocabulary its ids are below, "
                 "e.g. data.vocab_size=50304 for GPT-2's tokenizer"]
-    if vocab_size > np.iinfo(TOKEN_DTYPE).max + 1:
-        return [f"data.vocab_size={vocab_size}: train.bin holds uint16 ids, so at most 65536"]
+    if vocab_size > np.iinfo(np.uint32).max + 1:
+        return [f"data.vocab_size={vocab_size}: token ids are at most uint32, so at most 4294967296"]
+    if token_dtype == "uint16" and vocab_size > np.iinfo(np.uint16).max + 1:
+        return [f"data.vocab_size={vocab_size} with data.token_dtype=uint16: uint16 ids reach 65535 only; write "
+                "the ids as uint32 and set data.token_dtype=uint32 (or auto)"]
     problems = []
     for name in TOKEN_FILES:
         path = os.path.join(os.path.abspath(folder), name)
         if not os.path.isfile(path):
             problems.append(f"data.path={folder!r} has no {name} ({path}): data=tokens reads nanoGPT's "
-                            "train.bin and val.bin (uint16 token ids) from that folder")
+                            "train.bin and val.bin (uint16 or uint32 token ids) from that folder")
             continue
-        size = os.path.getsize(path)
-        if size % 2:
-            problems.append(f"data.path={folder!r}: {name} is {size} bytes, an odd number, so not uint16 token "
-                            "ids: write it with numpy's uint16 (np.array(ids, dtype=np.uint16).tofile)")
-            continue
-        tokens = token_file(folder, name) if size else np.zeros(0, TOKEN_DTYPE)
-        if len(tokens) < context + 1:
-            problems.append(f"data.path={folder!r}: {name} holds {len(tokens)} tokens, fewer than one sequence of "
-                            f"model.context={context} plus its next token: give more tokens or a smaller model.context")
-            continue
-        top = max(int(tokens[i: i + _CHUNK].max()) for i in range(0, len(tokens), _CHUNK))
-        if top >= vocab_size:
-            problems.append(f"data.path={folder!r}: {name} holds token id {top}, not below data.vocab_size="
-                            f"{vocab_size}: set data.vocab_size to at least {top + 1}")
+        problem = _file_problem(folder, name, path, vocab_size, context, token_dtype)
+        if problem:
+            problems.append(problem)
     return problems
+
+
+def _file_problem(folder: str, name: str, path: str, vocab_size: int, context: int, token_dtype: str) -> Optional[str]:
+    layout = token_layout(path, token_dtype, vocab_size)
+    width = np.dtype(layout.dtype).name
+    if layout.header and token_dtype != "auto" and TOKEN_DTYPES[token_dtype] is not layout.dtype:
+        return (f"data.path={folder!r}: {name} has llm.c's header, which says its ids are {width}, not "
+                f"data.token_dtype={token_dtype}: set data.token_dtype=auto (or {width})")
+    size = os.path.getsize(path) - layout.offset_bytes
+    if size % layout.itemsize:
+        return (f"data.path={folder!r}: {name} is {size} bytes, not a whole number of {width} token ids "
+                f"({layout.itemsize} bytes each): write it with numpy's {width} "
+                f"(np.array(ids, dtype=np.{width}).tofile) or set data.token_dtype to the width it was written in")
+    tokens = token_file(folder, name, token_dtype, vocab_size)
+    if len(tokens) < context + 1:
+        return (f"data.path={folder!r}: {name} holds {len(tokens)} tokens, fewer than one sequence of "
+                f"model.context={context} plus its next token: give more tokens or a smaller model.context")
+    top = max(int(tokens[i: i + _CHUNK].max()) for i in range(0, len(tokens), _CHUNK))
+    if top >= vocab_size:
+        return (f"data.path={folder!r}: {name} holds token id {top}, not below data.vocab_size={vocab_size}: set "
+                f"data.vocab_size to at least {top + 1}" + (f" (read as {width}: if the file is another width, set "
+                                                           "data.token_dtype)" if not layout.header else ""))
+    return None
 
 
 def check_text(val_fraction: float, context: int) -> List[str]:
@@ -159,7 +216,7 @@ def check(cfg: DataConfig, context: int = 0) -> List[str]:
     """Problems that would stop `load`: found without loading anything. `context`: the language model's
     sequence length, which the data must hold at least one sequence of."""
     if cfg.name == "tokens":
-        return check_tokens(cfg.path, cfg.vocab_size, context)
+        return check_tokens(cfg.path, cfg.vocab_size, context, cfg.token_dtype)
     return check_text(cfg.val_fraction, context)
 
 
@@ -185,7 +242,7 @@ def _text(cfg: DataConfig, context: int) -> Splits:
 
 
 def _tokens(cfg: DataConfig, context: int) -> Splits:
-    train, val = (token_file(os.path.abspath(cfg.path), name) for name in TOKEN_FILES)
+    train, val = (token_file(os.path.abspath(cfg.path), name, cfg.token_dtype, cfg.vocab_size) for name in TOKEN_FILES)
     return Splits(PackedSequences(train, context), PackedSequences(val, context),
                   num_classes=int(cfg.vocab_size),
-                  unigram_entropy_bits=unigram_entropy_bits(train, cfg.vocab_size))
+                  unigram_entropy_bits=unigram_entropy_bits(train, cfg.vocab_size), shareable=False)

@@ -139,7 +139,8 @@ def test_bad_token_files_are_refused_with_the_fix(tmp_path):
     assert _problems(*base, "data.vocab_size=100") == []
     assert any("holds token id 99, not below data.vocab_size=50" in p for p in _problems(*base, "data.vocab_size=50"))
     (tmp_path / "val.bin").write_bytes(b"\x01\x00\x02")
-    assert any("val.bin is 3 bytes, an odd number" in p for p in _problems(*base, "data.vocab_size=100"))
+    assert any("val.bin is 3 bytes, not a whole number of uint16 token ids (2 bytes each)" in p
+               for p in _problems(*base, "data.vocab_size=100"))
     os.remove(tmp_path / "val.bin")
     assert any("has no val.bin" in p for p in _problems(*base, "data.vocab_size=100"))
     (tmp_path / "short").mkdir()
@@ -154,3 +155,52 @@ def test_a_token_corpus_trains_through_the_worker(tmp_path):
     r = train_point(_spec(GridPoint(4, 1, 1), data=data), WorkerContext())
     assert r["status"] == "ok" and r["val_tokens"] == (399 // 16) * 16
     assert "val_bits_per_byte" not in r and r["train_unigram_entropy_bits"] == pytest.approx(math.log2(50), abs=0.05)
+
+
+def _uint32_folder(folder, vocab, header=False):
+    """train.bin / val.bin of uint32 ids up to `vocab` - 1 (above uint16's range); with llm.c's header."""
+    rng = np.random.default_rng(1)
+    folder.mkdir(exist_ok=True)
+    for name, n in (("train.bin", 3000), ("val.bin", 400)):
+        ids = rng.integers(0, 50, n).astype(np.uint32) + np.uint32(vocab - 50)  # ids 69,950..69,999
+        with open(folder / name, "wb") as f:
+            if header:
+                head = np.zeros(256, dtype=np.int32)
+                head[:3] = (20240801, 7, n)  # llm.c's Llama 3 magic, version, token count
+                f.write(head.tobytes())
+            f.write(ids.tobytes())
+    return str(folder)
+
+
+def test_a_uint32_token_corpus_with_a_vocabulary_above_65536_trains(tmp_path):
+    vocab = 70_000
+    folder = _uint32_folder(tmp_path / "raw", vocab)
+    assert text.token_layout(os.path.join(folder, "train.bin"), "auto", vocab).dtype is np.uint32  # auto: by vocab
+    base = ["model=gpt", "data=tokens", f"data.path={folder}", "model.context=16", "model.n_layer=1",
+            "model.d_model=32", "model.n_head=2", "train.samples=2048", f"data.vocab_size={vocab}"]
+    assert _problems(*base) == []
+    data = DataConfig(name="tokens", path=folder, vocab_size=vocab, num_classes=vocab)
+    r = train_point(_spec(GridPoint(4, 1, 1), data=data), WorkerContext())
+    assert r["status"] == "ok" and r["val_tokens"] == (399 // 16) * 16
+    # The 50 ids used are 69,950 and up: the top id read back whole (uint16 would wrap them below 65,536).
+    assert int(data_mod.load(data, [16]).train[0][0].min()) >= vocab - 50
+    # llm.c's header names the width itself; a width said otherwise is refused with the fix.
+    headed = _uint32_folder(tmp_path / "headed", vocab, header=True)
+    layout = text.token_layout(os.path.join(headed, "val.bin"), "auto", vocab)
+    assert (layout.dtype, layout.offset_bytes) == (np.uint32, 1024)
+    assert _problems(*base, f"data.path={headed}") == []
+    gpt2 = tmp_path / "gpt2"
+    gpt2.mkdir()
+    for name in ("train.bin", "val.bin"):  # llm.c's GPT-2 files: its magic, uint16 ids
+        head = np.zeros(256, dtype=np.int32)
+        head[:3] = (20240520, 1, 400)
+        (gpt2 / name).write_bytes(head.tobytes() + np.arange(400, dtype=np.uint16).tobytes())
+    assert text.token_layout(str(gpt2 / "val.bin")).dtype is np.uint16
+    assert any("train.bin has llm.c's header, which says its ids are uint16, not data.token_dtype=uint32" in p
+               for p in _problems(*base[:-1], f"data.path={gpt2}", "data.vocab_size=400", "data.token_dtype=uint32"))
+    assert any("data.vocab_size=70000 with data.token_dtype=uint16: uint16 ids reach 65535 only" in p
+               for p in _problems(*base, "data.token_dtype=uint16"))
+    (tmp_path / "raw" / "val.bin").write_bytes(b"\x01\x00\x02\x00\x03\x00")
+    assert any("val.bin is 6 bytes, not a whole number of uint32 token ids (4 bytes each)" in p
+               for p in _problems(*base))
+    assert any("data.token_dtype='int8' is invalid" in p for p in _problems(*base, "data.token_dtype=int8"))
