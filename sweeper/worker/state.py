@@ -29,6 +29,8 @@ import torch
 from torch import nn
 
 FORMAT = 1
+# sampler.py's order (a Feistel permutation per epoch, streaming.py's shards in a seeded order): in identity().
+SAMPLE_ORDER = "permutation-1"
 META, WEIGHTS, OPTIMIZER, EXTRA = "meta.json", "weights.pt", "optimizer.pt", "extra.pt"
 
 
@@ -120,7 +122,10 @@ def identity(spec: Any) -> Dict[str, Any]:
     # A language model's input_shape is its context: a position in samples means sequences of it.
     model = {k: v for k, v in asdict(spec.model).items() if k != "checkpoint_modules"}  # a recipe setting
     data = {k: v for k, v in asdict(spec.data).items()
-            if k not in ("loader_workers", "root", "download", "verify_checksums")}
+            if k not in ("loader_workers", "pin_memory", "prefetch_factor", "root", "download", "verify_checksums")}
+    # The rule that turns samples seen into the next sample: a checkpoint of an earlier rule (a list from
+    # torch.randperm per epoch) would go on at the same position of another order.
+    data["sample_order"] = SAMPLE_ORDER
     optimizer = spec.optim.name if not spec.optim._target_ else f"{spec.optim.name} ({spec.optim._target_})"
     return {"model": model, "data": data, "optimizer": optimizer, "seed": spec.seed}
 

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 
 from sweeper import recipe
 from sweeper.measure import telemetry
-from sweeper.sampler import GlobalBatchSampler
+from sweeper.sampler import rank_share
 from sweeper.worker.gns import MicroGradients, total_norm
 from sweeper.worker import sharding
 from sweeper.worker.sharding import accumulation_context
@@ -251,14 +251,16 @@ def _loader(spec: PointSpec, ctx: WorkerContext, device: telemetry.Device, split
             start_samples: int) -> DataLoader:
     """This rank's micro-batches, full ones only, from `start_samples` into the stream on."""
     point = spec.point
-    sampler = GlobalBatchSampler(len(splits.train), point, ctx.rank, spec.steps, spec.seed, start_samples)
+    # A streamed train set is read in stream order (no sampler), a map-style one through the sampler.
+    dataset, sampler = rank_share(splits.train, point, ctx.rank, spec.steps, spec.seed, start_samples)
     return DataLoader(
-        splits.train,
+        dataset,
         batch_size=point.micro_batch_size,
         sampler=sampler,
         drop_last=True,
         num_workers=spec.data.loader_workers,
-        pin_memory=device.is_cuda,
+        pin_memory=spec.data.pin_memory and device.is_cuda,
+        prefetch_factor=spec.data.prefetch_factor if spec.data.loader_workers > 0 else None,
         # A loader worker process that stalls (NFS, a deadlock) raises instead of hanging the group.
         timeout=LOADER_TIMEOUT_SECONDS if spec.data.loader_workers > 0 else 0,
     )

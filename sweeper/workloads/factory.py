@@ -1,11 +1,12 @@
 """`model._target_` and `data._target_`: the user's own factories, Hydra `_target_` style. A model factory
 returns an nn.Module (called with model.kwargs, plus num_classes if it takes it); a data factory returns
-(train_dataset, val_dataset or None). Each is checked by calling it once before anything runs."""
+(train_dataset, val_dataset or None), the train set map-style or streamed (an IterableDataset:
+workloads/streaming.py). Each is checked by calling it once before anything runs."""
 
 from __future__ import annotations
 
 import inspect
-from typing import Any, List
+from typing import Any, List, Tuple
 
 import torch
 from hydra.utils import get_method
@@ -13,9 +14,11 @@ from torch import nn
 
 from sweeper.config import DataConfig, ModelConfig
 from sweeper.errors import first_line
+from sweeper.workloads import streaming
 from sweeper.workloads.splits import Splits
 
-FACTORY_RETURNS = "a 2-tuple (train_dataset, val_dataset or None) of datasets with len()"
+FACTORY_RETURNS = ("a 2-tuple (train_dataset, val_dataset or None) of datasets with len() and indexing, or a train "
+                   "IterableDataset")
 
 
 def build_model(cfg: ModelConfig, num_classes: int) -> nn.Module:
@@ -26,8 +29,19 @@ def build_model(cfg: ModelConfig, num_classes: int) -> nn.Module:
 
 
 def load_data(cfg: DataConfig) -> Splits:
-    train, val = get_method(cfg._target_)(**cfg.kwargs)
-    return Splits(train, val, cfg.num_classes)
+    return splits_of(get_method(cfg._target_)(**cfg.kwargs), cfg)
+
+
+def splits_of(made: Any, cfg: DataConfig) -> Splits:
+    """What the data factory returned as Splits: a streamed train set as a Stream whose epoch length is
+    known (data.stream_samples, its shards' lengths or len(), else counted by reading it once here), a
+    streamed held-out split read into memory."""
+    train, val = made
+    if streaming.is_stream(train):
+        train = streaming.as_stream(train, cfg.stream_samples)
+        if train.samples is None:
+            train = train.counted()
+    return Splits(train, None if val is None else streaming.materialize(val), cfg.num_classes)
 
 
 def check_model(cfg: ModelConfig, num_classes: int) -> List[str]:
@@ -62,32 +76,54 @@ def _not_a_module(cfg: ModelConfig, made: Any) -> str:
 
 
 
-def check_data(cfg: DataConfig) -> List[str]:
+def call_data(cfg: DataConfig) -> Tuple[Any, List[str]]:
+    """(what the data factory returned, its problems): called once, the result kept for loading (a factory
+    that tokenizes or reads a corpus runs once in the driver, not again to load)."""
     key = f"data._target_={cfg._target_!r}"
     try:
         made = get_method(cfg._target_)(**cfg.kwargs)
     except Exception as exc:  # noqa: BLE001 - whatever the user's factory raises is told in one line
-        return [
+        return None, [
             f"{key} raised {type(exc).__name__} ({first_line(exc)}) when called with data.kwargs="
             f"{dict(cfg.kwargs)}: fix the factory or its kwargs"
         ]
+    return made, made_problems(key, made)
+
+
+def check_data(cfg: DataConfig) -> List[str]:
+    return call_data(cfg)[1]
+
+
+def made_problems(key: str, made: Any) -> List[str]:
     if not _pair(made):
         return [f"{key} returned {_kind(made)}, not {FACTORY_RETURNS}: return (train, val), or (train, None)"]
     train, val = made
     for name, dataset in (("train", train), ("val", val)):
-        if not _map_style(dataset) and not (name == "val" and dataset is None):
+        if not _map_style(dataset) and not streaming.is_stream(dataset) and not (name == "val" and dataset is None):
             return [
                 f"{key} returned a {name} dataset of type {type(dataset).__name__}, without len() and indexing: "
-                "return map-style datasets (a torch.utils.data.Dataset with __len__, e.g. TensorDataset)"
+                "return map-style datasets (a torch.utils.data.Dataset with __len__, e.g. TensorDataset) or a "
+                "torch.utils.data.IterableDataset to stream (docs/data.md)"
             ]
-    if len(train) == 0:
+    try:
+        first = _first(train)
+    except StopIteration:
         return [f"{key} returned an empty train dataset: it needs samples to train on"]
-    if not _pair(train[0]):
+    if not _pair(first):
         return [
-            f"{key}: a train sample is {_kind(train[0])}, not an (input, label) pair: make the dataset's "
-            "__getitem__ return (x, label)"
+            f"{key}: a train sample is {_kind(first)}, not an (input, label) pair: make the dataset's "
+            "__getitem__ (or a stream's samples, e.g. streaming.as_stream(..., decode=...)) return (x, label)"
         ]
     return []
+
+
+def _first(train: Any) -> Any:
+    """The train set's first sample (StopIteration: it has none)."""
+    if streaming.is_stream(train):
+        return next(iter(streaming.as_stream(train)))
+    if len(train) == 0:
+        raise StopIteration
+    return train[0]
 
 
 def _map_style(dataset: object) -> bool:
