@@ -12,7 +12,7 @@ import os
 import tempfile
 import time
 from dataclasses import replace
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 import ray
 import torch
@@ -20,7 +20,7 @@ from ray import train, tune
 from ray.train.torch import TorchConfig, TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
-from sweeper.cluster import recovery, storage
+from sweeper.cluster import recovery, shared_data, storage
 from sweeper.cluster.resources import Resources, in_trial
 from sweeper.cluster.records import GROUP_ERROR
 from sweeper.plan import GridPoint
@@ -39,6 +39,7 @@ def group_trial(
     experiment: str,
     done_keys: frozenset = frozenset(),
     run_suffix: str = "",
+    data: Optional[Dict[str, Any]] = None,
 ) -> None:
     """The Tune function trainable of a worker group: one TorchTrainer whose workers measure the
     group's points in turn (Train V2 cannot be passed to a Tuner directly), or, for a group of one
@@ -49,7 +50,8 @@ def group_trial(
     group_specs = [replace(specs[p], use_gpu=resources.use_gpu) for p in points if p.key not in done_keys]
     if not group_specs:
         return  # everything in this group was recorded before the sweep was interrupted
-    loop_config = {"specs": group_specs, "threads": resources.threads_per_worker, "group_start_time": start}
+    loop_config = {"specs": group_specs, "threads": resources.threads_per_worker, "group_start_time": start,
+                   "data": data or {}}
     if in_trial(max(p.num_workers for p in points)):  # as its trial's resources were reserved (runs.py)
         point_worker({**loop_config, "in_trial": True})
         return
@@ -252,4 +254,5 @@ def point_worker(config: Dict[str, Any]) -> None:
                     recovery.clear(planned[result.trial_key])
             state.report_point(result)
 
-        run_points(pending, ctx, report, group_start_time=config["group_start_time"], threads=config["threads"])
+        run_points(pending, ctx, report, group_start_time=config["group_start_time"], threads=config["threads"],
+                   data=shared_data.resolve(config.get("data")))

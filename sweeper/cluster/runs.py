@@ -125,7 +125,7 @@ def run_points(
     process killed more often than cluster.max_failures allows, a rank failing alone): the caller runs
     them again in a fresh group.
     """
-    from sweeper.cluster import entry, launch
+    from sweeper.cluster import entry, launch, shared_data
 
     sink = PointSink(on_group_start, on_point, frozenset(done_keys), note)
     launch.launch(
@@ -133,6 +133,8 @@ def run_points(
         entry.group_trial,
         dict(
             specs=specs,
+            # Built once in the driver, fetched by the groups (cluster.shared_data): not built again in each.
+            data=shared_data.shared(specs.values()),
             resources=resources,
             storage_path=cluster.results_dir,
             experiment=experiment,

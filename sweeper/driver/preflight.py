@@ -80,13 +80,13 @@ def preflight(cfg: SweeperConfig) -> Tuple[Prepared, Dict[GridPoint, PointSpec]]
         problems += strategy_of(cfg.sweep.strategy).grid_problems(cfg, points)
     if problems:
         raise ConfigError(problems)
-    splits = datasets.load(cfg.data, cfg.model.input_shape)
+    splits = datasets.built(cfg.data, cfg.model.input_shape)  # the check's, for a factory: built once
     counts = count_flops(cfg, splits.num_classes) if cfg.measure.flops else {}
     prepared = Prepared(points, len(splits.train), splits.num_classes, counts, coupled_layers(cfg),
                         len(splits.val) if splits.val is not None else 0, splits.identity)
     for context in cfg.sweep.context_lengths or []:
         at = at_context(cfg, context)
-        train = len(datasets.load(cfg.data, at.model.input_shape).train)
+        train = len(datasets.built(cfg.data, at.model.input_shape).train)
         prepared.contexts[context] = (train, count_flops(at, splits.num_classes) if cfg.measure.flops else {})
     return prepared, (build_specs(cfg, prepared, points) if points else {})
 

@@ -36,6 +36,7 @@ def run_points(
     group_start_time: Optional[float] = None,
     threads: int = 1,
     status_timeout: datetime.timedelta = STATUS_TIMEOUT,
+    data: Optional[Dict[str, datasets.Splits]] = None,
 ) -> None:
     """Measure grid points one after another in this worker group, calling `report(result)` on every
     rank after each. The data and the per-group facts are loaded and measured once.
@@ -46,6 +47,9 @@ def run_points(
     Where a group's start-up goes (from `group_start_time`, the Tune trial's start) is logged on
     its first point; on every later point, the harness's gap since the previous one
     (`between_points_seconds`: reporting it, the checkpoint, Ray Train's report barrier).
+
+    `data`: the splits the driver built, by datasets.key (cluster.shared_data): used instead of building
+    them here.
     """
     entered = time.time()
     first = specs[0]
@@ -53,7 +57,8 @@ def run_points(
     # The data packed at each context the group trains (one for a sweep without sweep.context_lengths).
     loaded = {tuple(s.model.input_shape): None for s in specs}
     for shape in loaded:
-        loaded[shape] = datasets.load(first.data, list(shape))
+        given = (data or {}).get(datasets.key(first.data, list(shape)))
+        loaded[shape] = given if given is not None else datasets.load(first.data, list(shape))
     facts = group_facts(specs, device, ctx, threads)
     subgroups = comm.subgroups(sorted({s.point.num_workers for s in specs}), ctx, status_timeout)
     nodes = comm.gather_objects(ctx.node, ctx) if ctx.node else []

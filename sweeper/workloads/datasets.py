@@ -1,10 +1,14 @@
 """Datasets by name, the one registry: the built-in families (FAMILIES: images.py for digits, cifar10 and
 synthetic; text.py for text and tokens), or the user's own factory (factory.py). Each family answers
-`check(cfg, context)`, `load(cfg, input_shape)` and `source(cfg)`; adding one: docs/adding-a-workload.md."""
+`check(cfg, context)`, `load(cfg, input_shape)` and `source(cfg)`; adding one: docs/adding-a-workload.md.
+`built(cfg, input_shape)`: the driver's copy, built at most once (the check's call of a factory included)."""
 
 from __future__ import annotations
 
-from typing import List, Sequence
+import json
+from collections import OrderedDict
+from dataclasses import asdict
+from typing import List, Optional, Sequence
 
 from sweeper.config import DataConfig, check_factory
 from sweeper.workloads import factory, images, text
@@ -14,7 +18,11 @@ from sweeper.workloads.splits import Splits
 FAMILIES = {name: family for family in (images, text) for name in family.NAMES}
 BUILTIN = tuple(FAMILIES)
 
-__all__ = ["FAMILIES", "BUILTIN", "Splits", "check", "load", "source"]
+__all__ = ["FAMILIES", "BUILTIN", "Splits", "check", "load", "source", "built", "key"]
+
+# The driver's built data, by config and shape: the model's context and each of sweep.context_lengths'.
+BUILT_KEPT = 8
+_BUILT: "OrderedDict[str, Splits]" = OrderedDict()
 
 
 def check(cfg: DataConfig, context: int = 0) -> List[str]:
@@ -22,7 +30,13 @@ def check(cfg: DataConfig, context: int = 0) -> List[str]:
     factory of your own is called once to see what it returns. `context`: a language model's
     sequence length, which token data must hold at least one sequence of."""
     if cfg._target_:
-        return check_factory("data._target_", cfg._target_, factory.FACTORY_RETURNS) or factory.check_data(cfg)
+        problems = check_factory("data._target_", cfg._target_, factory.FACTORY_RETURNS)
+        if problems:
+            return problems
+        made, problems = factory.call_data(cfg)
+        if not problems:  # kept: preflight loads it next (built())
+            _remember(key(cfg, None), factory.splits_of(made, cfg))
+        return problems
     if cfg.name == "custom":
         return [
             "data._target_ is not set: data=custom needs the import path of your factory, "
@@ -48,3 +62,26 @@ def load(cfg: DataConfig, input_shape: Sequence[int]) -> Splits:
     if cfg.name not in FAMILIES:
         raise ValueError(f"data.name={cfg.name!r} is unknown")
     return FAMILIES[cfg.name].load(cfg, input_shape)
+
+
+def built(cfg: DataConfig, input_shape: Sequence[int]) -> Splits:
+    """load(cfg, input_shape), built once per process and kept (the driver's: preflight, the data handed to
+    the worker groups); a factory's from the check's call of it when check() ran first."""
+    name = key(cfg, input_shape)
+    if name not in _BUILT:
+        _remember(name, load(cfg, input_shape))
+    _BUILT.move_to_end(name)
+    return _BUILT[name]
+
+
+def key(cfg: DataConfig, input_shape: Optional[Sequence[int]]) -> str:
+    """The data's name in built()'s store and in the data the driver hands the worker groups."""
+    # A factory is called with data.kwargs alone: its data is the same at every shape.
+    shape = None if cfg._target_ or input_shape is None else [int(d) for d in input_shape]
+    return json.dumps([asdict(cfg), shape], sort_keys=True, default=str)
+
+
+def _remember(key: str, splits: Splits) -> None:
+    _BUILT[key] = splits
+    while len(_BUILT) > BUILT_KEPT:
+        _BUILT.popitem(last=False)

@@ -22,3 +22,6 @@ class Splits:
     byte_level: bool = False
     unigram_entropy_bits: Optional[float] = None
     identity: Optional[str] = None  # e.g. the text corpus's digest
+    # Whether the driver may hand these splits to the worker groups (cluster/shared_data.py) rather than each
+    # group building them: not memory-mapped files (pickling one copies the file; each worker maps it instead).
+    shareable: bool = True
