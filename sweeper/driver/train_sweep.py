@@ -173,6 +173,10 @@ def sweep_params(cfg: SweeperConfig, auto: bool, resources: Resources) -> Dict[s
         "use_gpu": resources.use_gpu,
         "cpus_per_worker": resources.cpus_per_worker,
         "device_memory_budget_gb": cfg.device.memory_budget_gb,
+        # The loader the points ran with: the report names them beside a data-bound point (report/data_bound.py).
+        "loader_workers": cfg.data.loader_workers,
+        "pin_memory": cfg.data.pin_memory,
+        "prefetch_factor": cfg.data.prefetch_factor,
         # The question the report answers, so `python -m sweeper.report` rebuilds the same answer.
         **report_build.settings_params(cfg.report),
     }

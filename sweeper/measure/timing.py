@@ -96,6 +96,17 @@ def phase_split(per_step: Sequence[Tuple[float, float, float]]) -> Dict[str, flo
     }
 
 
+def data_wait_fraction(phases: Dict[str, float]) -> Optional[float]:
+    """The share of a step spent waiting for data: data_seconds_per_step over the three phases' sum (what
+    the step's marks cover), from phase_split's figures (None without them). A loader that keeps up hands
+    over a batch already made (a few % here: the copy); one that cannot leaves the device idle while the
+    next batch is made (report/data_bound.py names such a point)."""
+    seconds = [phases.get(f"{name}_seconds_per_step") for name in PHASES]
+    if any(s is None for s in seconds) or sum(seconds) <= 0:
+        return None
+    return seconds[0] / sum(seconds)
+
+
 WARMUP, TRACKED, PROFILED, TIMED = "warmup", "tracked", "profiled", "timed"
 
 

@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 from sweeper.errors import ConfigError
 from sweeper import stats
-from sweeper.report import classes, eligibility, reasons, ties
+from sweeper.report import classes, data_bound, eligibility, reasons, ties
 from sweeper.report.front import knee, knees, pareto
 from sweeper.report.lr import LrRow, lr_table
 from sweeper.report import noninferiority
@@ -146,7 +146,7 @@ def _choose(done: Callable[..., Recommendation], eligible: List[PointSummary], e
     if passed_over:
         reason += " " + reasons.passed_over_note(passed_over, max_drop, top, level, best_class, gaps, quality)
     extra = [reasons.certified_note(best, best_class, top, max_drop, gaps, level, quality),
-             eligibility.diverged_note(diverged) if diverged else None]
+             eligibility.diverged_note(diverged) if diverged else None, data_bound.winner_note(best.trial)]
     if objective == "time_to_target" and critical_batch is not None:
         extra.append(reasons.critical_batch_note(best, critical_batch))
     reason = " ".join([reason, *(e for e in extra if e)])

@@ -398,6 +398,7 @@ def _trial(row: Dict[str, Any]) -> Trial:
         train_unigram_entropy_bits=number("train_unigram_entropy_bits"),
         context=whole("context"),
         memory_activations_bytes=number("memory_activations_bytes"),
+        data_wait_fraction=number("data_wait_fraction"),
     )
 
 

@@ -11,6 +11,7 @@ import textwrap
 from typing import Dict, List, Optional, Tuple
 
 from sweeper import stats
+from sweeper.report import data_bound
 from sweeper.report.noninferiority import Gap, judge_gap, one_sided
 from sweeper.report.quality import QUALITIES, Quality
 from sweeper.report.reasons import rate
@@ -142,7 +143,7 @@ def _row(rec: Recommendation, point: PointSummary, quality: Quality, chosen: boo
     speed = rate(point.trial)
     gap = _judged(rec, point)
     mine = rec.classes.get(point.key, point)
-    verdict, settle = (chosen_word if chosen else _verdict(rec, point, gap)), "-"
+    verdict, settle = (chosen_word if chosen else _verdict(rec, point, gap)) + data_bound.marker(point.trial), "-"
     if gap is not None and gap.interval is not None:
         shown = gap_text(gap.interval, quality)
         if gap.outcome == "unproven" and point.key in rec.gaps:

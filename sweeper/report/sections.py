@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from sweeper.report import analysis, folding, recipes
+from sweeper.report import analysis, data_bound, folding, recipes
 from sweeper.report.analysis import Trial
 from sweeper.report.critical_batch import CriticalBatch
 from sweeper.report.html import Section
@@ -31,6 +31,7 @@ def sections(trials: List[Trial], found: Optional[CriticalBatch], params: Dict[s
     return [
         (f"Compute spent (sweep.strategy={params.get('strategy', 'smart')})", compute_words(sweep_figures)),
         ("Critical batch size", _critical_batch_words(trials, found, params)),
+        ("Input pipeline (data-bound points)", data_bound.words(trials, params)),
         ("Points (mean over seeds)", _point_rows(trials, judging(params, trials)[2])),
         ("LR multipliers per global batch", lr_rows(trials, *judging(params, trials))),
         *_recipe_sections(trials, sweep_figures, *judging(params, trials)),

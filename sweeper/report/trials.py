@@ -62,6 +62,7 @@ class Trial:
     train_unigram_entropy_bits: Optional[float] = None
     context: Optional[int] = None
     memory_activations_bytes: Optional[float] = None  # the micro-batch's activations at the peak
+    data_wait_fraction: Optional[float] = None  # the step's share waiting on the loader (report/data_bound.py)
 
     @property
     def activation_bytes_per_token(self) -> Optional[float]:

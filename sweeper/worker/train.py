@@ -512,7 +512,9 @@ def _throughput(result: PointResult, run: Training, clock: Clock) -> None:
     if positions is not None and tp.samples_per_second is not None:
         result.throughput.tokens_per_second = tp.samples_per_second * positions
     phases = timing.phase_split([_phases(device, marks) for marks in clock.step_marks])
-    result.throughput.update(comm.reduce_numbers(phases, run.ctx, device.torch_device, dist.ReduceOp.SUM, mean=True))
+    phases = comm.reduce_numbers(phases, run.ctx, device.torch_device, dist.ReduceOp.SUM, mean=True)
+    result.throughput.update(phases)
+    result.throughput.data_wait_fraction = timing.data_wait_fraction(phases)
 
 
 def _phases(device: telemetry.Device, marks: List[Any]):
