@@ -56,14 +56,20 @@ class Permutation:
         shift = np.uint64(self.half)
         left, right = x >> shift, x & self.mask
         for key in self.keys:
-            left, right = right, left ^ (_mix(right ^ key) & self.mask)
-        return (left << shift) | right
+            mixed = _mix(right ^ key)
+            mixed &= self.mask
+            mixed ^= left
+            left, right = right, mixed
+        left <<= shift
+        left |= right
+        return left
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finalizer on uint64 arrays (wrapping multiplication)."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * _MIX_1
-    x = x ^ (x >> np.uint64(27))
-    x = x * _MIX_2
-    return x ^ (x >> np.uint64(31))
+    """splitmix64's finalizer on a uint64 array, in place (wrapping multiplication)."""
+    x ^= x >> np.uint64(30)
+    x *= _MIX_1
+    x ^= x >> np.uint64(27)
+    x *= _MIX_2
+    x ^= x >> np.uint64(31)
+    return x

@@ -3,6 +3,7 @@ scored across ranks."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import dataclass, field
@@ -11,7 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader, IterableDataset, Subset
 
 from sweeper.worker.collectives import all_reduce
 from sweeper.worker.sharding import is_sharded
@@ -41,8 +42,12 @@ def recalibrate_batchnorm(
     # size caps a single one only when it holds less than one micro-batch).
     batches = max(1, min(samples, len(dataset)) // micro_batch_size)
     used = min(batches * micro_batch_size, len(dataset))
-    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:used].tolist()
-    loader = DataLoader(Subset(dataset, order), batch_size=micro_batch_size)
+    if isinstance(dataset, IterableDataset):  # a stream has no random access: its first samples, in shard order
+        chosen = list(itertools.islice(iter(dataset), used))
+    else:
+        order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:used].tolist()
+        chosen = Subset(dataset, order)
+    loader = DataLoader(chosen, batch_size=micro_batch_size)
     torch.optim.swa_utils.update_bn(loader, model, device=device)
     return used
 

@@ -7,6 +7,7 @@ DataLoader is what its worker builds (worker.step._loader)."""
 from __future__ import annotations
 
 import glob
+import itertools
 import io
 import json
 import os
@@ -247,3 +248,15 @@ def test_a_stream_trains_through_the_worker_alike_at_every_layout_and_goes_on_fr
     after = run(_spec(shard_folder, GridPoint(8, 2, 1), 70, loader_workers=2, start_from=str(tmp_path / "s")))
     assert first["status"] == after["status"] == "ok" and after["start_samples"] == 60 * 16
     torch.testing.assert_close(losses(after), losses(straight)[60:], rtol=1e-5, atol=1e-6)
+
+
+def test_batchnorm_is_re_estimated_from_a_streams_first_samples(shard_folder):
+    from sweeper.worker.evaluate import recalibrate_batchnorm
+
+    stream = streaming.as_stream(ShardFiles(shard_folder)).counted()  # no random access: shard 0's first samples
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.BatchNorm1d(64)).eval()
+    assert recalibrate_batchnorm(model, stream, micro_batch_size=8, samples=40, seed=0,
+                                 device=torch.device("cpu")) == 40
+    first = torch.stack([x.reshape(-1) for x, _ in itertools.islice(iter(stream), 40)])
+    torch.testing.assert_close(model[1].running_mean, first.mean(0))
+    assert ids(first[:, None]) == list(range(40))
