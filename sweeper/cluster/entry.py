@@ -60,14 +60,15 @@ def group_trial(
          f"{experiment}-{points[0].key}-x{len(points)}{run_suffix}", storage_path)
 
 
-def frontier_trial(config: Dict[str, Any], fspecs, resources: Resources, storage_path: str, experiment: str) -> None:
+def frontier_trial(config: Dict[str, Any], fspecs, resources: Resources, storage_path: str, experiment: str,
+                   data: Optional[Dict[str, Any]] = None) -> None:
     fspec = fspecs[config["search"]]
     if in_trial(fspec.num_workers):
-        frontier_worker({"fspec": fspec, "threads": resources.threads_per_worker, "in_trial": True})
+        frontier_worker({"fspec": fspec, "threads": resources.threads_per_worker, "in_trial": True, "data": data})
         return
     _fit(
         frontier_worker,
-        {"fspec": fspec, "threads": resources.threads_per_worker},
+        {"fspec": fspec, "threads": resources.threads_per_worker, "data": data or {}},
         fspec.num_workers,
         resources,
         f"{experiment}-{fspec.label}",
@@ -175,7 +176,8 @@ def frontier_worker(config: Dict[str, Any]) -> None:
 
     torch.set_num_threads(config["threads"])
     api = _api(config)
-    run_frontier(config["fspec"], _context(config), report=lambda r: api.report(r.to_flat()), threads=config["threads"])
+    run_frontier(config["fspec"], _context(config), report=lambda r: api.report(r.to_flat()), threads=config["threads"],
+                 data=shared_data.resolve(config.get("data")))
 
 
 class _GroupState:

@@ -192,13 +192,14 @@ def run_frontiers(
     (`on_probe(search, result)`, `on_frontier(search, result)`, its `status` ok or failed, `search`
     the spec's template point). Searches run one after another: a probe's peak must not share the
     device with another's."""
-    from sweeper.cluster import entry, launch
+    from sweeper.cluster import entry, launch, shared_data
 
     fspecs = [replace(f, template=replace(f.template, use_gpu=resources.use_gpu)) for f in fspecs]
     launch.launch(
         experiment,
         entry.frontier_trial,
-        dict(fspecs=fspecs, resources=resources, storage_path=cluster.results_dir, experiment=experiment),
+        dict(fspecs=fspecs, resources=resources, storage_path=cluster.results_dir, experiment=experiment,
+             data=shared_data.shared(f.template for f in fspecs)),
         lambda config: trial_resources(resources, fspecs[config["search"]].num_workers),
         {"search": _grid(list(range(len(fspecs))))},
         cluster.results_dir,

@@ -7,7 +7,7 @@ Knows torch only and reports through a callable, as the point loop does.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable, Optional, Union
+from typing import Callable, Dict, Optional, Union
 
 from sweeper.measure import frontier, telemetry
 from sweeper.plan import GridPoint
@@ -23,15 +23,18 @@ def run_frontier(
     ctx: WorkerContext,
     report: Callable[[Union[PointResult, FrontierResult]], None],
     threads: int = 1,
+    data: Optional[Dict[str, datasets.Splits]] = None,
 ) -> None:
     """Find the largest micro-batch that fits the budget on this worker group: each probe is reported
     as it ends (`probe_role` fit | verify), then the frontier itself (a FrontierResult). When the
     grid will accumulate gradients, a second search finds the frontier with accumulation: the
     accumulated gradients live beside the activations, so it is lower. Every rank runs the same
-    probes: their results agree, so their searches do too."""
+    probes: their results agree, so their searches do too. `data`: the driver's splits by datasets.key
+    (cluster.shared_data), used instead of building them here."""
     template = fspec.template
     device = telemetry.select(template.use_gpu, ctx.local_rank)
-    splits = datasets.load(template.data, template.model.input_shape)
+    splits = (data or {}).get(datasets.key(template.data, template.model.input_shape)) or \
+        datasets.load(template.data, template.model.input_shape)
     member = replace(ctx, status_group=comm.status_group(ctx, STATUS_TIMEOUT))
     freeze_long_lived_objects()
     # No budget given: a GPU's whole memory (a CPU sweep is refused one before it starts).
