@@ -54,7 +54,8 @@ RANKS: Dict[str, int] = {
 # Pure arithmetic, tested without processes: neither they nor anything they import at module level
 # loads torch or Ray.
 PURE = (
-    "sweeper.plan", "sweeper.permutation", "sweeper.schema", "sweeper.errors", "sweeper.units", "sweeper.journal", "sweeper.stats",
+    "sweeper.plan", "sweeper.permutation", "sweeper.schema", "sweeper.errors", "sweeper.units", "sweeper.journal",
+    "sweeper.stats",
     "sweeper.config", "sweeper.config.report", "sweeper.config.model_sections", "sweeper.measure.timing",
     "sweeper.measure.frontier", "sweeper.measure.knee", "sweeper.inference.roofline",
     "sweeper.inference.batching_sim", "sweeper.measure.sharded_memory", "sweeper.cluster.environment",
