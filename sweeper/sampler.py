@@ -115,7 +115,7 @@ class _Cursor:
         while self.position < within:
             self._next()
         sample = self._next()
-        return self.stream._decoded(sample)
+        return self.stream.decoded(sample)
 
     def _open(self, slot: int, position: int) -> None:
         self.slot, self.position = slot, position
@@ -134,7 +134,8 @@ class _Cursor:
         if self.known and self.position < self.offsets[self.slot + 1]:
             raise ValueError(f"stream shard {shard!r} ended after {self.position - self.offsets[self.slot]} samples, "
                              f"short of its length {self.stream.lengths[self.order[self.slot]]}: fix the lengths "
-                             "given, or leave them out to count them")
+                             "given, or leave them out to count them (a dataset that splits itself across "
+                             "DataLoader workers yields part of a shard in each: yield it whole, sweeper splits it)")
         if self.slot + 1 >= len(self.order):
             raise ValueError(f"the stream ended after {self.position} samples of an epoch of {self.size} "
                              "(data.stream_samples): set data.stream_samples to at most what it holds")

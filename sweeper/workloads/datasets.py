@@ -34,9 +34,13 @@ def check(cfg: DataConfig, context: int = 0) -> List[str]:
         if problems:
             return problems
         made, problems = factory.call_data(cfg)
-        if not problems:  # kept: preflight loads it next (built())
+        if problems:
+            return problems
+        try:  # kept: preflight loads it next (built())
             _remember(key(cfg, None), factory.splits_of(made, cfg))
-        return problems
+        except ValueError as exc:  # e.g. data.stream_samples beyond what the stream holds
+            return [str(exc)]
+        return []
     if cfg.name == "custom":
         return [
             "data._target_ is not set: data=custom needs the import path of your factory, "

@@ -41,6 +41,9 @@ def splits_of(made: Any, cfg: DataConfig) -> Splits:
         train = streaming.as_stream(train, cfg.stream_samples)
         if train.samples is None:
             train = train.counted()
+        elif train.lengths is not None and train.samples > sum(train.lengths):
+            raise ValueError(f"data.stream_samples={train.samples} is more than the stream holds "
+                             f"({sum(train.lengths)} samples): set it to at most that, or null")
     return Splits(train, None if val is None else streaming.materialize(val), cfg.num_classes)
 
 

@@ -55,7 +55,7 @@ class Stream(IterableDataset):
 
     def __iter__(self) -> Iterator[Any]:
         for shard in self.shards:
-            yield from map(self._decoded, self.read(shard))
+            yield from map(self.decoded, self.read(shard))
 
     def counted(self) -> "Stream":
         """The stream with every shard's length, read once (nothing decoded) when not known."""
@@ -78,7 +78,8 @@ class Stream(IterableDataset):
             return samples
         return _buffered(samples, self.shuffle_buffer, np.random.default_rng([epoch_seed(seed, epoch), index]))
 
-    def _decoded(self, sample: Any) -> Any:
+    def decoded(self, sample: Any) -> Any:
+        """`sample` as training takes it (through `decode`, when given)."""
         return sample if self.decode is None else self.decode(sample)
 
 

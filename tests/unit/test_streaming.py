@@ -11,6 +11,7 @@ import itertools
 import io
 import json
 import os
+from dataclasses import replace
 from functools import partial
 
 import numpy as np
@@ -23,7 +24,7 @@ from sweeper.plan import GridPoint
 from sweeper.sampler import rank_share
 from sweeper.worker.spec import WorkerContext
 from sweeper.worker.train import train_point
-from sweeper.workloads import factory, streaming
+from sweeper.workloads import datasets, factory, streaming
 from tests.helpers import point_spec
 
 SHARD_LENGTHS = (300, 450, 250, 500, 500)  # 2,000 samples in five shards of unequal length
@@ -79,6 +80,9 @@ class Unlisted(IterableDataset):
 
 def make_stream(folder: str, kind: str = "files"):
     """The data factory of the worker-level tests: (train stream, held-out split or None)."""
+    if kind == "lengths":  # a Stream that says its shards' lengths
+        files = ShardFiles(folder)
+        return streaming.Stream(files.shards, files.read_shard, SHARD_LENGTHS), None
     train = ShardFiles(folder) if kind == "files" else Unlisted(folder)
     return train, None
 
@@ -212,6 +216,7 @@ def test_webdataset_tar_shards_from_a_folder(tmp_path):
     expected = [sorted(stream_order(stream, 2)[8 * k: 8 * k + 8]) for k in range(STEPS)]
     for point, loader_workers in ((GridPoint(8, 1, 1), 0), (GridPoint(2, 2, 2), 2)):
         assert ids_per_step(stream, point, loader_workers, STEPS) == expected, point.key
+    assert ids_per_step(stream, GridPoint(2, 2, 2), 2, 12, start=240 * 8) == expected[240:252]  # a resume
 
 
 def test_the_data_factory_check_accepts_a_stream_and_counts_it_once(shard_folder):
@@ -260,3 +265,27 @@ def test_batchnorm_is_re_estimated_from_a_streams_first_samples(shard_folder):
     first = torch.stack([x.reshape(-1) for x, _ in itertools.islice(iter(stream), 40)])
     torch.testing.assert_close(model[1].running_mean, first.mean(0))
     assert ids(first[:, None]) == list(range(40))
+
+
+class SplitsItself(ShardFiles):
+    """Splits each shard across DataLoader workers itself (torch's docs' pattern): sweeper must split it."""
+
+    def read_shard(self, path: str):
+        info = torch.utils.data.get_worker_info()
+        rows = super().read_shard(path)
+        return rows if info is None else itertools.islice(rows, info.id, None, info.num_workers)
+
+
+def test_a_stream_shorter_than_it_says_is_refused_at_its_first_shards_end(shard_folder):
+    stream = streaming.as_stream(SplitsItself(shard_folder)).counted()  # counted whole, in the driver
+    # Each of 2 loader workers reads half of every shard: the first shard it opens ends at half its length,
+    # within 130 steps of 4 (520 samples; no shard is over 500), and the point stops there with the fix.
+    with pytest.raises(ValueError, match="ended after .* samples, short of its length .* yield it whole"):
+        ids_per_step(stream, GridPoint(4, 1, 1), 2, 130)
+    # data.stream_samples beyond shards of known lengths: refused by the check (unknown lengths are not counted
+    # when it is set: the stream then stops the point with one line where it ends).
+    cfg = DataConfig(name="custom", _target_="tests.unit.test_streaming.make_stream",
+                     kwargs={"folder": shard_folder, "kind": "lengths"})
+    assert datasets.check(replace(cfg, stream_samples=5000)) == [
+        "data.stream_samples=5000 is more than the stream holds (2000 samples): set it to at most that, or null"]
+    assert datasets.check(replace(cfg, stream_samples=2000)) == []
