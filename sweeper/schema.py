@@ -188,9 +188,7 @@ class Throughput(Record):
     data_seconds_per_step: Optional[float] = metric()
     forward_backward_seconds_per_step: Optional[float] = metric()
     optimizer_seconds_per_step: Optional[float] = metric()
-    # data_seconds_per_step's share of the step (measure.timing.data_wait_fraction): over
-    # report/data_bound.py's threshold, the point is named data-bound
-    data_wait_fraction: Optional[float] = metric()
+    data_wait_fraction: Optional[float] = metric()  # data's share of the step; over report/data_bound's: data-bound
 
 
 @dataclass
