@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable, Optional, Union
 
-from sweeper.measure import frontier as frontier_mod
+from sweeper.measure import frontier
 from sweeper.measure import telemetry
 from sweeper.plan import GridPoint
 from sweeper.schema import FrontierResult, PointResult, SearchFound
@@ -41,7 +41,7 @@ def run_frontier(
     prober = _Prober(fspec, member, device, splits, budget, report)
     summary.plain = prober.search(1, fspec.upper)
     largest = summary.plain.micro_batch_size if summary.plain else None
-    if largest is not None and largest >= 1 and frontier_mod.needs_accumulating(
+    if largest is not None and largest >= 1 and frontier.needs_accumulating(
         largest, fspec.num_workers, fspec.accumulation_steps, fspec.global_batch_sizes
     ):
         summary.accumulating = prober.search(2, largest)
@@ -62,7 +62,7 @@ class _Prober:
     def search(self, accumulation_steps: int, upper: int) -> Optional[SearchFound]:
         if self.failed is not None:
             return None
-        finder = frontier_mod.FrontierSearch(budget_bytes=self.budget, upper=upper, **self.fspec.search)
+        finder = frontier.FrontierSearch(budget_bytes=self.budget, upper=upper, **self.fspec.search)
         while (size := finder.next_size()) is not None:
             role = finder.pending_role
             search = self.fspec.template.point
@@ -97,7 +97,7 @@ class _Prober:
         return result
 
 
-def _found(found: frontier_mod.Frontier) -> SearchFound:
+def _found(found: frontier.Frontier) -> SearchFound:
     search = SearchFound(
         micro_batch_size=found.micro_batch_size,
         predicted_micro_batch_size=found.predicted_micro_batch_size,

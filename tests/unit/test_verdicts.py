@@ -8,7 +8,7 @@ import pytest
 
 from sweeper import stats
 from sweeper.report.analysis import Trial, gap_words, judge_gap, lr_table, recommend, summarize
-from sweeper.report.recipes import compare_recipes
+from sweeper.report.recipe_comparison import compare_recipes
 
 
 def run(mb, acc=1, w=1, seed=0, accuracy=0.9, rate=100.0, lr_multiplier=None, precision=None, **figures):
