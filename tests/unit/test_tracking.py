@@ -22,7 +22,7 @@ def test_a_point_is_a_nested_child_and_is_never_recorded_twice(tmp_path):
     tracker.end_sweep(SweepSummary(num_trials_ok=1, num_trials_oom=0, num_trials_failed=0), "FINISHED")
 
     client = MlflowClient(uri)
-    children = tracker.children()
+    children = tracker.reader.children()
     assert [c.info.run_id for c in children] == [first]
     child = children[0]
     assert child.data.tags["mlflow.parentRunId"] == parent
