@@ -92,18 +92,6 @@ class Record:
                 out.append(f.name)
         return out
 
-    @classmethod
-    def recorded_names(cls) -> Dict[str, str]:
-        """Field name -> the name MLflow holds it under: a tag's own (error -> sweeper.error), else the
-        field's name (a metric, a series, a curve; a note is not recorded but keeps its name)."""
-        out: Dict[str, str] = {}
-        for f in fields(cls):  # type: ignore[arg-type]
-            if _is_section(f):
-                out.update(f.metadata["section"].recorded_names())
-            else:
-                out[f.name] = f.metadata.get("tag", f.name)
-        return out
-
     def update(self, values: Mapping[str, Any]) -> None:
         """Set fields of this record or its sections by name; ValueError for an unknown one."""
         owners = {f.name: owner for owner, f in self._owners()}

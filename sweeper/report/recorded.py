@@ -104,7 +104,8 @@ _PARSERS: Dict[Any, Callable[[Any], Any]] = {
 def _readers() -> Dict[str, Tuple[Tuple[str, ...], Callable[[Any], Any], Any]]:
     """Trial field -> (the MLflow names it is read from, first present winning; its parser, by its
     declared type; its value when the record has none, if it has one)."""
-    schema = PointResult.recorded_names()
+    # A recorded figure's MLflow name: a tag field's own (schema.tag: error -> sweeper.error), else its name.
+    schema = {f.name: f.metadata.get("tag", f.name) for f, _ in PointResult().leaves()}
     hints = typing.get_type_hints(Trial)
     out = {}
     for f in fields(Trial):
