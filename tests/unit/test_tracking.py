@@ -97,3 +97,20 @@ def test_every_point_logs_its_dataset_as_an_mlflow_input(tmp_path):
         tracker.dataset.digest
     assert DatasetRecord.of("digits", "sklearn.datasets.load_digits", {"val_fraction": 0.3}, 1258, 539).digest != \
         tracker.dataset.digest
+
+
+def test_a_sweep_tag_the_store_refuses_waits_in_the_journal_and_lands_on_the_parent_simulated(tmp_path):
+    uri = mlflow_store(tmp_path)
+    tracker = Tracker(uri, "exp")
+    parent = tracker.start_sweep("sweep-x", {}, "")
+    real = tracker.store.client.log_batch
+
+    def store_down(*args, **kwargs):  # what a tracking server that went away raises, simulated
+        raise ConnectionError("simulated: the tracking server went away")
+
+    tracker.store.client.log_batch = store_down
+    tracker.log_sweep_tags({"sweeper.bandwidth_source": "measured"})
+    assert tracker.pending == 1 and "sweeper.bandwidth_source" not in MlflowClient(uri).get_run(parent).data.tags
+    tracker.store.client.log_batch = real
+    assert tracker.replay() == (1, 0)
+    assert MlflowClient(uri).get_run(parent).data.tags["sweeper.bandwidth_source"] == "measured"
