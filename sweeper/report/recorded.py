@@ -1,6 +1,6 @@
 """What a recorded sweep holds, in the report's types: its child runs as `Trial`s, read field by field
 from Trial's own fields (each under its MLflow name: sweeper/schema.py's for a recorded figure), and the
-report settings the sweep recorded (`report_<key>` params). Standard library only.
+report settings the sweep recorded (`report_<key>` params). Pure (standard library).
 """
 
 from __future__ import annotations
