@@ -23,7 +23,8 @@ from sweeper.driver.strategy import strategy_of
 from sweeper.errors import EXIT_OK, EXIT_POINT_FAILED, ConfigError, first_line
 from sweeper.measure import frontier
 from sweeper.plan import GridPoint
-from sweeper.report import build as report_build
+from sweeper.report.build import build
+from sweeper.report.recorded import settings_params
 from sweeper.schema import SweepSummary
 from sweeper.strategies.base import Rows
 from sweeper.worker.spec import PointSpec
@@ -91,7 +92,7 @@ def recorded_statuses(s: Session, parent: str, rows: Rows) -> Counter:
     """How the sweep's points ended, counted from MLflow, so a resumed sweep's totals include what was
     recorded before it stopped; this run's own points when the store cannot be read now."""
     try:
-        return Counter(child["status"] for child in s.tracker.load_sweep(parent).children)
+        return Counter(child["status"] for child in tracking.SweepReader(s.tracker.store, parent).load().children)
     except Exception as exc:  # noqa: BLE001 - the store is down: its writes wait in the journal
         console.warn(f"the sweep's record cannot be read now ({type(exc).__name__}: {first_line(exc)}); "
                      "counting this run's points")
@@ -106,7 +107,8 @@ def open_sweep(cfg: SweeperConfig, s: Session, auto: bool, resolved_yaml: str,
     if interrupted is not None:
         name, parent = interrupted
         replayed, half_written = s.tracker.resume_sweep(parent)
-        done = set(s.tracker.recorded_keys()) - (set(s.tracker.failed_keys()) if cfg.sweep.retry_failed else set())
+        reader = s.tracker.reader
+        done = set(reader.recorded_keys()) - (set(reader.failed_keys()) if cfg.sweep.retry_failed else set())
         console.print_resume(name, len(done), replayed, half_written)
         return name, parent, frozenset(done)
     name = resume.sweep_name("sweep", cfg.model.name, cfg.data.name)
@@ -174,7 +176,7 @@ def sweep_params(cfg: SweeperConfig, auto: bool, resources: Resources) -> Dict[s
         "cpus_per_worker": resources.cpus_per_worker,
         "device_memory_budget_gb": cfg.device.memory_budget_gb,
         # The question the report answers, so `python -m sweeper.report` rebuilds the same answer.
-        **report_build.settings_params(cfg.report),
+        **settings_params(cfg.report),
     }
 
 
@@ -198,7 +200,7 @@ def make_report(cfg: SweeperConfig, tracker: tracking.Tracker, parent: str):
     """The report, or None with a warning: what is recorded in MLflow is never lost to a failing
     plot; `python -m sweeper.report` can rebuild it later."""
     try:
-        return report_build.build(tracker, parent, cfg.report)
+        return build(tracker.store, parent, cfg.report)
     except Exception as exc:  # noqa: BLE001 - reported, and the points stay recorded
         console.warn(f"the report could not be built ({type(exc).__name__}: {first_line(exc)}); "
                      f"rebuild it with: python -m sweeper.report {parent}")

@@ -2,8 +2,9 @@
 with the reason in words. Its parts live beside it and are re-exported here: quality.py (what "better"
 means: accuracy or a loss, its intervals), trials.py (runs folded over seeds), eligibility.py (which
 points may be recommended at all), noninferiority.py (the "not worse" rule), ties.py (objective
-accuracy's ties), reasons.py (the words), front.py (knees, Pareto front), lr.py (the LR table),
-output.py (override line, YAML); recipes compared: recipes.py. Pure (stdlib; scipy.stats via sweeper.stats)."""
+accuracy's ties), reasons.py (the words), tradeoffs.py (knees, Pareto front), lr.py (the LR table),
+output.py (override line, YAML); recipes compared: recipe_comparison.py. Pure (stdlib; scipy.stats via
+sweeper.stats)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 from sweeper.errors import ConfigError
 from sweeper import stats
 from sweeper.report import classes, eligibility, reasons, ties
-from sweeper.report.front import knee, knees, pareto
+from sweeper.report.tradeoffs import knee, knees, pareto
 from sweeper.report.lr import LrRow, lr_table
 from sweeper.report import noninferiority
 from sweeper.report.noninferiority import (  # noqa: F401

@@ -12,16 +12,25 @@ from sweeper import stats
 from sweeper.stats import Interval
 
 
+def recorded_as(*names: str) -> Any:
+    """A Trial field read from a record under other names than its own, the first one present winning:
+    a sweeper/schema.py field's (its MLflow name comes from the schema) or a run param's."""
+    return field(default=None, metadata={"recorded_as": names})
+
+
 @dataclass(frozen=True)
 class Trial:
-    """One grid point's outcome, as the sweep recorded it (MLflow child run params and metrics)."""
+    """One grid point's outcome, as the sweep recorded it (MLflow child run params and metrics). A field
+    is read from the child run's param, metric or tag of the same name (the schema's tag name for a
+    tag, report/recorded.py), unless `recorded_as` names others."""
 
     key: str  # e.g. "mb32-acc2-w1"
     micro_batch_size: int
     accumulation_steps: int
     num_workers: int
     global_batch_size: int
-    status: str  # "ok" | "stopped" | "did_not_learn" | "diverged" | "oom" | "failed"
+    # "ok" | "stopped" | "did_not_learn" | "diverged" | "oom" | "failed"; a record without one: failed
+    status: str = field(metadata={"unrecorded": "failed"})
     lr: Optional[float] = None  # the LR it trained with (optim.lr, scaled for its global batch)
     samples_per_second: Optional[float] = None
     samples_per_second_cv: Optional[float] = None
@@ -30,9 +39,9 @@ class Trial:
     val_accuracy: Optional[float] = None
     train_seconds: Optional[float] = None  # wall time of its optimizer steps
     samples_seen: Optional[float] = None
-    # The point this run is a seed replicate of (param `point`: the key without the seed);
-    # None: the key itself (a single-seed sweep, or a record from before seeds).
-    point_key: Optional[str] = None
+    # The point this run is a seed replicate of (param `point`: the key without the seed; tag sweeper.point
+    # in older records); None: the key itself (a single-seed sweep, or a record from before seeds).
+    point_key: Optional[str] = recorded_as("point", "sweeper.point")
     seed: Optional[int] = None
     lr_multiplier: Optional[float] = None  # sweep.lr_multipliers, on top of the scaling rule
     precision: Optional[str] = None  # "fp32" | "bf16" | "fp16"
@@ -41,7 +50,8 @@ class Trial:
     optimizer: Optional[str] = None  # the optim group: "sgd" | "adamw" | "custom"
     compiled: Optional[bool] = None  # train.compile
     error: Optional[str] = None
-    diverged_reason: Optional[str] = None  # "nonfinite" | "spike" | "chance" (status "diverged")
+    # "nonfinite" | "spike" | "chance" (status "diverged")
+    diverged_reason: Optional[str] = recorded_as("divergence_reason")
     diverged_at_step: Optional[int] = None
     val_loss: Optional[float] = None
     val_samples: Optional[int] = None  # validation samples behind val_accuracy

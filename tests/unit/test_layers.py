@@ -17,7 +17,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2] / "sweeper"
 
 # The one package that imports Ray, and the one that imports MLflow (README, "Where things happen"):
-# every module inside it may (sweeper.tracking is a module today, a package by role after its split).
+# every module inside it may (sweeper.tracking is a package by role).
 RAY_HOME = "sweeper.cluster"
 MLFLOW_HOME = "sweeper.tracking"
 
@@ -29,7 +29,7 @@ MLFLOW_HOME = "sweeper.tracking"
 # callable the driver hands it).
 RANKS: Dict[str, int] = {
     # The foundation: the standard library and numpy, no other part of sweeper.
-    "sweeper.errors": 0, "sweeper.units": 0, "sweeper.stats": 0, "sweeper.journal": 0, "sweeper.plan": 0,
+    "sweeper.errors": 0, "sweeper.units": 0, "sweeper.stats": 0, "sweeper.plan": 0,
     "sweeper.schema": 0,
     # The typed config: the schema, each built-in model's own fields, the checks before anything runs.
     "sweeper.config": 1,
@@ -45,7 +45,7 @@ RANKS: Dict[str, int] = {
     # How each sweep.strategy decides which points run; pure, called by the driver.
     "sweeper.strategies": 7,
     # A sweep read back: the report, the DataFrame.
-    "sweeper.report": 8, "sweeper.readback": 8,
+    "sweeper.report": 8,
     "sweeper.driver": 9,
     # The entry points, and the package itself (sweeper.results).
     "sweeper.__main__": 10, "sweeper.estimate": 10, "sweeper": 10,
@@ -54,7 +54,7 @@ RANKS: Dict[str, int] = {
 # Pure arithmetic, tested without processes: neither they nor anything they import at module level
 # loads torch or Ray.
 PURE = (
-    "sweeper.plan", "sweeper.schema", "sweeper.errors", "sweeper.units", "sweeper.journal", "sweeper.stats",
+    "sweeper.plan", "sweeper.schema", "sweeper.errors", "sweeper.units", "sweeper.tracking.journal", "sweeper.stats",
     "sweeper.config", "sweeper.config.report", "sweeper.config.model_sections", "sweeper.measure.timing",
     "sweeper.measure.frontier", "sweeper.measure.knee", "sweeper.inference.roofline",
     "sweeper.inference.batching_sim", "sweeper.measure.sharded_memory", "sweeper.cluster.environment",

@@ -10,8 +10,8 @@ from sweeper.driver import predicted
 from sweeper.measure import frontier, sharded_memory
 from sweeper.plan import GridPoint, expand_grid, gradient_sync, stream_indices, worker_groups
 from sweeper.report.output import override_line
-from sweeper.report.trials import Trial
 from sweeper.worker.points import implied_oom
+from tests.helpers import trial
 
 MIB = 2 ** 20
 
@@ -96,15 +96,15 @@ def test_a_skipped_point_is_recorded_once_as_out_of_memory_by_prediction_and_nev
     assert launched == [ZERO3] and skipped == [] and recorded == []
 
 
-def _trial(parallelism):
-    return Trial(key="mb4-acc1-w2-zero3", micro_batch_size=4, accumulation_steps=1, num_workers=2,
-                 global_batch_size=8, status="ok", parallelism=parallelism, precision="fp32")
+def _sharded(parallelism):
+    """The point mb4-acc1-w2-zero3, with `parallelism` as its record has it (None: a record from before the axis)."""
+    return trial(4, 1, 2, suffix="-zero3", parallelism=parallelism, precision="fp32")
 
 
 def test_the_override_line_names_a_sharded_parallelism_and_leaves_the_default_out():
-    assert "sweep.num_workers=[2] sweep.parallelism=[zero3] sweep.precisions=[fp32]" in override_line(_trial("zero3"))
-    assert "sweep.parallelism" not in override_line(_trial("ddp"))  # the headline's 3 lines (test_e2e_answer)
-    assert "sweep.parallelism" not in override_line(_trial(None))
+    assert "sweep.num_workers=[2] sweep.parallelism=[zero3] sweep.precisions=[fp32]" in override_line(_sharded("zero3"))
+    assert "sweep.parallelism" not in override_line(_sharded("ddp"))  # the headline's 3 lines (test_e2e_answer)
+    assert "sweep.parallelism" not in override_line(_sharded(None))
 
 
 def test_the_recommendation_yaml_carries_the_parallelism_absent_meaning_ddp():
@@ -112,7 +112,7 @@ def test_the_recommendation_yaml_carries_the_parallelism_absent_meaning_ddp():
     from sweeper.report.trials import Recommendation
 
     for recorded, named in (("zero3", "zero3"), (None, "ddp")):
-        rec = Recommendation(_trial(recorded), [], "", {}, "throughput")
+        rec = Recommendation(_sharded(recorded), [], "", {}, "throughput")
         assert _chosen(rec)["parallelism"] == named
         assert yaml.safe_load(yaml.safe_dump(_chosen(rec)))["parallelism"] == named
 

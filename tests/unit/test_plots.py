@@ -13,29 +13,22 @@ from matplotlib.image import imread
 from sweeper.report import analysis, plots
 from sweeper.report import folding
 from sweeper.report import html as html_report
-from sweeper.report.analysis import Trial
 from sweeper.report.plots import canvas
+from tests.helpers import trial
 
 MiB = 2**20
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PIXELS = (round(plots.FIGSIZE[1] * plots.DPI), round(plots.FIGSIZE[0] * plots.DPI))  # rows, columns
 
 
-def trial(micro, accum=1, workers=1, status="ok", **figures):
+def measured(micro, accum=1, workers=1, status="ok", **figures):
+    """A run (tests.helpers.trial) whose figures, unless given, follow a plausible curve for its layout."""
     if status == "ok":
         figures.setdefault("samples_per_second", 100.0 * workers * min(micro, 32) / (1 + micro / 256))
         figures.setdefault("samples_per_second_cv", 0.03)
         figures.setdefault("peak_memory_bytes", 40 * MiB + micro * 600 * 1024)
         figures.setdefault("val_accuracy", 0.95 - 0.01 * (micro * accum * workers) / 64)
-    return Trial(
-        key=f"mb{micro}-acc{accum}-w{workers}",
-        micro_batch_size=micro,
-        accumulation_steps=accum,
-        num_workers=workers,
-        global_batch_size=micro * accum * workers,
-        status=status,
-        **figures,
-    )
+    return trial(micro, accum, workers, status, **figures)
 
 
 @pytest.fixture
@@ -45,10 +38,10 @@ def sweep():
     for accum in (1, 2):
         for workers in (1, 2):
             for micro in (8, 16, 32, 64):
-                trials.append(trial(micro, accum, workers))
-            trials.append(trial(128, accum, workers, status="oom"))
-    trials[0] = trial(8, 1, 1, samples_per_second_cv=None)
-    trials[6] = trial(16, 1, 2, status="failed")
+                trials.append(measured(micro, accum, workers))
+            trials.append(measured(128, accum, workers, status="oom"))
+    trials[0] = measured(8, 1, 1, samples_per_second_cv=None)
+    trials[6] = measured(16, 1, 2, status="failed")
     return trials
 
 
@@ -80,18 +73,18 @@ def test_memory_plot_with_a_given_fit_and_no_budget(sweep, tmp_path):
 
 
 def test_a_single_point_and_missing_figures_still_plot(tmp_path):
-    one = [trial(32, samples_per_second_cv=None)]
+    one = [measured(32, samples_per_second_cv=None)]
     for path in draw_all(one, tmp_path).values():
         assert_png(path)
     # Throughput but no memory, memory but no accuracy: each plot draws what it has.
-    sparse = [trial(16, peak_memory_bytes=None), trial(32, val_accuracy=None), trial(64, status="oom")]
+    sparse = [measured(16, peak_memory_bytes=None), measured(32, val_accuracy=None), measured(64, status="oom")]
     written = draw_all(sparse, tmp_path / "sparse")
     for path in written.values():
         assert_png(path)
 
 
 def test_no_ok_trial_gives_a_placeholder_and_no_accuracy_plot(tmp_path):
-    failed = [trial(64, status="oom"), trial(128, status="oom"), trial(32, status="failed")]
+    failed = [measured(64, status="oom"), measured(128, status="oom"), measured(32, status="failed")]
     for trials, folder in ((failed, tmp_path / "failed"), ([], tmp_path / "empty")):
         written = draw_all(trials, folder, budget_bytes=100 * MiB)
         # A picture that says "no ok points" keeps the report's layout; accuracy has nothing to say.
@@ -102,14 +95,14 @@ def test_no_ok_trial_gives_a_placeholder_and_no_accuracy_plot(tmp_path):
 
 
 def test_synthetic_data_has_no_accuracy_plot(tmp_path):
-    trials = [trial(m, val_accuracy=None) for m in (8, 16)]
+    trials = [measured(m, val_accuracy=None) for m in (8, 16)]
     assert plots.accuracy_vs_global_batch(trials, tmp_path / "a.png", "LR scaling: none") is None
 
 
 def test_a_dollar_sign_in_a_key_is_not_typeset(tmp_path):
     # A pair of "$" around what mathtext cannot parse: drawn as typed, or the figure fails to draw
     # (issue 46: "$x$-$y", an odd count, is never mathtext, so it passed without the escaping).
-    t = trial(8)
+    t = measured(8)
     odd = dataclasses.replace(t, key="mb8-$^$")
     assert_png(plots.pareto_throughput_memory([odd], [odd], tmp_path / "p.png"))
 
@@ -176,26 +169,26 @@ def _legend_texts(ax):
 
 
 def test_the_throughput_plot_names_its_knee_rule_or_says_there_is_no_knee_yet(monkeypatch, tmp_path):
-    bending = [trial(16, samples_per_second=300.0), trial(32, samples_per_second=450.0),
-               trial(64, samples_per_second=470.0)]
+    bending = [measured(16, samples_per_second=300.0), measured(32, samples_per_second=450.0),
+               measured(64, samples_per_second=470.0)]
     ax = _drawn(monkeypatch, lambda: plots.throughput_vs_micro_batch(
         bending, analysis.knees(bending, 0.10), tmp_path / "t.png", 0.10))
     assert "knee: next doubling gains < 10%" in _legend_texts(ax)
-    climbing = [trial(16, samples_per_second=300.0), trial(64, samples_per_second=700.0)]
+    climbing = [measured(16, samples_per_second=300.0), measured(64, samples_per_second=700.0)]
     ax = _drawn(monkeypatch, lambda: plots.throughput_vs_micro_batch(
         climbing, analysis.knees(climbing, 0.10), tmp_path / "c.png", 0.10))
     texts = _legend_texts(ax)
     assert any(t.startswith("no knee yet: every doubling gained >= 10%") for t in texts), texts
     assert not any(t.startswith("knee") for t in texts)
     # One ok size and one that ran out of memory: no doubling was measured, so nothing is claimed.
-    single = [trial(16, samples_per_second=300.0), trial(32, status="oom")]
+    single = [measured(16, samples_per_second=300.0), measured(32, status="oom")]
     ax = _drawn(monkeypatch, lambda: plots.throughput_vs_micro_batch(
         single, analysis.knees(single, 0.10), tmp_path / "s.png", 0.10))
     assert not any(t.startswith(("knee", "no knee")) for t in _legend_texts(ax))
 
 
 def test_the_memory_fit_is_a_straight_line_from_the_fixed_memory_on_a_linear_axis(monkeypatch, tmp_path):
-    points = [trial(16), trial(32), trial(64)]  # 40 MiB + 600 KiB per sample, exactly
+    points = [measured(16), measured(32), measured(64)]  # 40 MiB + 600 KiB per sample, exactly
     ax = _drawn(monkeypatch, lambda: plots.memory_vs_micro_batch(points, tmp_path / "m.png"))
     assert ax.get_xscale() == "linear" and ax.get_xlim()[0] == 0
     (fit,) = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
@@ -206,8 +199,8 @@ def test_the_memory_fit_is_a_straight_line_from_the_fixed_memory_on_a_linear_axi
 
 
 def test_the_pareto_view_stars_the_recommended_trial_even_off_the_front(monkeypatch, tmp_path):
-    fast = trial(64, samples_per_second=700.0, peak_memory_bytes=100 * MiB)
-    slow = trial(16, samples_per_second=300.0, peak_memory_bytes=120 * MiB)  # beaten on both figures
+    fast = measured(64, samples_per_second=700.0, peak_memory_bytes=100 * MiB)
+    slow = measured(16, samples_per_second=300.0, peak_memory_bytes=120 * MiB)  # beaten on both figures
     ax = _drawn(monkeypatch, lambda: plots.pareto_throughput_memory(
         [fast, slow], analysis.pareto([fast, slow]), tmp_path / "p.png", recommended=slow))
     assert "recommended: mb16-acc1-w1" in _legend_texts(ax)
@@ -229,17 +222,17 @@ def replicate(t, seed, **figures):
 
 
 def seeded(micro, accums=(1,), accuracies=(0.90, 0.92, 0.94), **figures):
-    return [replicate(trial(micro, a, **figures), s, val_accuracy=acc, val_samples=360)
+    return [replicate(measured(micro, a, **figures), s, val_accuracy=acc, val_samples=360)
             for a in accums for s, acc in enumerate(accuracies)]
 
 
 def diverged(micro, seed=0, reason="nonfinite", step=7):
-    return replicate(trial(micro, status="diverged"), seed, diverged_reason=reason, diverged_at_step=step)
+    return replicate(measured(micro, status="diverged"), seed, diverged_reason=reason, diverged_at_step=step)
 
 
 def test_the_accuracy_plot_draws_one_mark_per_point_with_its_interval(monkeypatch, tmp_path):
     trials = seeded(16) + seeded(32)
-    trials += [diverged(64, 0), diverged(64, 1, step=9), replicate(trial(64), 2, val_samples=360)]
+    trials += [diverged(64, 0), diverged(64, 1, step=9), replicate(measured(64), 2, val_samples=360)]
     ax = _drawn(monkeypatch, lambda: plots.accuracy_vs_global_batch(trials, tmp_path / "a.png", "LR scaling: none"))
     marks = [line for line in ax.get_lines() if line.get_marker() == "o" and len(line.get_xdata()) > 0]
     # Three points (16, 32 and 64's one ok seed), not seven runs; the mean over seeds.
@@ -259,7 +252,7 @@ def test_seeds_lr_multipliers_and_recipes_are_one_mark_per_layout_on_the_through
     for precision in ("fp32", "bf16"):
         for multiplier in (1.0, 2.0):
             for micro in (16, 32, 64):
-                base = dataclasses.replace(trial(micro), precision=precision, lr_multiplier=multiplier,
+                base = dataclasses.replace(measured(micro), precision=precision, lr_multiplier=multiplier,
                                            point_key=f"mb{micro}-acc1-w1-{precision}-lrx{multiplier:g}")
                 trials += [replicate(base, s) for s in (0, 1)]
     layouts = folding.fold_layouts(trials)
@@ -275,11 +268,11 @@ def test_seeds_lr_multipliers_and_recipes_are_one_mark_per_layout_on_the_through
 def test_a_point_smart_stopped_early_keeps_its_layout_figures_but_not_its_rung_accuracy():
     # sweep.strategy=smart: mb64's class was stopped at a rung; its throughput and memory come whole
     # from its layout's own run, its accuracy is a rung's (not comparable with a full budget's).
-    stopped = trial(64, samples_per_second=500.0, peak_memory_bytes=80 * MiB, val_accuracy=0.41,
+    stopped = measured(64, samples_per_second=500.0, peak_memory_bytes=80 * MiB, val_accuracy=0.41,
                     steps_to_target=None, reached_target=False)
     stopped = dataclasses.replace(stopped, status="stopped")
-    diverged = dataclasses.replace(trial(32, samples_per_second=300.0), status="diverged")
-    layouts = {t.key: t for t in folding.fold_layouts([trial(16), stopped, diverged])}
+    diverged = dataclasses.replace(measured(32, samples_per_second=300.0), status="diverged")
+    layouts = {t.key: t for t in folding.fold_layouts([measured(16), stopped, diverged])}
     assert layouts["mb64-acc1-w1"].status == "ok"
     assert layouts["mb64-acc1-w1"].samples_per_second == 500.0
     assert layouts["mb64-acc1-w1"].peak_memory_bytes == 80 * MiB
@@ -288,8 +281,8 @@ def test_a_point_smart_stopped_early_keeps_its_layout_figures_but_not_its_rung_a
 
 
 def test_memory_by_recipe_draws_a_line_per_recipe(monkeypatch, tmp_path):
-    fp32 = [trial(m) for m in (16, 32, 64)]
-    bf16 = [dataclasses.replace(trial(m, peak_memory_bytes=40 * MiB + m * 300 * 1024), precision="bf16",
+    fp32 = [measured(m) for m in (16, 32, 64)]
+    bf16 = [dataclasses.replace(measured(m, peak_memory_bytes=40 * MiB + m * 300 * 1024), precision="bf16",
                                 point_key=f"mb{m}-acc1-w1-bf16") for m in (16, 32, 64)]
     ax = _drawn(monkeypatch, lambda: plots.memory_by_recipe(fp32 + bf16, tmp_path / "r.png"))
     texts = _legend_texts(ax)
@@ -298,7 +291,7 @@ def test_memory_by_recipe_draws_a_line_per_recipe(monkeypatch, tmp_path):
 
 
 def targets(micro, steps, seeds=(0, 1), b_simple=50.0, reached=True):
-    return [replicate(trial(micro), s, steps_to_target=steps * (1 + 0.02 * (-1) ** s), reached_target=reached,
+    return [replicate(measured(micro), s, steps_to_target=steps * (1 + 0.02 * (-1) ** s), reached_target=reached,
                       samples_to_target=steps * micro, time_to_target_seconds=steps * micro / 1000,
                       gns_b_simple=b_simple) for s in seeds]
 
@@ -320,7 +313,7 @@ def test_steps_and_time_to_target_plots(monkeypatch, tmp_path):
     assert_png(plots.steps_to_target_vs_global_batch(trials, tmp_path / "nofit.png", None, "LR"))
     assert_png(plots.time_to_target_vs_global_batch(trials, tmp_path / "t.png"))
     # Nothing reached a target (or none was set): no picture.
-    plain = [trial(16), trial(32), diverged(64)]
+    plain = [measured(16), measured(32), diverged(64)]
     assert plots.steps_to_target_vs_global_batch(plain, tmp_path / "none.png", None, "LR") is None
     assert plots.time_to_target_vs_global_batch(plain, tmp_path / "none2.png") is None
     assert not (tmp_path / "none.png").exists()

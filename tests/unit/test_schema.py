@@ -97,7 +97,7 @@ def test_every_metric_a_cpu_point_can_have_is_produced_and_recorded(tmp_path):
     tracker = Tracker(mlflow_store(tmp_path), "schema")
     tracker.start_sweep("sweep-schema", {}, "")
     run_id = tracker.log_point(spec.point, {}, result)
-    recorded = MlflowClient(tracker.uri).get_run(run_id).data
+    recorded = MlflowClient(tracker.store.uri).get_run(run_id).data
     assert set(recorded.metrics) == produced
     assert {k: v for k, v in recorded.tags.items() if k in result.tags()} == result.tags()
 
