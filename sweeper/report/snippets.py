@@ -8,7 +8,7 @@ import json
 import os
 import shlex
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
 
@@ -41,14 +41,16 @@ class Layout:
     device: str = "gpu"
     key: Optional[str] = None  # the point's key, e.g. mb64-acc2-w2, named in each file's header
     parallelism: str = "ddp"  # ddp | zero2 | zero3 (FSDP2), as measured
+    # GPUs per node where it was measured: torchrun's nodes. None (not recorded): every worker on one node.
+    gpus_per_node: Optional[int] = None
 
     def __post_init__(self) -> None:
         for name, allowed in (("precision", PRECISIONS), ("activation_checkpointing", CHECKPOINTING),
                               ("device", DEVICES), ("parallelism", PARALLELISMS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r} is invalid. Should be one of {list(allowed)}.")
-        for name in ("micro_batch_size", "accumulation_steps", "num_workers"):
-            if int(getattr(self, name)) < 1:
+        for name in ("micro_batch_size", "accumulation_steps", "num_workers", "gpus_per_node"):
+            if getattr(self, name) is not None and int(getattr(self, name)) < 1:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be a positive integer")
 
     @property
@@ -75,6 +77,7 @@ class Layout:
             key=params.get("key") or params.get("trial_key"),
             # A sweep from before the parallelism axis recorded none: it measured DDP.
             parallelism=given("parallelism", "ddp"),
+            gpus_per_node=int(given("gpus_per_node", "0")) or None,  # a sweep that recorded none: unknown
         )
 
 
@@ -128,6 +131,8 @@ def _layout_yaml(layout: Layout) -> str:
     fields = asdict(layout)
     if not layout.sharded:
         del fields["parallelism"]  # a DDP layout's file as before the axis
+    if layout.gpus_per_node is None:
+        del fields["gpus_per_node"]  # not recorded: the file as before it was
     return yaml.safe_dump({**fields, "global_batch_size": layout.global_batch_size}, sort_keys=False)
 
 
@@ -272,19 +277,47 @@ _ELASTIC_LOOKUP = (
 )
 
 
+def torchrun_nodes(layout: Layout) -> Tuple[int, int]:
+    """torchrun's --nnodes and --nproc_per_node: the workers packed onto nodes of `gpus_per_node` GPUs
+    as Ray's PACK placed them, ceil(W / G) nodes of min(W, G) workers (12 on 8-GPU nodes: 2 of 8, the
+    last running 4, which torchrun.sh says); all on one node when the GPUs per node are unknown."""
+    per_node = min(layout.num_workers, layout.gpus_per_node or layout.num_workers)
+    return -(-layout.num_workers // per_node), per_node
+
+
 def torchrun_argv(layout: Layout) -> List[str]:
-    """torchrun's own arguments, then your script's (named as sweeper's keys: rename to yours)."""
+    """torchrun's own arguments, then your script's (named as sweeper's keys: rename to yours). Over
+    several nodes, one rendezvous at the first node (FIRST_NODE: its address) for every node's torchrun."""
+    nnodes, per_node = torchrun_nodes(layout)
+    rendezvous = ["--rdzv_backend=c10d", "--rdzv_endpoint=FIRST_NODE:29400"] if nnodes > 1 else []
     return [
-        "torchrun", "--nnodes=1", f"--nproc_per_node={layout.num_workers}", "your_train.py",
+        "torchrun", f"--nnodes={nnodes}", f"--nproc_per_node={per_node}", *rendezvous, "your_train.py",
         f"--micro-batch-size={layout.micro_batch_size}", f"--accumulation-steps={layout.accumulation_steps}",
         f"--lr={layout.lr!r}", f"--optimizer={layout.optimizer}", f"--precision={layout.precision}",
         f"--activation-checkpointing={layout.activation_checkpointing}",
     ]
 
 
+def _torchrun_nodes_comment(layout: Layout) -> str:
+    """How to run torchrun.sh over its nodes; with the GPUs per node unknown, how to spread a GPU layout
+    over some."""
+    nnodes, per_node = torchrun_nodes(layout)
+    workers = layout.num_workers
+    if layout.gpus_per_node is None:
+        return "" if workers == 1 or layout.device == "cpu" else (
+            f"# Over nodes of G < {workers} GPUs: --nnodes=ceil({workers}/G) --nproc_per_node=G --rdzv_backend=c10d "
+            "--rdzv_endpoint=FIRST_NODE:29400, run on every node.\n")
+    if nnodes == 1:
+        return ""
+    last = workers - per_node * (nnodes - 1)
+    uneven = f"# On the last node: --nproc_per_node={last} ({workers} workers = {nnodes - 1} x {per_node} + {last}).\n"
+    return (f"# Run it on each of the {nnodes} nodes ({layout.gpus_per_node} GPUs each); FIRST_NODE: the "
+            "first's address.\n" + ("" if last == per_node else uneven))
+
+
 def torchrun(layout: Layout) -> str:
     return ("#!/bin/sh\n" + _header(layout) + "# One process per worker; your_train.py's flags are placeholders "
-            "for your own script's.\n" + shlex.join(torchrun_argv(layout)) + "\n")
+            "for your own script's.\n" + _torchrun_nodes_comment(layout) + shlex.join(torchrun_argv(layout)) + "\n")
 
 
 def _readme(layout: Layout) -> str:

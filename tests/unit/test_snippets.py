@@ -185,3 +185,51 @@ reason: fastest
     assert "mb16-acc2-w2-bf16" in Path(paths[1]).read_text() and "accelerator='cpu'" in Path(paths[1]).read_text()
     assert write_from_recommendation("recommendation: null\nreason: no eligible point\n", str(tmp_path / "n"),
                                      use_gpu=True) == []
+
+
+@pytest.mark.parametrize("workers, gpus_per_node, nnodes, per_node, last", [
+    (8, None, 1, 8, 8),  # not recorded: every worker on one node, as before
+    (8, 8, 1, 8, 8),
+    (2, 8, 1, 2, 2),  # fewer workers than a node's GPUs: one node, only them
+    (8, 4, 2, 4, 4),
+    (16, 8, 2, 8, 8),
+    (12, 8, 2, 8, 4),  # Ray's PACK fills the first node: 8 + 4
+    (5, 2, 3, 2, 1),
+])
+def test_torchrun_spans_the_nodes_of_its_gpus_per_node(workers, gpus_per_node, nnodes, per_node, last, tmp_path):
+    from torch.distributed.run import get_args_parser
+
+    layout = Layout(16, 1, workers, 0.1, gpus_per_node=gpus_per_node)
+    paths = write_snippets(layout, str(tmp_path))
+    script = Path(paths[5]).read_text()
+    (line,) = [s for s in script.splitlines() if s.startswith("torchrun ")]
+    parsed = get_args_parser().parse_args(shlex.split(line)[1:])
+    assert (parsed.nnodes, parsed.nproc_per_node) == (str(nnodes), str(per_node))
+    assert per_node * (nnodes - 1) + last == workers  # every worker runs, none more
+    if nnodes > 1:  # one rendezvous for every node's torchrun, at the first node
+        assert (parsed.rdzv_backend, parsed.rdzv_endpoint) == ("c10d", "FIRST_NODE:29400")
+        assert f"# Run it on each of the {nnodes} nodes ({gpus_per_node} GPUs each)" in script
+    assert (f"# On the last node: --nproc_per_node={last} " in script) == (last != per_node)
+
+
+def test_torchrun_says_how_to_spread_workers_over_nodes_when_the_gpus_per_node_are_unknown(tmp_path):
+    hint = "# Over nodes of G < 8 GPUs: --nnodes=ceil(8/G) --nproc_per_node=G --rdzv_backend=c10d"
+    assert hint in Path(write_snippets(Layout(16, 1, 8, 0.1), str(tmp_path / "w8"))[5]).read_text()
+    one = Path(write_snippets(Layout(16, 1, 1, 0.1), str(tmp_path / "w1"))[5]).read_text()
+    assert "# Over nodes" not in one  # a single worker has nothing to spread
+
+
+def test_gpus_per_node_from_a_points_params_and_in_layout_yaml(tmp_path):
+    import yaml
+
+    params = {"micro_batch_size": "16", "accumulation_steps": "1", "num_workers": "12", "lr": "0.1"}
+    assert Layout.from_params(params).gpus_per_node is None
+    assert Layout.from_params({**params, "gpus_per_node": "None"}).gpus_per_node is None
+    layout = Layout.from_params({**params, "gpus_per_node": "8"})
+    assert layout.gpus_per_node == 8
+    written = yaml.safe_load(Path(write_snippets(layout, str(tmp_path / "g8"))[0]).read_text())
+    assert written["gpus_per_node"] == 8 and written["num_workers"] == 12
+    unknown = yaml.safe_load(Path(write_snippets(Layout.from_params(params), str(tmp_path / "g"))[0]).read_text())
+    assert "gpus_per_node" not in unknown
+    with pytest.raises(ValueError, match="gpus_per_node=0 must be a positive integer"):
+        Layout(8, 1, 1, 0.1, gpus_per_node=0)
