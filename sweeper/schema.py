@@ -215,6 +215,7 @@ class Memory(Record):
     # a sweep with a sharded parallelism: measure.sharded_memory's peak per worker, against the tracked one
     memory_predicted_bytes: Optional[int] = metric()
     memory_prediction_error: Optional[float] = metric()
+    memory_optimizer_state_bytes_by_rank: Optional[List[float]] = series()  # each rank's, at the end (step: rank)
     # the device's own figures (measure.telemetry.Device.memory_metrics)
     cuda_max_memory_allocated_bytes: Optional[int] = metric()
     cuda_max_memory_reserved_bytes: Optional[int] = metric()
@@ -425,9 +426,13 @@ class Cost(Record):
     worker_group_setup_seconds: Optional[float] = metric()
     between_points_seconds: Optional[float] = metric()  # the harness's gap since the previous point
     worker_group_points: Optional[int] = metric()
-    # faults and placement: restarts of the worker group before this point, nodes its workers spanned
+    # faults and placement: restarts of the worker group before this point, nodes its workers spanned, each rank's
+    # node ("0,0,1,1": an index into `nodes`, Ray's node ids), an hsdp point's mesh (sharding.mesh_text)
     worker_group_restarts: Optional[int] = metric()
     num_nodes: Optional[int] = metric()
+    rank_nodes: Optional[str] = tag("sweeper.rank_nodes")
+    nodes: Optional[str] = tag("sweeper.nodes")
+    mesh: Optional[str] = tag("sweeper.mesh")
 
 
 @dataclass
@@ -518,8 +523,7 @@ class Decode(Record):
     prefill_tokens_per_second: Optional[float] = metric()
     prefill_peak_memory_bytes: Optional[int] = metric()  # a whole prompt at once (the point's peak is decoding's)
     kv_cache_bytes: Optional[int] = metric()  # measured from the cache's tensors (each storage once), `context` positions
-    # the decode step's own peak beyond the weights and the cache: its activations and temporaries
-    decode_activation_peak_bytes: Optional[int] = metric()
+    decode_activation_peak_bytes: Optional[int] = metric()  # its own peak beyond the weights and cache
     kv_cache_bytes_per_sequence: Optional[float] = metric()
     kv_cache_formula_bytes_per_sequence: Optional[float] = metric()  # 2 x layers x d_model x context x bytes
     decode_flops_per_token: Optional[float] = metric()  # counted (FlopCounterMode), per sequence and step
@@ -642,8 +646,7 @@ class SweepSummary(Record):
     num_trials_did_not_learn: Optional[int] = metric()
     num_trials_diverged: Optional[int] = metric()
     num_trials_oom: Optional[int] = metric()
-    num_trials_failed: Optional[int] = metric()
-    # the sweep's wall time in phases that add up to it
+    num_trials_failed: Optional[int] = metric()  # then the sweep's wall time in phases that add up to it
     sweep_wall_seconds: Optional[float] = metric()
     sweep_setup_seconds: Optional[float] = metric()
     sweep_ray_start_seconds: Optional[float] = metric()
@@ -651,13 +654,12 @@ class SweepSummary(Record):
     sweep_frontier_seconds: Optional[float] = metric()
     sweep_grid_seconds: Optional[float] = metric()
     sweep_report_seconds: Optional[float] = metric()
-    # against its points' own time (trial_seconds) and their optimizer steps alone (train_seconds)
-    sum_trial_seconds: Optional[float] = metric()
+    sum_trial_seconds: Optional[float] = metric()  # its points' own time, then their optimizer steps alone
     sweep_wall_over_trial_seconds: Optional[float] = metric()
     sum_train_seconds: Optional[float] = metric()
     sweep_wall_over_train_seconds: Optional[float] = metric()
-    # sweep.strategy=smart: the compute ledger, in point-seconds (each measurement run's wall time in
-    # its worker) by phase, and what the whole grid would have spent, estimated from the same runs
+    # sweep.strategy=smart: the compute ledger in point-seconds (each measurement run's wall time in its worker)
+    # by phase, and what the whole grid would have spent, estimated from the same runs
     compute_throughput_point_seconds: Optional[float] = metric()
     compute_accuracy_point_seconds: Optional[float] = metric()
     compute_stopped_point_seconds: Optional[float] = metric()
@@ -667,14 +669,13 @@ class SweepSummary(Record):
     smart_measurement_runs: Optional[int] = metric()
     smart_accuracy_classes: Optional[int] = metric()
     smart_classes_stopped: Optional[int] = metric()
-    # smart.continue_rungs: rung runs that continued from the rung before's checkpoint, and the training
-    # seconds of earlier rungs they did not spend again (what rungs from step 0 would have repeated)
+    # smart.continue_rungs: rung runs continued from the rung before's checkpoint, and the training seconds of
+    # earlier rungs they did not spend again (what rungs from step 0 would have repeated)
     smart_continued_runs: Optional[int] = metric()
     compute_continuation_saved_point_seconds: Optional[float] = metric()
-    # sweep.strategy=branch: the ledger (trunk and branch runs beside the throughput runs) and the answer: the
-    # local critical batch size at each checkpoint (a curve over samples seen: its lower end, the largest
-    # global batch that kept up, and the next one tried), where it flattens, z x the trunk's noise over the
-    # window's tail (each global batch was judged by its own: branch/answer.json's tolerances)
+    # sweep.strategy=branch: the ledger (trunk and branch runs) and the answer: the local critical batch size at each
+    # checkpoint (a curve over samples seen: the largest global batch that kept up, and the next one tried), where
+    # it flattens, z x the trunk's noise over the window's tail (each global batch's own: branch/answer.json's)
     compute_trunk_point_seconds: Optional[float] = metric()
     compute_branch_point_seconds: Optional[float] = metric()
     branch_runs: Optional[int] = metric()

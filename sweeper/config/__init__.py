@@ -224,7 +224,8 @@ def check_combinations(cfg: SweeperConfig) -> List[str]:
     target = settings.target_problem(cfg.report.objective, cfg.eval.target_accuracy, cfg.eval.target_loss)
     problems += [target] if target else []
     problems += _check_contexts(cfg)
-    problems += parallelism_problems(cfg.sweep, cfg.train.compile, cfg.gns.enabled, cfg.train.batch_schedule)
+    problems += parallelism_problems(cfg.sweep, cfg.train.compile, cfg.gns.enabled, cfg.train.batch_schedule,
+                                     cfg.cluster.placement_strategy)
     strategy = cfg.sweep.strategy
     if strategy in ("smart", "branch") and (cfg.train.save_state or cfg.train.start_from or cfg.train.batch_schedule):
         problems.append(f"train.save_state / train.start_from / train.batch_schedule with sweep.strategy={strategy}: "

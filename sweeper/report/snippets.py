@@ -40,7 +40,7 @@ class Layout:
     activation_checkpointing: str = "none"
     device: str = "gpu"
     key: Optional[str] = None  # the point's key, e.g. mb64-acc2-w2, named in each file's header
-    parallelism: str = "ddp"  # ddp | zero2 | zero3 (FSDP2), as measured
+    parallelism: str = "ddp"  # ddp | zero1 | zero2 | zero3 | hsdp (plan.PARALLELISMS), as measured
     # GPUs per node where it was measured: torchrun's nodes. None (not recorded): every worker on one node.
     gpus_per_node: Optional[int] = None
 
@@ -124,12 +124,12 @@ def _header(layout: Layout, marker: str = "#") -> str:
             f"{layout.micro_batch_size} x accumulation {layout.accumulation_steps} x {layout.num_workers} worker(s)\n"
             f"{marker} recipe: {layout.precision}, activation checkpointing {layout.activation_checkpointing}, "
             f"{layout.optimizer} lr {layout.lr!r}, measured on {layout.device}\n"
-            + (sharded.header_line(layout.parallelism, marker) if layout.sharded else ""))
+            + (sharded.header_line(layout.parallelism, marker) if layout.parallelism != "ddp" else ""))
 
 
 def _layout_yaml(layout: Layout) -> str:
     fields = asdict(layout)
-    if not layout.sharded:
+    if layout.parallelism == "ddp":
         del fields["parallelism"]  # a DDP layout's file as before the axis
     if layout.gpus_per_node is None:
         del fields["gpus_per_node"]  # not recorded: the file as before it was
@@ -204,7 +204,7 @@ def deepspeed_config(layout: Layout) -> Dict[str, Any]:
     }
     if layout.optimizer in DEEPSPEED_OPTIMIZER:
         config["optimizer"] = {"type": DEEPSPEED_OPTIMIZER[layout.optimizer], "params": {"lr": layout.lr}}
-    if layout.sharded:
+    if layout.parallelism != "ddp":
         config["zero_optimization"] = sharded.deepspeed_zero(layout)
     return config
 

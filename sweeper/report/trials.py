@@ -45,7 +45,7 @@ class Trial:
     seed: Optional[int] = None
     lr_multiplier: Optional[float] = None  # sweep.lr_multipliers, on top of the scaling rule
     precision: Optional[str] = None  # "fp32" | "bf16" | "fp16"
-    parallelism: Optional[str] = None  # "ddp" | "zero2" | "zero3" (None: a record from before the axis, ddp)
+    parallelism: Optional[str] = None  # plan.PARALLELISMS (None: a record from before the axis, ddp)
     activation_checkpointing: Optional[str] = None  # "none" | "blocks"
     optimizer: Optional[str] = None  # the optim group: "sgd" | "adamw" | "custom"
     compiled: Optional[bool] = None  # train.compile

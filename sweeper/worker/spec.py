@@ -142,6 +142,18 @@ class WorkerContext:
     status_group: Any = None
     # The node this worker runs on (Ray's node id), to record how many nodes a point spanned.
     node: str = ""
+    # An hsdp point's mesh over its ranks by node (collectives.node_meshes); None for other layouts.
+    mesh: Optional["NodeMesh"] = None
+
+
+@dataclass
+class NodeMesh:
+    """An hsdp point's 2-D mesh (plan.mesh_by_node): `rows`, one per node, of global ranks (a shard group each),
+    and this rank's two process groups: its column across the nodes (`replicate`) and its row (`shard`)."""
+
+    rows: List[List[int]]
+    replicate: Any
+    shard: Any
 
 
 @dataclass(frozen=True)

@@ -145,7 +145,7 @@ class Training:
         loaded = [next(self.batches) for _ in range(self.spec.point.accumulation_steps)]
         return memory.track_step(
             self.model,
-            self.optimizer,
+            sharding.local_optimizer(self.optimizer),  # zero1: the one holding this rank's state
             lambda: self.step(step, loaded=loaded),
             self.device.torch_device,
             budget_bytes=self.spec.memory_budget_bytes if self.budget_mode == "simulated" else None,
@@ -193,7 +193,8 @@ def setup(spec: PointSpec, ctx: WorkerContext, device: telemetry.Device, splits:
     blocks = recipe.apply_checkpointing(model, point.checkpointing, spec.model.checkpoint_modules)
     model = _parallelize(model, spec, ctx, device)
     optimizer = recipe.build_optimizer(spec.optim, model.parameters(), spec.lr)  # on the shards when sharded
-    if start is not None and sharding.is_sharded(model):  # each rank keeps its shards of the saved state
+    optimizer = sharding.optimizer_for(point.parallelism, optimizer, ctx.group)  # zero1: a share per rank
+    if start is not None and sharding.holds_shards(model, optimizer):  # each rank keeps its shards of the state
         sharding.load_optimizer(model, optimizer, start.optimizer)
     elif start is not None:
         state.load_optimizer(optimizer, start.optimizer)
@@ -234,12 +235,13 @@ def setup(spec: PointSpec, ctx: WorkerContext, device: telemetry.Device, splits:
 
 
 def _parallelize(model: nn.Module, spec: PointSpec, ctx: WorkerContext, device: telemetry.Device) -> nn.Module:
-    """The model as the point's workers hold it: sharded in place over the point's group (zero2/zero3: FSDP2,
-    at one worker too), wrapped in DDP (more than one worker), or as it is."""
+    """The model as the point's workers hold it: sharded in place over the point's group (zero2/zero3/hsdp: FSDP2,
+    at one worker too; hsdp over its ranks by node), wrapped in DDP (ddp and zero1 at more than one worker), or as
+    it is."""
     point = spec.point
     if point.parallelism != "ddp":
         return sharding.apply(model, point.parallelism, ctx.group, point.precision, spec.model.checkpoint_modules,
-                              device.torch_device)[0]
+                              device.torch_device, ctx.mesh)[0]
     if ctx.world_size > 1:
         return nn.parallel.DistributedDataParallel(
             model, device_ids=[ctx.local_rank] if device.is_cuda else None, process_group=ctx.group
@@ -293,7 +295,7 @@ def capture(run: Training, history=None):
     # Host copies: the live optimizer tensors go on changing if training goes on after the capture, and the
     # device's memory stays the training's.
     cuda_rng = torch.cuda.get_rng_state(run.device.torch_device) if run.device.is_cuda else None
-    if sharding.is_sharded(run.model):  # gathered whole (a collective: every rank captures), on rank 0
+    if sharding.holds_shards(run.model, run.optimizer):  # gathered whole (a collective: every rank captures)
         weights, optimizer = sharding.full_state(run.model, run.optimizer)
     else:
         weights, optimizer = state.canonical_state(run.model), state.to_cpu(run.optimizer.state_dict())

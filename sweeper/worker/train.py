@@ -450,6 +450,7 @@ def _noise_estimates(run: Training) -> List[gns.Estimate]:
 def _recipe(result: PointResult, run: Training, clock: "Clock", loop_started: float) -> None:
     figures = result.recipe
     figures.checkpointed_blocks = run.checkpointed_blocks if run.spec.point.checkpointing != "none" else None
+    result.cost.mesh = sharding.mesh_text(run.model) if run.spec.point.parallelism == "hsdp" else None
     if run.scaler is not None and len(run.scales) > 1:
         # The scale before the first step, then after each: a skipped step halves it (a growth,
         # after 2000 clean steps, doubles it).
@@ -469,6 +470,9 @@ def _memory(result: PointResult, run: Training, breakdown) -> None:
         # The whole breakdown of the worker with the largest peak, so its parts still add up.
         breakdowns = comm.gather_objects(breakdown.as_metrics(), run.ctx)
         memory.update(max(breakdowns, key=lambda b: b["memory_tracked_peak_bytes"]))
+    if run.ctx.world_size > 1:  # how the layout split the optimizer state (zero1: by whole tensors)
+        held = comm.gather_objects(sharding.optimizer_state_bytes(run.optimizer), run.ctx)
+        memory.memory_optimizer_state_bytes_by_rank = [float(b) for b in held]
     if device.is_cuda:
         memory.peak_memory_bytes = memory.cuda_max_memory_allocated_bytes
         memory.memory_measure = "cuda: torch.cuda.max_memory_allocated over the point, largest worker"

@@ -8,7 +8,8 @@ import yaml
 from sweeper.config import DeviceConfig
 from sweeper.driver import predicted
 from sweeper.measure import frontier, sharded_memory
-from sweeper.plan import GridPoint, expand_grid, gradient_sync, stream_indices, worker_groups
+from sweeper.plan import (GridPoint, contiguous_by_node, expand_grid, gradient_sync, mesh_by_node, stream_indices,
+                          worker_groups)
 from sweeper.report.output import override_line
 from sweeper.worker.points import implied_oom
 from tests.helpers import trial
@@ -20,6 +21,23 @@ def test_a_sharded_point_is_named_after_its_worker_count_and_a_ddp_point_keeps_i
     assert GridPoint(4, 2, 2, parallelism="zero3").key == "mb4-acc2-w2-zero3"
     assert GridPoint(4, 2, 2, "bf16", "blocks", parallelism="zero2", seed=1).key == "mb4-acc2-w2-zero2-bf16-ckpt-s1"
     assert GridPoint(4, 2, 2).key == GridPoint(4, 2, 2, parallelism="ddp").key == "mb4-acc2-w2"
+
+
+def test_zero1_and_hsdp_points_are_named_after_their_worker_count_and_zero1_reduces_as_ddp_does():
+    assert GridPoint(4, 2, 4, parallelism="zero1").key == "mb4-acc2-w4-zero1"
+    assert GridPoint(4, 2, 4, parallelism="hsdp").key == "mb4-acc2-w4-hsdp"
+    assert (gradient_sync("zero1", 4), gradient_sync("zero1", 1)) == ("no_sync", "none")  # its model is DDP's
+    assert gradient_sync("hsdp", 4) == "set_requires_gradient_sync"
+
+
+def test_hsdps_mesh_has_a_row_per_node_in_rank_order_whatever_order_ray_gave_the_ranks():
+    assert mesh_by_node(["a", "a", "b", "b"]) == [[0, 1], [2, 3]]
+    assert mesh_by_node(["b", "a", "b", "a", "b", "a"]) == [[0, 2, 4], [1, 3, 5]]  # arranged by node
+    assert mesh_by_node(["a", "b"]) == [[0], [1]] and mesh_by_node(["a", "a"]) == [[0, 1]]
+    with pytest.raises(ValueError, match=r"hsdp at 3 workers: its nodes hold 2, 1 ranks.*same number on every"):
+        mesh_by_node(["a", "b", "a"])
+    assert contiguous_by_node(["a", "a", "b", "b"]) and contiguous_by_node(["x"])
+    assert not contiguous_by_node(["a", "b", "a", "b"]) and not contiguous_by_node(["a", "b", "b", "a"])
 
 
 def test_the_grid_crosses_every_point_with_every_parallelism():
