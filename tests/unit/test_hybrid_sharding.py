@@ -18,14 +18,16 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from sweeper import config
+from sweeper import config, recipe
 from sweeper.config import MeasureConfig
+from sweeper.measure import sharded_memory
 from sweeper.plan import GridPoint
 from sweeper.worker import collectives as comm
 from sweeper.worker import sharding, state
 from sweeper.worker.gns import total_norm
 from sweeper.worker.points import run_points
 from sweeper.worker.spec import PointSpec, WorkerContext
+from sweeper.workloads.mlp import MLP
 from tests.harness import compose_cfg
 from tests.unit.test_sharding import (BACK_AT, SAVE_AT, STEPS, TOLERANCE, _batches, _model, _optimizer, _snapshot,
                                       _train)
@@ -229,8 +231,13 @@ def test_through_the_worker_loop_each_zero1_rank_holds_a_quarter_of_ddps_optimiz
     assert whole == [2 * 4 * 4 * 272 + 8 * 4] * WORLD
     assert zero1.memory.memory_optimizer_state_bytes_by_rank == [whole[0] / 4] * WORLD
     assert hsdp.memory.memory_optimizer_state_bytes_by_rank == [2 * 4 * 2 * 272 + 8 * 4] * WORLD  # half: 2 per node
-    # The tracked step's breakdown (MemTracker) counts the largest rank's share as optimizer state.
+    # The tracked step's breakdown (MemTracker) counts the largest rank's share as optimizer state, as predicted.
     assert zero1.memory.memory_optimizer_state_bytes == whole[0] / 4
+    model = MLP(16, 16, depth=3, width=16)
+    units = sharded_memory.units_of(model, recipe.blocks(model))
+    assert sharded_memory.peak(units, "zero1", WORLD, 4, 2, 0.0).optimizer_state_bytes == whole[0] / 4
+    assert sharded_memory.peak(units, "hsdp", WORLD, 4, 2, 0.0, ranks_per_node=2).optimizer_state_bytes == \
+        hsdp.memory.memory_optimizer_state_bytes_by_rank[0]
 
 
 def test_the_worker_loop_refuses_hsdp_on_nodes_of_three_ranks_and_one_as_the_points_error(four_ranks):
