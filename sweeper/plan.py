@@ -116,17 +116,6 @@ def mesh_by_node(rank_nodes: Sequence[str]) -> List[List[int]]:
     return list(rows.values())
 
 
-def contiguous_by_node(rank_nodes: Sequence[str]) -> bool:
-    """Whether each node's ranks are consecutive (rank order visits every node once)."""
-    seen: List[str] = []
-    for node in rank_nodes:
-        if not seen or seen[-1] != node:
-            if node in seen:
-                return False
-            seen.append(node)
-    return True
-
-
 def expand_grid(
     micro_batch_sizes: Sequence[int],
     accumulation_steps: Sequence[int],

@@ -26,7 +26,8 @@ from sweeper.worker import collectives as comm
 from sweeper.worker import sharding, state
 from sweeper.worker.gns import total_norm
 from sweeper.worker.points import run_points
-from sweeper.worker.spec import PointSpec, WorkerContext
+from sweeper.worker.probes import run_frontier
+from sweeper.worker.spec import FrontierSpec, PointSpec, WorkerContext
 from sweeper.workloads.mlp import MLP
 from tests.harness import compose_cfg
 from tests.unit.test_sharding import (BACK_AT, SAVE_AT, STEPS, TOLERANCE, _batches, _model, _optimizer, _snapshot,
@@ -36,7 +37,7 @@ WORLD = 4
 NODES = {"by node": ["a", "a", "b", "b"], "interleaved": ["a", "b", "a", "b"]}
 # The worker's loop: an MLP of four equal Linear(16, 16) layers (three blocks and the classifier), so ZeRO-1's
 # partition by whole tensors gives each of four ranks exactly one weight and one bias.
-MLP = ["model=mlp", "model.depth=3", "model.width=16", "model.input_shape=[1,4,4]", "data=synthetic",
+OVERRIDES = ["model=mlp", "model.depth=3", "model.width=16", "model.input_shape=[1,4,4]", "data=synthetic",
        "data.num_classes=16", "data.num_samples=640", "optim=adamw"]
 MEASURE = MeasureConfig(warmup_steps=3, windows=2, flops=False, memory_breakdown=True)
 POINT_STEPS = 7  # 3 warm-up steps, 2 windows of 2 steps
@@ -44,7 +45,7 @@ POINT_STEPS = 7  # 3 warm-up steps, 2 windows of 2 steps
 
 def _spec(parallelism: str, workers: int, save_to=None) -> PointSpec:
     gns = "true" if parallelism in ("ddp", "zero1") else "false"  # FSDP2's shards carry no per-sample hooks
-    cfg = config.load(compose_cfg(*MLP, f"gns.enabled={gns}"))
+    cfg = config.load(compose_cfg(*OVERRIDES, f"gns.enabled={gns}"))
     return PointSpec(model=cfg.model, data=cfg.data, train=cfg.train, measure=MEASURE,
                      point=GridPoint(4, 2, workers, parallelism=parallelism), lr=0.01, steps=POINT_STEPS,
                      optim=cfg.optim, loss=cfg.loss, eval=cfg.eval, divergence=cfg.divergence, gns=cfg.gns,
@@ -102,6 +103,11 @@ def _points(rank: int, folder: str):
     run_points([*specs, _spec("hsdp", 2)], ctx, lambda r: reported.setdefault(r.trial_key, r))
     uneven = WorkerContext(rank, WORLD, node=["a", "a", "a", "b"][rank])
     run_points([_spec("hsdp", WORLD)], uneven, lambda r: reported.__setitem__("uneven", r))
+    # The memory frontier's probes shard within a node too (a generous budget: every probe fits).
+    probes = []
+    run_frontier(FrontierSpec(_spec("hsdp", WORLD), 2 ** 30, {}, 16), ctx, probes.append)
+    run_frontier(FrontierSpec(_spec("hsdp", WORLD), 2 ** 30, {}, 16), uneven, probes.append)
+    reported["frontier"] = probes
     return reported
 
 
@@ -258,3 +264,10 @@ def test_zero1_and_hsdp_points_save_their_state_whole_named_as_the_bare_model(fo
         assert sorted(saved.optimizer["state"]) == sorted(ddp.optimizer["state"])
         for index, moments in ddp.optimizer["state"].items():
             assert torch.allclose(saved.optimizer["state"][index]["exp_avg"], moments["exp_avg"], atol=1e-6)
+
+
+def test_an_hsdp_frontier_probes_on_the_mesh_by_node_and_refuses_uneven_nodes(four_ranks):
+    *probes, found, refused = four_ranks["ranks"][0]["points"]["frontier"]
+    assert probes and found.status == "ok" and found.plain.micro_batch_size == 16  # the upper bound: all fit
+    assert all(p.cost.mesh.startswith("replicate 2 x shard 2; shard groups [0, 2] [1, 3]") for p in probes)
+    assert refused.status == "failed" and refused.error.startswith("sweep.parallelism=hsdp at 4 workers: its nodes")

@@ -8,8 +8,7 @@ import yaml
 from sweeper.config import DeviceConfig
 from sweeper.driver import predicted
 from sweeper.measure import frontier, sharded_memory
-from sweeper.plan import (GridPoint, contiguous_by_node, expand_grid, gradient_sync, mesh_by_node, stream_indices,
-                          worker_groups)
+from sweeper.plan import GridPoint, expand_grid, gradient_sync, mesh_by_node, stream_indices, worker_groups
 from sweeper.report.output import override_line
 from sweeper.worker.points import implied_oom
 from tests.helpers import trial
@@ -36,8 +35,6 @@ def test_hsdps_mesh_has_a_row_per_node_in_rank_order_whatever_order_ray_gave_the
     assert mesh_by_node(["a", "b"]) == [[0], [1]] and mesh_by_node(["a", "a"]) == [[0, 1]]
     with pytest.raises(ValueError, match=r"hsdp at 3 workers: its nodes hold 2, 1 ranks.*same number on every"):
         mesh_by_node(["a", "b", "a"])
-    assert contiguous_by_node(["a", "a", "b", "b"]) and contiguous_by_node(["x"])
-    assert not contiguous_by_node(["a", "b", "a", "b"]) and not contiguous_by_node(["a", "b", "b", "a"])
 
 
 def test_the_grid_crosses_every_point_with_every_parallelism():
