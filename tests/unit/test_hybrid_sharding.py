@@ -17,10 +17,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from sweeper import config, recipe
 from sweeper.config import MeasureConfig
-from sweeper.measure import sharded_memory
+from sweeper.measure import node_traffic, sharded_memory
 from sweeper.plan import GridPoint
 from sweeper.worker import collectives as comm
 from sweeper.worker import sharding, state
@@ -38,7 +39,7 @@ NODES = {"by node": ["a", "a", "b", "b"], "interleaved": ["a", "b", "a", "b"]}
 # The worker's loop: an MLP of four equal Linear(16, 16) layers (three blocks and the classifier), so ZeRO-1's
 # partition by whole tensors gives each of four ranks exactly one weight and one bias.
 OVERRIDES = ["model=mlp", "model.depth=3", "model.width=16", "model.input_shape=[1,4,4]", "data=synthetic",
-       "data.num_classes=16", "data.num_samples=640", "optim=adamw"]
+             "data.num_classes=16", "data.num_samples=640", "optim=adamw"]
 MEASURE = MeasureConfig(warmup_steps=3, windows=2, flops=False, memory_breakdown=True)
 POINT_STEPS = 7  # 3 warm-up steps, 2 windows of 2 steps
 
@@ -75,6 +76,43 @@ def _grad_norms(rank: int):
         norms[name] = (sharding.grad_norm(model) if name == "sharded"
                        else total_norm([p.grad for p in model.parameters()])).item()
     return norms
+
+
+class _Collectives(TorchDispatchMode):
+    """The payload bytes of every collective this rank issues inside it, by kind: every c10d op passes torch's
+    dispatcher (DDP's C++ reducer's all-reduce too). A gathered output, a reduce-scatter's input, as called."""
+
+    KINDS = {"allreduce_": "all_reduce", "broadcast_": "broadcast", "_allgather_base_": "all_gather",
+             "_reduce_scatter_base_": "reduce_scatter"}
+
+    def __init__(self):
+        super().__init__()
+        self.payload = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._schema.name
+        if name.startswith("c10d::"):
+            op = name.split("::", 1)[1]
+            tensors = args[1 if op == "_reduce_scatter_base_" else 0]
+            tensors = tensors if isinstance(tensors, (list, tuple)) else [tensors]
+            kind = self.KINDS.get(op, op)
+            self.payload[kind] = self.payload.get(kind, 0) + sum(t.numel() * t.element_size() for t in tensors)
+        return func(*args, **(kwargs or {}))
+
+
+def _traffic(rank: int):
+    """The collectives' payloads of one optimizer step (one micro-step) of zero1 and of hsdp on two nodes."""
+    inputs, targets = _batches()
+    mesh = comm.node_meshes([WORLD], NODES["by node"], WorkerContext(rank, WORLD))[WORLD]
+    counted = {}
+    for parallelism in ("zero1", "hsdp"):
+        model, _ = sharding.apply(_model(), parallelism, node_mesh=mesh)
+        optimizer = sharding.optimizer_for(parallelism, _optimizer(model))
+        with _Collectives() as seen:
+            F.cross_entropy(model(inputs[0][rank::WORLD]).flatten(0, 1), targets[0][rank::WORLD].flatten()).backward()
+            optimizer.step()
+        counted[parallelism] = seen.payload
+    return counted
 
 
 def _continue_as(parallelism: str, rank: int, folder: str):
@@ -127,6 +165,7 @@ def _rank(rank: int, world: int, folder: str) -> None:
                             sync=done.sync_mode, lr=optimizer.param_groups[0]["lr"])
         out["uneven"] = comm.node_meshes([world], ["a", "a", "a", "b"], WorkerContext(rank, world))
         out["grad_norm"] = _grad_norms(rank)
+        out["traffic"] = _traffic(rank)
         out["continued"] = {p: _continue_as(p, rank, folder) for p in ("zero1", "hsdp")}
         out["points"] = _points(rank, folder)
     finally:
@@ -195,6 +234,28 @@ def test_the_gradient_norm_of_an_hsdp_model_counts_each_shard_once(four_ranks):
     for rank in four_ranks["ranks"]:
         norms = rank["grad_norm"]
         assert norms["sharded"] == pytest.approx(norms["alone"], rel=1e-5)
+
+
+def test_the_collectives_zero1_and_hsdp_issue_in_a_step_are_node_traffics_prediction(four_ranks):
+    # sweeper's GPT here: 28032 parameters (2 blocks of 12704, a root of 2624 with the tied head), 112128 fp32 bytes.
+    model = _model()
+    units = sharded_memory.units_of(model, recipe.blocks(model))
+    zero1 = node_traffic.per_step(units, "zero1", WORLD, 1, ranks_per_node=2)
+    hsdp = node_traffic.per_step(units, "hsdp", WORLD, 1, ranks_per_node=2)
+    for rank in four_ranks["ranks"]:
+        # zero1: DDP's one bucket all-reduced, then every parameter broadcast once from the rank that stepped it.
+        assert rank["traffic"]["zero1"] == {"all_reduce": 112128, "broadcast": 112128}
+        assert (zero1.all_reduce_payload_bytes, zero1.broadcast_payload_bytes) == (112128, 112128)
+        # hsdp: every unit gathered for forward and both blocks again for backward (2624 + 4 x 12704 values at half
+        # each per rank, gathered whole: 213760 bytes), every gradient reduce-scattered within the node, and only
+        # the rank's half of them (56064 bytes) all-reduced across the nodes.
+        assert rank["traffic"]["hsdp"] == {"all_gather": 213760, "reduce_scatter": 112128, "all_reduce": 56064}
+        assert (hsdp.all_gather_payload_bytes, hsdp.reduce_scatter_payload_bytes, hsdp.all_reduce_payload_bytes) == \
+            (213760, 112128, 56064)
+    # Sent per rank: hsdp 56064 bytes across nodes (2 x 1/2 x 56064), zero1 all of its 252288 (2 x 3/4 + 3/4 of
+    # 112128); within the node hsdp sends 1/2 x (213760 + 112128).
+    assert (hsdp.across_nodes_bytes, hsdp.within_node_bytes) == (56064, 162944)
+    assert (zero1.across_nodes_bytes, zero1.within_node_bytes) == (252288, 0)
 
 
 def test_a_ddp_checkpoint_goes_on_as_zero1_and_as_hsdp_and_their_checkpoints_go_on_in_one_process(four_ranks):
