@@ -16,8 +16,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 METRIC, SERIES, CURVE, TAG, NOTE = "metric", "series", "curve", "tag", "note"
 # How a point ends, best to worst: the worst over a point's ranks is its status.
-# `stopped` (sweep.strategy=smart: its class was stopped early by successive halving) is set by the
-# driver only, never by a worker.
+# `stopped` (sweep.strategy=smart: its class stopped early by successive halving) is the driver's, never a worker's.
 STATUSES = ("ok", "stopped", "did_not_learn", "diverged", "oom", "failed")
 
 
@@ -192,8 +191,7 @@ class Throughput(Record):
 
 @dataclass
 class Memory(Record):
-    """The largest worker's memory, each figure named for what it counts (measure.telemetry,
-    measure.memory)."""
+    """The largest worker's memory, each figure named for what it counts (measure.telemetry, measure.memory)."""
 
     peak_memory_bytes: Optional[int] = metric()
     memory_measure: Optional[str] = tag("sweeper.memory_measure")
@@ -397,11 +395,9 @@ class TrainingState(Record):
 
 @dataclass
 class Recipe(Record):
-    """What the point's recipe did beyond the figures above: fp16's loss scaling, checkpointing,
-    compilation."""
+    """What the point's recipe did beyond the figures above: fp16's loss scaling, checkpointing, compilation."""
 
-    # fp16: the GradScaler's scale after the last step, and the optimizer steps it skipped because a
-    # gradient was not finite (each halves the scale).
+    # fp16: the GradScaler's scale after the last step, and the optimizer steps it skipped (a gradient not finite)
     grad_scaler_scale: Optional[float] = metric()
     grad_scaler_skipped_steps: Optional[int] = metric()
     checkpointed_blocks: Optional[int] = metric()  # blocks recomputed in backward (activation_checkpointing)
@@ -427,12 +423,15 @@ class Cost(Record):
     between_points_seconds: Optional[float] = metric()  # the harness's gap since the previous point
     worker_group_points: Optional[int] = metric()
     # faults and placement: restarts of the worker group before this point, nodes its workers spanned, each rank's
-    # node ("0,0,1,1": an index into `nodes`, Ray's node ids), an hsdp point's mesh (sharding.mesh_text)
+    # node ("0,0,1,1": an index into `nodes`, Ray's node ids), an hsdp point's mesh (sharding.mesh_text); zero1's
+    # and hsdp's bytes a rank sends per step within its node and across nodes, predicted (measure.node_traffic)
     worker_group_restarts: Optional[int] = metric()
     num_nodes: Optional[int] = metric()
     rank_nodes: Optional[str] = tag("sweeper.rank_nodes")
     nodes: Optional[str] = tag("sweeper.nodes")
     mesh: Optional[str] = tag("sweeper.mesh")
+    communication_within_node_bytes_per_step: Optional[int] = metric()
+    communication_across_nodes_bytes_per_step: Optional[int] = metric()
 
 
 @dataclass

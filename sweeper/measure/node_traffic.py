@@ -47,17 +47,15 @@ def share(group: int) -> float:
     return (group - 1) / group if group > 1 else 0.0
 
 
-def per_step(units: Sequence[Unit], parallelism: str, workers: int, accumulation_steps: int,
-             ranks_per_node: Optional[int] = None, bytes_per_value: int = 4,
-             gather_bytes_per_value: Optional[int] = None) -> NodeTraffic:
-    """One rank's traffic in one optimizer step of `parallelism` (zero1 | hsdp) at `workers` ranks, `ranks_per_node`
-    on each node (None: all on one node, as on a local Ray), `accumulation_steps` micro-steps. Gradients are
-    reduced at `bytes_per_value` (fp32: 4), hsdp's weights gathered at `gather_bytes_per_value` (bf16: 2)."""
-    per_node = ranks_per_node or workers
-    if parallelism not in ("zero1", "hsdp") or workers < 1 or workers % per_node:
-        raise ValueError(f"node_traffic: parallelism {parallelism!r} at {workers} workers of {per_node} per node: "
-                         "zero1 or hsdp, on nodes holding the same number of ranks")
-    nodes = workers // per_node
+def per_step(units: Sequence[Unit], parallelism: str, workers: int, accumulation_steps: int, nodes: int = 1,
+             bytes_per_value: int = 4, gather_bytes_per_value: Optional[int] = None) -> NodeTraffic:
+    """One rank's traffic in one optimizer step of `parallelism` (zero1 | hsdp) at `workers` ranks on `nodes` nodes
+    (1: a local Ray; hsdp's hold workers / nodes each), `accumulation_steps` micro-steps. Gradients are reduced at
+    `bytes_per_value` (fp32: 4), hsdp's weights gathered at `gather_bytes_per_value` (bf16: 2)."""
+    if parallelism not in ("zero1", "hsdp") or not 1 <= nodes <= workers or (parallelism == "hsdp" and workers % nodes):
+        raise ValueError(f"node_traffic: parallelism {parallelism!r} at {workers} workers on {nodes} nodes: zero1, or "
+                         "hsdp on nodes holding the same number of ranks")
+    per_node = workers // nodes
     if parallelism == "zero1":
         values = sum(u.numel() for u in units)
         reduce, broadcast = values * bytes_per_value, values * bytes_per_value

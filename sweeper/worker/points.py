@@ -110,7 +110,7 @@ def _one_point(spec: PointSpec, ctx: WorkerContext, subgroups, device, splits, f
     if ctx.rank >= members:
         return PointResult(trial_key=spec.point.key, status="idle")  # rank 0's result is the one used
     group, status_group = subgroups.get(members, (ctx.group, None))
-    member = WorkerContext(ctx.rank, members, ctx.local_rank, group, status_group, mesh=mesh)
+    member = WorkerContext(ctx.rank, members, ctx.local_rank, group, status_group, node=ctx.node, mesh=mesh)
     result = run_point(spec, member, device, splits, facts, deadline)
     if result.status == "oom":
         out_of_memory.append(spec.point)

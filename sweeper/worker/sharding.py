@@ -171,6 +171,27 @@ def optimizer_for(parallelism: str, optimizer: torch.optim.Optimizer, group: Opt
                          f"its parameter groups and hyperparameters ({exc}); use parallelism ddp") from exc
 
 
+def traffic(model: nn.Module, point: Any, ctx: Any) -> Dict[str, int]:
+    """A zero1 or hsdp point's predicted bytes a rank sends per optimizer step within its node and across nodes
+    (measure.node_traffic, Cost's communication_*_bytes_per_step), for where its ranks run: hsdp's mesh rows, or
+    the nodes zero1's ranks span (gathered: a collective, every rank of `ctx` calls it). FSDP2's units are its
+    fully_shard modules, each parameter at its whole shape. {} for the other layouts."""
+    if point.parallelism not in ("zero1", "hsdp"):
+        return {}
+    from torch.distributed.fsdp import FSDPModule
+
+    from sweeper.measure import node_traffic, sharded_memory
+    from sweeper.worker.collectives import gather_objects
+
+    nodes = len(ctx.mesh.rows) if ctx.mesh is not None else len(set(gather_objects(ctx.node, ctx)))
+    bare = inner(model)
+    units = sharded_memory.units_of(bare, [m for m in bare.modules() if isinstance(m, FSDPModule) and m is not bare])
+    sent = node_traffic.per_step(units, point.parallelism, point.num_workers, point.accumulation_steps, nodes,
+                                 gather_bytes_per_value=2 if point.precision == "bf16" else None)
+    return dict(communication_within_node_bytes_per_step=sent.within_node_bytes,
+                communication_across_nodes_bytes_per_step=sent.across_nodes_bytes)
+
+
 def is_zero(optimizer: torch.optim.Optimizer) -> bool:
     from torch.distributed.optim import ZeroRedundancyOptimizer
 

@@ -451,6 +451,7 @@ def _recipe(result: PointResult, run: Training, clock: "Clock", loop_started: fl
     figures = result.recipe
     figures.checkpointed_blocks = run.checkpointed_blocks if run.spec.point.checkpointing != "none" else None
     result.cost.mesh = sharding.mesh_text(run.model) if run.spec.point.parallelism == "hsdp" else None
+    result.cost.update(sharding.traffic(run.model, run.spec.point, run.ctx))  # zero1, hsdp: bytes per step
     if run.scaler is not None and len(run.scales) > 1:
         # The scale before the first step, then after each: a skipped step halves it (a growth,
         # after 2000 clean steps, doubles it).

@@ -1,7 +1,8 @@
 """ZeRO-1 and HSDP across two nodes of a real Ray cluster on this machine, through the CLI: one worker group of
 four workers (two per node) measures DDP, ZeRO-1 and HSDP at one global batch. They train the same model, each
 ZeRO-1 rank holds a quarter of DDP's optimizer state, HSDP's mesh is (nodes, ranks per node) with every
-parameter sharded over one node's ranks only, and the node of every rank is recorded."""
+parameter sharded over one node's ranks only, the node of every rank is recorded, and so is each layout's
+communication per step within a node and across nodes."""
 
 import pytest
 
@@ -63,3 +64,11 @@ def test_zero1_and_hsdp_train_as_ddp_does_on_two_nodes_and_hsdp_shards_only_with
     assert hsdp.data.tags["sweeper.mesh"] == (
         "replicate 2 x shard 2; shard groups [0, 1] [2, 3]; placements (Replicate(), Shard(dim=0))")
     assert _series(client, hsdp, "memory_optimizer_state_bytes_by_rank") == [2 * 4 * 2 * 272 + 8 * 4] * 4  # half
+
+    # Communication per step, predicted where the ranks ran (four units of 272 fp32 values: 4352 bytes). zero1:
+    # DDP's all-reduce (2 x 3/4 x 4352) and the broadcasts (3/4 x 4352), all across nodes; hsdp: within a node
+    # 1/2 x ((4 + 3 blocks) x 272 x 4 gathered + 4352 reduce-scattered), across only 2 x 1/2 x its half, 2176.
+    for run, within, across in ((zero1, 0, 9792), (hsdp, 5984, 2176)):
+        metrics = run.data.metrics
+        assert (metrics["communication_within_node_bytes_per_step"],
+                metrics["communication_across_nodes_bytes_per_step"]) == (within, across)

@@ -240,8 +240,8 @@ def test_the_collectives_zero1_and_hsdp_issue_in_a_step_are_node_traffics_predic
     # sweeper's GPT here: 28032 parameters (2 blocks of 12704, a root of 2624 with the tied head), 112128 fp32 bytes.
     model = _model()
     units = sharded_memory.units_of(model, recipe.blocks(model))
-    zero1 = node_traffic.per_step(units, "zero1", WORLD, 1, ranks_per_node=2)
-    hsdp = node_traffic.per_step(units, "hsdp", WORLD, 1, ranks_per_node=2)
+    zero1 = node_traffic.per_step(units, "zero1", WORLD, 1, nodes=2)
+    hsdp = node_traffic.per_step(units, "hsdp", WORLD, 1, nodes=2)
     for rank in four_ranks["ranks"]:
         # zero1: DDP's one bucket all-reduced, then every parameter broadcast once from the rank that stepped it.
         assert rank["traffic"]["zero1"] == {"all_reduce": 112128, "broadcast": 112128}
@@ -288,6 +288,18 @@ def test_through_the_worker_loop_zero1_and_hsdp_train_as_ddp_does_and_record_eve
     two = points[GridPoint(4, 2, 2, parallelism="hsdp").key]  # ranks 0 and 1: one on each node
     assert two.status == "ok" and two.cost.rank_nodes == "0,1"
     assert two.cost.mesh.startswith("replicate 2 x shard 1; shard groups [0] [1]")
+    # Bytes a rank sends per step, predicted where the ranks ran (four units of 272 values, 4352 fp32 bytes, two
+    # nodes). zero1: 2 x 3/4 x 4352 all-reduced and 3/4 x 4352 broadcast, over ranks spanning both nodes. hsdp,
+    # accumulation 2: within a node 1/2 x ((4 + 3 blocks) x 272 x 4 x 2 gathered + 4352 reduce-scattered), across
+    # 2 x 1/2 x its half of the gradients.
+    assert (zero1.cost.communication_within_node_bytes_per_step, zero1.cost.communication_across_nodes_bytes_per_step
+            ) == (0, 9792)
+    assert (hsdp.cost.communication_within_node_bytes_per_step, hsdp.cost.communication_across_nodes_bytes_per_step
+            ) == (9792, 2176)
+    # A rank on each node: nothing to shard within, the whole gradient all-reduced across (2 x 1/2 x 4352).
+    assert (two.cost.communication_within_node_bytes_per_step, two.cost.communication_across_nodes_bytes_per_step
+            ) == (0, 4352)
+    assert ddp.cost.communication_across_nodes_bytes_per_step is None
 
 
 def test_through_the_worker_loop_each_zero1_rank_holds_a_quarter_of_ddps_optimizer_state(four_ranks):
