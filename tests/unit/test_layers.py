@@ -42,6 +42,7 @@ PURE = (
     "sweeper.report.critical_batch", "sweeper.report.snippets", "sweeper.report.folding",
     "sweeper.workloads.mlp_config", "sweeper.workloads.gpt_config", "sweeper.workloads.hf_config",
     "sweeper.report.sharded_snippets", "sweeper.report.elastic", "sweeper.report.parallelism",
+    "sweeper.report.recipe_snippets",
 )
 HEAVY = ("torch", "ray")
 

@@ -474,3 +474,35 @@ def test_recipe_keys_by_trainer_for_the_cosine_point(tmp_path):
     assert "TOTAL_STEPS = 23.0" in files["measured_recipe.py"] and "NO_DECAY = ('bias', 'norm')" in files[
         "measured_recipe.py"]
     assert math.isclose(json.loads(files["deepspeed_config.json"])["optimizer"]["params"]["eps"], 1e-6)
+
+
+def test_a_built_reports_snippets_carry_the_recommended_points_recorded_recipe(tmp_path):
+    """report.build hands the recommended point's own record (its MLflow child run) to the snippets: the recipe
+    keys the recommendation.yaml section does not hold reach every trainer's file."""
+    from sweeper.config import ReportConfig
+    from sweeper.plan import GridPoint
+    from sweeper.report import build as report
+    from sweeper.schema import PointResult
+    from sweeper.tracking import Tracker
+    from tests.harness import mlflow_store
+
+    tracker = Tracker(mlflow_store(tmp_path), "exp")
+    parent = tracker.start_sweep("sweep-recipe", {"use_gpu": "False"}, "a: 1\n")
+    recipe = {**{k: v for k, v in ADAMW_COSINE.items() if k != "steps"}, "train_samples": 23 * 32}
+    for micro, speed in ((16, 300.0), (32, 450.0)):
+        point = GridPoint(micro, 32 // micro, 1)
+        params = {"micro_batch_size": micro, "accumulation_steps": 32 // micro, "num_workers": 1,
+                  "global_batch_size": 32, "lr": 0.001, **recipe}
+        tracker.log_point(point, params, PointResult.from_flat(dict(
+            status="ok", samples_per_second=speed, samples_per_second_cv=0.01, throughput_stable=True,
+            peak_memory_bytes=2**27, val_accuracy=0.9, val_samples=20000, samples_seen=736, train_seconds=2.0)))
+    made = report.build(tracker, parent, ReportConfig(), str(tmp_path / "out"), log=False)
+    assert made.recommendation.best.key == "mb32-acc1-w1"
+    folder = Path(made.folder) / "snippets"
+    args = _hf_arguments({"hf_training_arguments.py": folder / "hf_training_arguments.py"})
+    assert (args["lr_scheduler_type"], args["lr_scheduler_kwargs"], args["max_steps"], args["warmup_steps"]) == (
+        "cosine_with_min_lr", {"min_lr_rate": 0.1}, 23, 3)
+    assert (args["adam_beta2"], args["adam_epsilon"], args["weight_decay"], args["max_grad_norm"]) == (
+        0.95, 1e-6, 0.1, 1.0)
+    assert "NO_DECAY = ('bias', 'norm')" in (folder / "measured_recipe.py").read_text()
+    assert json.loads((folder / "deepspeed_config.json").read_text())["gradient_clipping"] == 1.0
