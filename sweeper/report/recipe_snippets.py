@@ -212,7 +212,8 @@ def python_module(recipe: Recipe, optimizer: str, lr: float, header: str) -> str
         f"OPTIMIZER = {optimizer!r}\n", f"LR = {lr!r}\n", f"MOMENTUM = {recipe.momentum!r}\n",
         f"NESTEROV = {recipe.nesterov!r}\n", f"BETAS = {recipe.betas!r}\n", f"EPS = {recipe.eps!r}\n",
         f"WEIGHT_DECAY = {recipe.weight_decay!r}\n",
-        "# A parameter whose dotted name or whose module's class name holds one of these (any case): no weight decay.\n",
+        "# A parameter whose dotted name or whose module's class name holds one of these (any case): no weight\n"
+        "# decay.\n",
         f"NO_DECAY = {recipe.no_decay!r}\n", f"LR_SCHEDULE = {recipe.lr_schedule!r}\n",
         f"WARMUP_STEPS = {recipe.warmup_steps!r}\n",
         "# The budget in optimizer steps of this layout's global batch: where the decay ends (None: not recorded).\n",
@@ -222,9 +223,9 @@ def python_module(recipe: Recipe, optimizer: str, lr: float, header: str) -> str
     return header + _RECIPE_DOC + "".join(values) + _RECIPE_CODE
 
 
-_RECIPE_DOC = '''"""The recipe sweeper measured, in plain PyTorch: build_optimizer(model), build_scheduler(optimizer) (step it
-once after every optimizer step) and clip_gradients(parameters) (after the last micro-step's backward, before the
-optimizer's step). The trainer files beside it import it."""
+_RECIPE_DOC = '''"""The recipe sweeper measured, in plain PyTorch: build_optimizer(model), build_scheduler(optimizer)
+(step it once after every optimizer step) and clip_gradients(parameters) (after the last micro-step's backward,
+before the optimizer's step). The trainer files beside it import it."""
 
 import math
 

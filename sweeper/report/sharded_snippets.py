@@ -78,7 +78,8 @@ def lightning(layout: Any, accelerator: str, precision: str, recipe_lines: Seque
         "    fully_shard(self.model, mesh=mesh, reshard_after_forward=False, mp_policy=policy)\n",
         optimizers,
         _lightning_sync(layout),
-        f"\n\n# FSDP1 instead: strategy=FSDPStrategy(sharding_strategy={_fsdp1(p)!r}) (lightning.pytorch.strategies).\n",
+        f"\n\n# FSDP1 instead: strategy=FSDPStrategy(sharding_strategy={_fsdp1(p)!r}) "
+        "(lightning.pytorch.strategies).\n",
     ]
     if layout.activation_checkpointing == "blocks":
         lines.append("# Activation checkpointing (measured with it): checkpoint each block before fully_shard.\n")
@@ -167,8 +168,8 @@ def ray_train_shard(layout: Any) -> str:
     sync = ("# Accumulation as measured (gradient_sync every): a reduce-scatter at every micro-step, FSDP2's default.\n"
             if layout.gradient_sync == "every" else
             "# Accumulation: before each micro-batch,\n"
-            "# model.set_requires_gradient_sync(micro_step == accumulation_steps - 1): one reduce-scatter per optimizer\n"
-            "# step, the unsharded gradients held until then.\n")
+            "# model.set_requires_gradient_sync(micro_step == accumulation_steps - 1): one reduce-scatter per\n"
+            "# optimizer step, the unsharded gradients held until then.\n")
     return "".join([
         "\n\ndef prepare(model, blocks):\n",
         "    \"\"\"In train_loop_per_worker: the model on this worker's device (ray.train.torch.get_device(), made the "

@@ -171,8 +171,8 @@ LIGHTNING_OPTIMIZERS = (
     "# schedule, stepped after every optimizer step.\n"
     "def configure_optimizers(self):\n"
     "    optimizer = measured_recipe.build_optimizer(self)\n"
-    "    return {\"optimizer\": optimizer,\n"
-    "            \"lr_scheduler\": {\"scheduler\": measured_recipe.build_scheduler(optimizer), \"interval\": \"step\"}}\n"
+    "    scheduler = measured_recipe.build_scheduler(optimizer)\n"
+    "    return {\"optimizer\": optimizer, \"lr_scheduler\": {\"scheduler\": scheduler, \"interval\": \"step\"}}\n"
 )
 
 
@@ -198,7 +198,7 @@ def lightning(layout: Layout) -> str:
         + f"    accelerator={'gpu' if gpu else 'cpu'!r},\n"
         + f"    devices={layout.num_workers},  # over several nodes: devices per node and num_nodes=N\n"
         + f"    strategy={strategy!r},\n"
-        + f"    accumulate_grad_batches={layout.accumulation_steps},  # DDP skips the all-reduce on the others\n"
+        + f"    accumulate_grad_batches={layout.accumulation_steps},\n"
         + f"    precision={LIGHTNING_PRECISION[layout.precision]!r},\n"
         + "".join(_lightning_recipe(layout))
         + ")\n"
@@ -226,13 +226,19 @@ def hugging_face(layout: Layout) -> str:
         lines.append("use_cpu=True")
     if layout.sharded:
         lines += ["fsdp=True", f"fsdp_config={sharded.fsdp_config(layout)!r}"]
-    body = "".join(f"    {line.replace('  #', ',  #', 1) if '  #' in line else line + ','}\n" for line in lines)
+    body = "".join(f"    {_keyword(line)}\n" for line in lines)
     if layout.optimizer not in recipes.HF_OPTIM:
         body += f"    # optim: {layout.optimizer} is your own: pass it as Trainer(optimizers=(optimizer, None))\n"
     launch = (f"# {layout.num_workers} workers: torchrun --nproc_per_node={layout.num_workers} your_train.py "
               "(one process per device; Trainer reads the world size)\n")
     return (_header(layout) + "from transformers import Trainer, TrainingArguments\n\nimport measured_recipe\n\n"
             + f"args = TrainingArguments(\n{body})\n" + launch + _HF_TRAINER)
+
+
+def _keyword(line: str) -> str:
+    """`name=value,` for a call's argument list, its comment (`  # ...`) after the comma."""
+    code, _, comment = line.partition("  # ")
+    return f"{code},  # {comment}" if comment else f"{code},"
 
 
 _HF_TRAINER = '''
@@ -329,8 +335,8 @@ def ray_train(layout: Layout, elastic: Optional[Mapping[str, Any]] = None) -> st
 
 _RAY_PREPARE = (
     "\n\ndef prepare(model):\n"
-    "    \"\"\"In train_loop_per_worker: the model on this worker's device (ray.train.torch.get_device(), which it also\n"
-    "    makes the current CUDA device) and wrapped in DDP.\"\"\"\n"
+    "    \"\"\"In train_loop_per_worker: the model on this worker's device (ray.train.torch.get_device(), which it\n"
+    "    also makes the current CUDA device) and wrapped in DDP.\"\"\"\n"
     "    return ray.train.torch.prepare_model(model)\n"
 )
 

@@ -7,7 +7,6 @@ its JobConfig's fields, which its ConfigManager checks the same way (an unknown 
 
 import ast
 import json
-import os
 import socket
 import tomllib
 import types
@@ -270,7 +269,8 @@ def test_torchtitan_toml_is_a_job_config_of_the_measured_recipe(written):
     assert config["parallelism"]["data_parallel_shard_degree"] == layout.num_workers
     assert config["parallelism"]["fsdp_reshard_after_forward"] == {"zero2": "never", "zero3": "always"}[
         layout.parallelism]
-    assert config["activation_checkpoint"]["mode"] == ("full" if layout.activation_checkpointing == "blocks" else "none")
+    checkpointing = "full" if layout.activation_checkpointing == "blocks" else "none"
+    assert config["activation_checkpoint"]["mode"] == checkpointing
     schedule, optimizer = config["lr_scheduler"], config["optimizer"]
     assert schedule["warmup_steps"] == r.warmup_steps and schedule["min_lr_factor"] == r.min_lr_ratio
     assert schedule["decay_type"] == ("cosine" if r.lr_schedule == "cosine" else "linear")
