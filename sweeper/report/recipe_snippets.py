@@ -39,11 +39,11 @@ def _number(params: Mapping[str, Any], name: str, default: Optional[float]) -> O
 
 
 def _names(value: Any) -> Tuple[str, ...]:
-    """A list recorded as "a,b" (MLflow params are text) or given as a list."""
-    if value in (None, "None", "null", ""):
+    """A list recorded as "a,b" (MLflow params are text; a list logged as is reads "['a', 'b']") or given as one."""
+    if value in (None, "None", "null", "", "[]"):
         return ()
-    parts = value.split(",") if isinstance(value, str) else [str(v) for v in value]
-    return tuple(p.strip() for p in parts if p.strip())
+    parts = value.strip("[]()").split(",") if isinstance(value, str) else [str(v) for v in value]
+    return tuple(part for part in (p.strip().strip("'\"") for p in parts) if part)
 
 
 @dataclass(frozen=True)

@@ -137,6 +137,9 @@ def test_the_recipe_is_read_from_a_points_params_and_an_older_record_gets_what_i
     # A sweep from before the recipe keys: SGD momentum 0.9, every parameter decayed (by 0), a constant LR, no clip.
     old = Layout.from_params({"micro_batch_size": "8", "accumulation_steps": "1", "num_workers": "1", "lr": "0.1"})
     assert old.recipe == Recipe() and old.recipe.no_decay == () and old.recipe.grad_clip_norm is None
+    # A list logged as MLflow writes a Python list reads the same as the comma-joined one.
+    listed = Recipe.from_params({"betas": "[0.9, 0.95]", "no_decay": "['bias', 'norm']"}, 16)
+    assert (listed.betas, listed.no_decay) == ((0.9, 0.95), ("bias", "norm"))
     # Without a sample budget, the steps the point took (its metric) give the schedule's length.
     assert Recipe.from_params({"optimizer_steps": 40.0, "train_samples": "None"}, 16).total_steps == 40.0
     with pytest.raises(ValueError, match=r"lr_schedule='step' is invalid. Should be one of \['constant', 'linear'"):
