@@ -80,7 +80,7 @@ def build(
     page = html.render(sweep.run_name, table_rows(trials), images, "\n".join(headline.headline(rec, line, glance)),
                        _settings_shown(parent_run_id, cfg, budget_gb, rec.quality), extra)
     html_path = _write_text(os.path.join(folder, "report.html"), page)
-    pasteable = _write_snippets(yaml_path, folder, sweep.params, answer)
+    pasteable = _write_snippets(yaml_path, folder, sweep.params, answer, _record_of(sweep, rec.best))
     report = Report(folder, html_path, rec, line, yaml_path, text, found)
     if log:
         # Only the files written here: the folder may hold others (the frontier's, logged on their own).
@@ -124,12 +124,19 @@ def _branch_sections(answer: Dict[str, Any], folder: str, trials: List[Trial], f
             ("Branches by checkpoint", branched.section_rows(answer))]
 
 
-def _write_snippets(yaml_path: str, folder: str, params: Dict[str, str], answer: Optional[Dict[str, Any]]) -> List[str]:
+def _record_of(sweep: tracking.SweepRecord, best: Optional[Trial]) -> Optional[Dict[str, Any]]:
+    """The recommended point's own record (its child run's params and metrics): its recipe for the snippets."""
+    return next((row for row in sweep.children if best is not None and row.get("key") == best.key), None)
+
+
+def _write_snippets(yaml_path: str, folder: str, params: Dict[str, str], answer: Optional[Dict[str, Any]],
+                    record: Optional[Dict[str, Any]] = None) -> List[str]:
     """The answer as settings for the trainer a team uses (Lightning, Hugging Face, DeepSpeed, Ray
-    Train, torchrun), beside the sweeper's own override line; the branch strategy's schedule too."""
+    Train, torchrun) with the recipe the point recorded, beside the sweeper's own override line; the branch
+    strategy's schedule too."""
     with open(yaml_path) as f:
         pasteable = snippets.write_from_recommendation(f.read(), os.path.join(folder, "snippets"),
-                                                       params.get("use_gpu") == "True")
+                                                       params.get("use_gpu") == "True", record)
     if answer is not None:
         pasteable += branched.snippets_for(answer, os.path.join(folder, "snippets"))
     return pasteable

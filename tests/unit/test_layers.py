@@ -63,6 +63,7 @@ PURE = (
     "sweeper.strategies.branch_reading", "sweeper.report.analysis",
     "sweeper.report.critical_batch", "sweeper.report.snippets", "sweeper.report.folding",
     "sweeper.report.sharded_snippets", "sweeper.report.elastic", "sweeper.report.parallelism",
+    "sweeper.report.recipe_snippets",
 )
 HEAVY = ("torch", "ray")
 
