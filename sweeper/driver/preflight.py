@@ -81,6 +81,7 @@ def preflight(cfg: SweeperConfig) -> Tuple[Prepared, Dict[GridPoint, PointSpec]]
         problems += grid_problems(cfg, points)
     if problems:
         raise ConfigError(problems)
+    warn_emulated(cfg)
     splits = datasets.load(cfg.data, cfg.model.input_shape)
     counts = count_flops(cfg, splits.num_classes) if cfg.measure.flops else {}
     prepared = Prepared(points, len(splits.train), splits.num_classes, counts, coupled_layers(cfg),
@@ -142,8 +143,9 @@ def grid(cfg: SweeperConfig, problems: List[str]) -> List[GridPoint]:
 
 
 def _point_spec(cfg: SweeperConfig, point: GridPoint, steps: int, flop_counts: Dict,
-                estimate: Optional[int], prediction: Optional[Any] = None) -> PointSpec:
-    """What one point's workers are told: its slice of the config, its scaled LR, its step budget."""
+                estimate: Optional[int], prediction: Optional[Any] = None, budget: Optional[int] = None) -> PointSpec:
+    """What one point's workers are told: its slice of the config, its scaled LR, its step budget (and the
+    samples of its whole budget, which its LR schedule spans)."""
     return PointSpec(
         model=at_context(cfg, point.context).model,
         data=cfg.data,
@@ -166,6 +168,7 @@ def _point_spec(cfg: SweeperConfig, point: GridPoint, steps: int, flop_counts: D
         memory_predicted_bytes=prediction.total if prediction is not None else None,
         timeout_seconds=cfg.cluster.point_timeout_seconds,
         start_from=cfg.train.start_from,
+        schedule_samples=budget,
     )
 
 
@@ -189,7 +192,7 @@ def build_specs(cfg: SweeperConfig, prepared: Prepared, points: List[GridPoint])
         budget = plan.sample_budget(num_train, cfg.train.epochs, cfg.train.samples, point.context, cfg.model.context)
         # A continued point trains what is left of the budget after the checkpoint's samples.
         steps = plan.optimizer_steps(budget - start, 1, point.global_batch_size)
-        spec = _point_spec(cfg, point, steps, counts, estimates.get(point), predictions.get(point))
+        spec = _point_spec(cfg, point, steps, counts, estimates.get(point), predictions.get(point), budget)
         problem = continuation_problem(cfg, spec, meta)
         if problem:  # the checkpoint's, the same for every point: said once
             problems.append(problem)
@@ -358,6 +361,22 @@ def _sharding_problems(cfg: SweeperConfig, model) -> List[str]:
         for precision in cfg.sweep.precisions:
             found += sharding.problems(parallelism, precision, model, cfg.model.checkpoint_modules)
     return list(dict.fromkeys(found))
+
+
+def warn_emulated(cfg: SweeperConfig) -> None:
+    """One warning line per precision this machine's CPU only emulates, when the points train on it (a local Ray
+    without GPUs): their throughput is labelled emulated, never the recipe's. A cluster's workers label their own."""
+    if cfg.cluster.address is not None or cfg.cluster.use_gpu == "true" or not isinstance(cfg.sweep.precisions, list):
+        return
+    if cfg.cluster.use_gpu == "auto" and _gpu_here(cfg):
+        return
+    import torch
+
+    for precision in cfg.sweep.precisions:
+        reason = recipe.emulated_precision(precision, torch.device("cpu"))
+        if reason:
+            console.warn(f"sweep.precisions has {precision}: {reason}; its points are labelled emulated (tag "
+                         "sweeper.throughput_emulated) and never ranked as the recipe's throughput")
 
 
 def _gpu_here(cfg: SweeperConfig) -> bool:
