@@ -7,6 +7,7 @@ All problems are collected into one ConfigError, so a bad sweep stops with one `
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -46,6 +47,9 @@ class Prepared:
     # A sweep with a sharded parallelism and a budget: the points predicted over it, each with its line
     # (driver.predicted: recorded out of memory, never launched).
     over_budget: Dict[GridPoint, str] = field(default_factory=dict)
+    # Why the batches are the sweep's own (your collate, dict samples, your step), which the fake-tensor FLOP
+    # count and memory estimate (built from model.input_shape) do not describe; None: they describe them.
+    own_batches: Optional[str] = None
 
     def at(self, context: Optional[int]) -> Tuple[int, Dict[str, flops.FlopCount]]:
         """(training samples, FLOP counts by checkpointing mode) at a point's context."""
@@ -83,14 +87,32 @@ def preflight(cfg: SweeperConfig) -> Tuple[Prepared, Dict[GridPoint, PointSpec]]
         raise ConfigError(problems)
     warn_emulated(cfg)
     splits = datasets.load(cfg.data, cfg.model.input_shape)
-    counts = count_flops(cfg, splits.num_classes) if cfg.measure.flops else {}
+    own = own_batches(cfg, splits.train)
+    if own and (cfg.measure.flops or cfg.measure.memory_breakdown):
+        console.warn(f"FLOPs (MFU) and the fake-tensor memory estimate are skipped: {own}; the points measure "
+                     "throughput and memory as ever")
+    counts = count_flops(cfg, splits.num_classes) if cfg.measure.flops and not own else {}
     prepared = Prepared(points, len(splits.train), splits.num_classes, counts, coupled_layers(cfg),
-                        len(splits.val) if splits.val is not None else 0, splits.identity)
+                        len(splits.val) if splits.val is not None else 0, splits.identity, own_batches=own)
     for context in cfg.sweep.context_lengths or []:
         at = at_context(cfg, context)
         train = len(datasets.load(cfg.data, at.model.input_shape).train)
         prepared.contexts[context] = (train, count_flops(at, splits.num_classes) if cfg.measure.flops else {})
     return prepared, (build_specs(cfg, prepared, points) if points else {})
+
+
+def own_batches(cfg: SweeperConfig, train: Any) -> Optional[str]:
+    """Why the sweep's batches are its own, not the (input of model.input_shape, label) pairs sweeper's FLOP
+    counter and memory estimate make up, in words; None when they are those."""
+    if cfg.train.step_fn:
+        return f"the loss is your step's (train.step_fn={cfg.train.step_fn})"
+    if cfg.data.collate_fn:
+        return f"batches are made by data.collate_fn={cfg.data.collate_fn}"
+    if cfg.data._target_ and len(train):
+        sample = train[0]
+        if isinstance(sample, Mapping) or (isinstance(sample, (tuple, list)) and isinstance(sample[0], Mapping)):
+            return f"the samples of data._target_={cfg.data._target_} are mappings"
+    return None
 
 
 def at_context(cfg: SweeperConfig, context: Optional[int]) -> SweeperConfig:
@@ -176,7 +198,7 @@ def build_specs(cfg: SweeperConfig, prepared: Prepared, points: List[GridPoint])
     """A PointSpec per point, or a ConfigError naming every point too large for the data to time."""
     problems: List[str] = []
     estimates: Dict[GridPoint, int] = {}
-    for context in sorted({p.context for p in points}, key=lambda c: c or 0):
+    for context in sorted({p.context for p in points}, key=lambda c: c or 0) if not prepared.own_batches else []:
         # The fake-tensor step is a whole model's: a sharded point's is its prediction (driver.predicted).
         estimates.update(estimate_memory(at_context(cfg, context), [p for p in points if p.context == context
                                                                     and p.parallelism == "ddp"],

@@ -367,6 +367,7 @@ def _trial(row: Dict[str, Any]) -> Trial:
         samples_per_second=number("samples_per_second"),
         samples_per_second_cv=number("samples_per_second_cv"),
         throughput_stable=None if stable is None else stable == "true",
+        throughput_emulated=text("sweeper.throughput_emulated"),
         peak_memory_bytes=number("peak_memory_bytes"),
         val_accuracy=number("val_accuracy"),
         train_seconds=number("train_seconds"),
@@ -417,7 +418,8 @@ def _row(t: Trial) -> Dict[str, str]:
         "workers": str(t.num_workers),
         "global": str(t.global_batch_size),
         "status": t.status + (f" ({t.diverged_reason})" if t.status == "diverged" and t.diverged_reason else ""),
-        "samples/s": fmt(t.samples_per_second, "{:.1f}") + ("" if t.throughput_stable is not False else " (unstable)"),
+        "samples/s": fmt(t.samples_per_second, "{:.1f}") + ("" if t.throughput_stable is not False else " (unstable)")
+        + (" (emulated)" if t.throughput_emulated else ""),
         "cv": fmt(t.samples_per_second_cv, "{:.1%}"),
         "peak MiB": fmt(None if t.peak_memory_bytes is None else t.peak_memory_bytes / MiB, "{:.0f}"),
         "val acc": fmt(t.val_accuracy, "{:.3f}"),
@@ -427,7 +429,8 @@ def _row(t: Trial) -> Dict[str, str]:
     if t.tokens_per_second is None:
         return row
     # A language model: throughput in tokens, quality as the judged loss (bits per byte, else nats per token).
-    lead = {"point": t.key, "tokens/s": fmt(t.tokens_per_second, "{:.0f}")}
+    lead = {"point": t.key, "tokens/s": fmt(t.tokens_per_second, "{:.0f}") + (" (emulated)" if t.throughput_emulated
+                                                                              else "")}
     if t.val_bits_per_byte is not None:
         lead["bits/byte"] = fmt(t.val_bits_per_byte, "{:.3f}")
     elif t.val_loss is not None:

@@ -10,7 +10,7 @@ the gradients, BatchNorm's statistics and the random state. The training is the 
 
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any, Iterable, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -20,13 +20,12 @@ from sweeper.worker.sharding import accumulation_context
 from sweeper.workloads import batches
 
 
-def stream_largest(run: Any, loaded: List[Any]) -> Optional[Any]:
-    """This rank's largest micro-batch over its whole stream (by elements), when some rank's is larger than
-    every micro-batch of the tracked step (`loaded`); None when no rank's is (agreed: one all-reduce)."""
-    from sweeper.worker.step import _loader
-
+def stream_largest(run: Any, loaded: List[Any], stream: Iterable[Any]) -> Optional[Any]:
+    """This rank's largest micro-batch over its whole `stream` (a fresh loader of it; by elements), when some
+    rank's is larger than every micro-batch of the tracked step (`loaded`); None when no rank's is (agreed: one
+    all-reduce)."""
     biggest, most = None, -1
-    for batch in _loader(run.spec, run.ctx, run.device, run.splits, run.start_samples):
+    for batch in stream:
         size = batches.element_count(batch)
         if size > most:
             biggest, most = batch, size

@@ -237,7 +237,10 @@ class Training:
         # Loaded outside the tracker: indexing an in-memory dataset yields views of its whole
         # storage, which the tracker would count as device memory.
         loaded = [next(self.batches) for _ in range(self.spec.point.accumulation_steps)]
-        biggest = largest.stream_largest(self, loaded) if self.spec.data.collate_fn else None
+        biggest = None
+        if self.spec.data.collate_fn:
+            stream = _loader(self.spec, self.ctx, self.device, self.splits, self.start_samples)
+            biggest = largest.stream_largest(self, loaded, stream)
 
         def run() -> None:
             if biggest is not None:

@@ -256,7 +256,7 @@ def test_the_tracked_step_runs_the_streams_largest_batch_and_trains_as_without_i
     assert batch["input_ids"].shape == (4, 40)
     assert tracked["train_loss"] == plain["train_loss"]  # the probe left the training as it was
     # Without it, the tracked peak (and a CPU budget held to it) would be a shorter batch's.
-    monkeypatch.setattr(largest, "stream_largest", lambda run, loaded: None)
+    monkeypatch.setattr(largest, "stream_largest", lambda run, loaded, stream: None)
     first_come = train_point(_spec(point, TOKEN_MODEL, data, steps, measure=MEASURE), WorkerContext())
     assert tracked["memory_tracked_peak_bytes"] > first_come["memory_tracked_peak_bytes"] > 0
 
@@ -305,3 +305,18 @@ def test_a_hugging_face_sequence_classifier_trains_on_dynamically_padded_dict_ba
     assert result["grad_clipped_steps"] >= 0 and len(result["grad_norm"]) == 24
     assert result["memory_tracked_peak_bytes"] > 0 and result["samples_per_second"] > 0
     assert "items_per_second" not in result  # one label per sentence: a mean over samples
+
+
+def test_the_report_never_reads_an_emulated_throughput_as_the_recipes():
+    from sweeper.report import reasons
+    from sweeper.report.trials import Trial, summarize
+
+    why = "bf16 autocast on a CPU without AVX512-BF16 or AMX is emulated through fp32 (up to 48x slower)"
+    fast = Trial("mb16-acc1-w1", 16, 1, 1, 16, "ok", samples_per_second=900.0, precision="fp32")
+    slow = Trial("mb16-acc1-w1-bf16", 16, 1, 1, 16, "ok", samples_per_second=20.0, precision="bf16",
+                 throughput_emulated=why)
+    ranked = [summarize([fast]), summarize([slow])]
+    text = reasons.winner(ranked[0], ranked, "throughput", None, {}, 0.95)
+    assert "(next: mb16-acc1-w1-bf16, 20.0 samples/s (emulated precision: not the recipe's))" in text
+    alone = reasons.winner(ranked[1], ranked[1:], "throughput", None, {}, 0.95)
+    assert f"Its throughput is not the recipe's: {why}" in alone
