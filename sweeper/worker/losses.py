@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 from torch import nn
@@ -117,6 +117,21 @@ def shifts_labels(model: nn.Module) -> bool:
     function = getattr(model, "_loss_function", None) or LOSS_MAPPING.get(model.loss_type, ForCausalLMLoss)
     decoder_only = not getattr(getattr(model, "config", None), "is_encoder_decoder", False)
     return function is ForCausalLMLoss and decoder_only
+
+
+def scored(model: nn.Module, batch: Any, shifts: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(logits, targets) of a batch to evaluate, as the built-in step and the model's own loss see it: a mapping
+    holding `labels` gives model(**batch)'s logits against its labels (a causal LM's, whose loss shifts them, as
+    logits[..., :-1, :] against labels[..., 1:]); an (inputs, targets) pair the model's logits and the targets.
+    Targets equal to IGNORE_INDEX are no prediction. (A step of your own has no logits to give: its evaluation
+    is its own.)"""
+    if isinstance(batch, Mapping) and "labels" in batch:
+        logits, labels = logits_of(model(**batch)), batch["labels"]
+        if shifts:
+            return logits[..., :-1, :], labels[..., 1:]
+        return logits, labels
+    inputs, targets = batch
+    return logits_of(model(**inputs) if isinstance(inputs, Mapping) else model(inputs)), targets
 
 
 def logits_of(out: Any) -> Any:

@@ -320,3 +320,37 @@ def test_the_report_never_reads_an_emulated_throughput_as_the_recipes():
     assert "(next: mb16-acc1-w1-bf16, 20.0 samples/s (emulated precision: not the recipe's))" in text
     alone = reasons.winner(ranked[1], ranked[1:], "throughput", None, {}, 0.95)
     assert f"Its throughput is not the recipe's: {why}" in alone
+
+
+def test_a_batch_is_scored_for_evaluation_as_the_step_sees_it():
+    """worker.losses.scored, for the evaluation: a causal LM's logits against its labels shifted by one, a
+    per-token model's against its own, an (inputs, targets) pair's against its targets."""
+    from sweeper.worker import losses
+
+    batch = yours.pad_collate(yours.token_samples(3))
+    net = yours.TokenNet()
+    logits, targets = losses.scored(net, batch, shifts=False)
+    assert logits.shape[:2] == targets.shape == batch["labels"].shape
+    logits, targets = losses.scored(net, batch, shifts=True)
+    assert torch.equal(targets, batch["labels"][:, 1:]) and logits.shape[1] == targets.shape[1]
+    x, y = torch.randn(5, yours.FEATURES), torch.arange(5) % 4
+    logits, targets = losses.scored(yours.BlockNet(), ({"x": x}, y), shifts=False)
+    assert logits.shape == (5, 4) and targets is y
+
+
+def test_an_emulated_precision_is_one_warning_before_launch(monkeypatch):
+    from sweeper.driver import console, preflight
+    from tests.harness import typed_cfg
+
+    said = []
+    monkeypatch.setattr(console, "warn", said.append)
+    monkeypatch.setattr(recipe, "cpu_flags", lambda: {"avx2", "avx512f"})
+    preflight.warn_emulated(typed_cfg("model=mlp", "data=digits", "sweep.precisions=[fp32,bf16]",
+                                      "cluster.use_gpu=false"))
+    assert said == ["sweep.precisions has bf16: bf16 autocast on a CPU without AVX512-BF16 or AMX is emulated "
+                    "through fp32 (up to 48x slower): its throughput is not bf16's; its points are labelled emulated "
+                    "(tag sweeper.throughput_emulated) and never ranked as the recipe's throughput"]
+    said.clear()
+    monkeypatch.setattr(recipe, "cpu_flags", lambda: {"avx512_bf16"})
+    preflight.warn_emulated(typed_cfg("model=mlp", "data=digits", "sweep.precisions=[bf16]", "cluster.use_gpu=false"))
+    assert said == []
