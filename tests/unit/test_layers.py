@@ -33,7 +33,8 @@ CLUSTER_NEVER = ("sweeper.driver", "sweeper.report", "sweeper.strategies")
 # Pure arithmetic, tested without processes: neither they nor anything they import at module level
 # loads torch or Ray.
 PURE = (
-    "sweeper.plan", "sweeper.schema", "sweeper.record", "sweeper.lr_schedule", "sweeper.errors", "sweeper.units", "sweeper.journal", "sweeper.stats",
+    "sweeper.plan", "sweeper.schema", "sweeper.record", "sweeper.lr_schedule", "sweeper.errors", "sweeper.units",
+    "sweeper.journal", "sweeper.stats",
     "sweeper.config", "sweeper.config.report", "sweeper.measure.timing", "sweeper.measure.frontier",
     "sweeper.measure.knee", "sweeper.inference.roofline", "sweeper.inference.batching_sim",
     "sweeper.measure.sharded_memory", "sweeper.cluster.environment", "sweeper.cluster.resources",

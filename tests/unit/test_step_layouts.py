@@ -7,7 +7,6 @@ One spawn of two ranks runs every point (importing torch twice costs ~10 s here)
 one-process layouts the pairs must match. Each test asserts one of the findings.
 """
 
-import dataclasses
 import datetime
 import os
 
