@@ -90,7 +90,8 @@ def _own_loss(model: nn.Module, batch: Mapping, shifts: bool) -> MicroLoss:
     items = token_items(batch, shifts)
     if items is None:
         return MicroLoss(loss)
-    return MicroLoss(loss * items, items)
+    # A micro-batch of padding alone has no items and a mean of nothing (NaN): its sum is 0, and so its gradient.
+    return MicroLoss(torch.where(items > 0, loss, torch.zeros_like(loss)) * items, items)
 
 
 def token_items(batch: Mapping, shifts: bool) -> Optional[torch.Tensor]:

@@ -354,3 +354,15 @@ def test_an_emulated_precision_is_one_warning_before_launch(monkeypatch):
     monkeypatch.setattr(recipe, "cpu_flags", lambda: {"avx512_bf16"})
     preflight.warn_emulated(typed_cfg("model=mlp", "data=digits", "sweep.precisions=[bf16]", "cluster.use_gpu=false"))
     assert said == []
+
+
+def test_a_micro_batch_of_padding_alone_adds_nothing_and_no_nan():
+    from sweeper.worker import losses
+
+    batch = yours.pad_collate(yours.token_samples(2))
+    batch["labels"][:] = yours.PAD_LABEL
+    net = yours.TokenNet()
+    micro = losses.build(None, None, net)(net, batch)
+    assert micro.items.item() == 0 and micro.loss.item() == 0.0
+    micro.loss.backward()
+    assert all(torch.isfinite(p.grad).all() and not p.grad.any() for p in net.parameters() if p.grad is not None)
