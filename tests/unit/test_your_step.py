@@ -292,7 +292,6 @@ def test_a_hugging_face_sequence_classifier_trains_on_dynamically_padded_dict_ba
     """BertForSequenceClassification from a tiny BertConfig: its own loss from `labels` (model(**batch).loss),
     dynamic padding by the collate, cosine after a warm-up, clipping at 1, AdamW sparing biases and LayerNorms,
     the memory-tracked step on the stream's largest batch."""
-    pytest.importorskip("transformers")
     torch.set_num_threads(1)
     assert datasets.check(SENTENCES) == []
     spec = _spec(GridPoint(8, 2, 1), BERT, SENTENCES, 24, optim=dataclasses.replace(ADAMW, lr=0.003),
