@@ -365,3 +365,16 @@ def test_a_micro_batch_of_padding_alone_adds_nothing_and_no_nan():
     assert micro.items.item() == 0 and micro.loss.item() == 0.0
     micro.loss.backward()
     assert all(torch.isfinite(p.grad).all() and not p.grad.any() for p in net.parameters() if p.grad is not None)
+
+
+def drop_one(samples):
+    return yours.pad_collate(samples[1:])
+
+
+def test_a_collate_that_does_not_keep_every_sample_stops_the_point_naming_the_key():
+    data = dataclasses.replace(TOKENS, collate_fn="tests.unit.test_your_step.drop_one")
+    with pytest.raises(ValueError, match="a micro-batch holds 7 samples, not the point's micro-batch of 8: "
+                                         "data.collate_fn must batch each sample it is given"):
+        train_point(_spec(GridPoint(8, 1, 1), TOKEN_MODEL, data, 6), WorkerContext())
+    (problem,) = _check(_target_="tests.your_training.token_data", collate_fn="tests.unit.test_your_step.drop_one")
+    assert problem.startswith("a batch of 2 train samples holds 1 by its leading dimension")
