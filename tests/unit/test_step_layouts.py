@@ -1,12 +1,15 @@
 """Layouts of one global batch train the same model with your step, a cosine schedule and clipping at a norm the
 gradients reach, under DDP and under ZeRO-3, across two gloo processes on the CPU: a BatchNorm-free classifier of
 dict batches (a mean over samples), and token sequences padded per batch whose loss counts the tokens that are
-not padding (a sum over items, normalized by the global batch's items across micro-steps and ranks).
+not padding (a sum over items, normalized by the global batch's items across micro-steps and ranks). And the
+memory-tracked step of a stream whose largest batch is elsewhere: every rank probes its own largest, and the
+training is the same as untracked.
 
 One spawn of two ranks runs every point (importing torch twice costs ~10 s here); rank 0 then trains the
 one-process layouts the pairs must match. Each test asserts one of the findings.
 """
 
+import dataclasses
 import datetime
 import os
 
@@ -34,17 +37,24 @@ WORKLOADS = {
                DataConfig(name="tokens", _target_="tests.your_training.token_data", num_classes=16,
                           collate_fn="tests.your_training.pad_collate"),
                "tests.your_training.token_step_sum", 1.02),
+    # one 40-token sequence among short ones: the memory-tracked step runs the stream's largest batch first
+    "long": (ModelConfig(name="tokennet", _target_="tests.your_training.token_net", checkpoint_modules=["Block"]),
+             DataConfig(name="tokens", _target_="tests.your_training.one_long_token_data", num_classes=16,
+                        collate_fn="tests.your_training.pad_collate"),
+             "tests.your_training.token_step_sum", 1.02),
 }
 PAIRS = [(8, 1), (4, 2)]  # micro-batch, accumulation at two workers: global batch 16
 ALONE = [(16, 1), (4, 4)]  # at one worker
 
 
-def _spec(workload: str, micro: int, accumulation: int, workers: int, parallelism: str = "ddp") -> PointSpec:
+def _spec(workload: str, micro: int, accumulation: int, workers: int, parallelism: str = "ddp",
+          tracked: bool = False) -> PointSpec:
     model, data, step_fn, clip = WORKLOADS[workload]
     train = TrainConfig(seed=2, step_fn=step_fn, warmup_steps=2, lr_schedule="cosine", min_lr_ratio=0.1,
                         grad_clip_norm=clip)
     point = GridPoint(micro, accumulation, workers, parallelism=parallelism)
-    return PointSpec(model=model, data=data, train=train, measure=MEASURE, point=point, lr=ADAMW.lr, steps=STEPS,
+    measure = dataclasses.replace(MEASURE, memory_breakdown=tracked)
+    return PointSpec(model=model, data=data, train=train, measure=measure, point=point, lr=ADAMW.lr, steps=STEPS,
                      optim=ADAMW, gns=GnsConfig(enabled=False), evaluate=False,
                      schedule_samples=STEPS * GLOBAL_BATCH)
 
@@ -62,7 +72,8 @@ def _rank(rank: int, world: int, folder: str) -> None:
                             timeout=datetime.timedelta(seconds=120))
     out = {}
     try:
-        for workload in WORKLOADS:
+        out["probes"] = _tracked_points(rank, world)
+        for workload in ("classifier", "tokens"):
             for parallelism in ("ddp", "zero3"):
                 for micro, accumulation in PAIRS:
                     spec = _spec(workload, micro, accumulation, 2, parallelism)
@@ -71,11 +82,29 @@ def _rank(rank: int, world: int, folder: str) -> None:
     finally:
         dist.destroy_process_group()
     if rank == 0:
-        for workload in WORKLOADS:
+        for workload in ("classifier", "tokens"):
             for micro, accumulation in ALONE:
                 spec = _spec(workload, micro, accumulation, 1)
                 out[(workload, "ddp", micro, accumulation, 1)] = _figures(train_point(spec, WorkerContext()))
     torch.save(out, os.path.join(folder, f"rank{rank}.pt"))
+
+
+def _tracked_points(rank: int, world: int) -> dict:
+    """The long-sequence stream at (4, 2) on both ranks, memory-tracked and not, under DDP and ZeRO-3, with the
+    elements of each batch the tracked step probed (worker.largest.probe, spied on)."""
+    from sweeper.worker import largest
+    from sweeper.workloads import batches
+
+    probed, real = [], largest.probe
+    largest.probe = lambda run, batch: (probed.append(batches.element_count(batch)), real(run, batch))
+    out = {}
+    for parallelism in ("ddp", "zero3"):
+        for tracked in (True, False):
+            probed.clear()
+            figures = _figures(train_point(_spec("long", 4, 2, 2, parallelism, tracked), WorkerContext(rank, world)))
+            out[(parallelism, tracked)] = dict(figures, probed=list(probed))
+    largest.probe = real
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -86,10 +115,22 @@ def ranks(tmp_path_factory):
 
 
 def _runs(ranks, workload):
-    return {key[1:]: figures for key, figures in ranks[0].items() if key[0] == workload}
+    return {key[1:]: figures for key, figures in ranks[0].items() if key != "probes" and key[0] == workload}
 
 
-@pytest.mark.parametrize("workload", list(WORKLOADS))
+@pytest.mark.parametrize("parallelism", ["ddp", "zero3"])
+def test_every_rank_probes_the_streams_largest_batch_in_the_tracked_step_and_trains_as_without_it(ranks, parallelism):
+    """One rank's share holds the 40-token sequence, so both probe (the same collectives), each with its own
+    largest batch; the training is the same as untracked."""
+    tracked = [rank["probes"][(parallelism, True)] for rank in ranks]
+    plain = ranks[0]["probes"][(parallelism, False)]
+    assert all(t["status"] == "ok" for t in tracked) and plain["status"] == "ok", [t["error"] for t in tracked]
+    assert [len(t["probed"]) for t in tracked] == [1, 1] and plain["probed"] == []
+    assert max(t["probed"][0] for t in tracked) == 3 * 4 * 40  # micro-batch 4 x the 40 tokens, 3 tensors
+    assert tracked[0]["loss"] == pytest.approx(plain["loss"], abs=1e-6)
+
+
+@pytest.mark.parametrize("workload", ["classifier", "tokens"])
 def test_every_layout_of_one_global_batch_gives_the_same_losses_under_ddp_and_zero3(ranks, workload):
     runs = _runs(ranks, workload)
     assert all(r["status"] == "ok" for r in runs.values()), {k: r["error"] for k, r in runs.items()}
@@ -98,10 +139,11 @@ def test_every_layout_of_one_global_batch_gives_the_same_losses_under_ddp_and_ze
     for layout, figures in runs.items():
         assert figures["loss"] == pytest.approx(reference, abs=TOLERANCE, rel=TOLERANCE), layout
     for key, figures in ranks[1].items():  # the second rank agrees with the first
-        assert figures["loss"] == ranks[0][key]["loss"]
+        if key != "probes":
+            assert figures["loss"] == ranks[0][key]["loss"]
 
 
-@pytest.mark.parametrize("workload", list(WORKLOADS))
+@pytest.mark.parametrize("workload", ["classifier", "tokens"])
 def test_the_clipping_norm_was_reached_and_clipped_alike_in_every_layout(ranks, workload):
     runs = _runs(ranks, workload)
     clipped = {layout: figures["clipped"] for layout, figures in runs.items()}
