@@ -386,7 +386,8 @@ class Decode(Record):
     prefill_p50_seconds: Optional[float] = metric()
     prefill_tokens_per_second: Optional[float] = metric()
     prefill_peak_memory_bytes: Optional[int] = metric()  # a whole prompt at once (the point's peak is decoding's)
-    kv_cache_bytes: Optional[int] = metric()  # measured from the cache's tensors (each storage once), `context` positions
+    # measured from the cache's tensors (each storage once), `context` positions
+    kv_cache_bytes: Optional[int] = metric()
     # the decode step's own peak beyond the weights and the cache: its activations and temporaries
     decode_activation_peak_bytes: Optional[int] = metric()
     kv_cache_bytes_per_sequence: Optional[float] = metric()
