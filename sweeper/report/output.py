@@ -75,6 +75,7 @@ def _figures(trial: Trial) -> Dict[str, object]:
         "samples_per_second": _num(trial.samples_per_second),
         "samples_per_second_cv": _num(trial.samples_per_second_cv),
         "throughput_stable": None if trial.throughput_stable is None else bool(trial.throughput_stable),
+        "throughput_emulated": trial.throughput_emulated,
         "peak_memory_bytes": _byte_count(trial.peak_memory_bytes),
         "val_accuracy": _num(trial.val_accuracy),
         "seconds_to_train": _num(seconds_to_train(trial)),

@@ -25,11 +25,13 @@ def rate(trial: Trial) -> float:
 
 
 def rate_text(trial: Trial) -> str:
+    """A point's throughput in words, marked emulated where its precision is (never read as the recipe's)."""
+    emulated = " (emulated precision: not the recipe's)" if trial.throughput_emulated else ""
     if trial.tokens_per_second is not None:
-        return f"{trial.tokens_per_second:.0f} tokens/s"
+        return f"{trial.tokens_per_second:.0f} tokens/s{emulated}"
     if trial.samples_per_second is None:
         return "unmeasured throughput"
-    return f"{trial.samples_per_second:.1f} samples/s"
+    return f"{trial.samples_per_second:.1f} samples/s{emulated}"
 
 
 def winner(best: PointSummary, ranked: List[PointSummary], objective: str, min_accuracy: Optional[float],
@@ -43,6 +45,9 @@ def winner(best: PointSummary, ranked: List[PointSummary], objective: str, min_a
         decided, notes = _target(best, ranked)
     else:
         decided, notes = _time_to_accuracy(best, ranked, min_accuracy, level)
+    if best.trial.throughput_emulated:
+        notes.insert(0, f"its throughput is not the recipe's: {best.trial.throughput_emulated}; measure it where "
+                        "its precision runs natively before relying on it")
     if best.trial.throughput_stable is False:
         notes.insert(0, "its throughput was unstable (the last timing windows disagreed, so the figure is the "
                         "median of all windows): re-measure before relying on it")

@@ -35,6 +35,8 @@ class Trial:
     samples_per_second: Optional[float] = None
     samples_per_second_cv: Optional[float] = None
     throughput_stable: Optional[bool] = None
+    # why its throughput is not the recipe's: a precision its device only emulates (tag sweeper.throughput_emulated)
+    throughput_emulated: Optional[str] = None
     peak_memory_bytes: Optional[float] = None
     val_accuracy: Optional[float] = None
     train_seconds: Optional[float] = None  # wall time of its optimizer steps

@@ -32,8 +32,10 @@ NOT_ON_ONE_CPU_POINT = LANGUAGE_MODEL_ONLY | {
     "memory_estimated_peak_bytes", "memory_estimate_error",
     # a sweep with a sharded parallelism's prediction (test_parallelism, test_e2e_parallelism)
     "memory_predicted_bytes", "memory_prediction_error",
-    # the recipe's: fp16's loss scaling, checkpointing and compilation (not asked for here)
+    # the recipe's: fp16's loss scaling, checkpointing, compilation, clipping and a loss that counts items
+    # (not asked for here: tests/unit/test_your_step.py checks them)
     "grad_scaler_scale", "grad_scaler_skipped_steps", "checkpointed_blocks", "compile_step_seconds",
+    "grad_clipped_steps", "grad_clipped_fraction", "items_per_second", "items_seen",
     # a target's and a divergence's (none here)
     "reached_target", "samples_to_target", "steps_to_target", "time_to_target_seconds", "eval_seconds_to_target",
     "diverged_at_step",
