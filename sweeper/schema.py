@@ -14,7 +14,7 @@ import math
 from dataclasses import Field, dataclass, field, fields
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
-METRIC, SERIES, CURVE, TAG, NOTE = "metric", "series", "curve", "tag", "note"
+METRIC, SERIES, CURVE, TAG, NOTE, NAMED = "metric", "series", "curve", "tag", "note", "named"
 # How a point ends, best to worst: the worst over a point's ranks is its status.
 # `stopped` (sweep.strategy=smart: its class was stopped early by successive halving) is set by the
 # driver only, never by a worker.
@@ -34,6 +34,12 @@ def series() -> Any:
 def curve() -> Any:
     """(step, value) pairs, one MLflow metric under the field's name at those steps (e.g. samples seen)."""
     return field(default=None, metadata={"kind": CURVE})
+
+
+def named(prefix: str) -> Any:
+    """{name: number} whose names the user chose (eval.metrics_fn's metrics): one MLflow metric each, named
+    `prefix` + name."""
+    return field(default=None, metadata={"kind": NAMED, "prefix": prefix})
 
 
 def tag(name: str) -> Any:
@@ -126,11 +132,16 @@ class Record:
     def metrics(self) -> Dict[str, float]:
         """The MLflow metrics: every set number that is finite (MLflow stores NaN, but a NaN figure
         is a measurement that did not happen; the status says why)."""
-        return {
+        out = {
             f.name: float(v)
             for f, v in self.leaves()
             if f.metadata.get("kind") == METRIC and v is not None and math.isfinite(float(v))
         }
+        for f, values in self.leaves():
+            if f.metadata.get("kind") == NAMED and values:
+                out.update({f.metadata["prefix"] + str(k): float(v) for k, v in values.items()
+                            if v is not None and math.isfinite(float(v))})
+        return out
 
     def series(self) -> Dict[str, List[float]]:
         return {f.name: [float(x) for x in v] for f, v in self.leaves() if f.metadata.get("kind") == SERIES and v}
@@ -138,7 +149,7 @@ class Record:
     def curves(self) -> Dict[str, List[Tuple[int, float]]]:
         """Each curve's finite (step, value) pairs."""
         return {
-            f.name: [(int(s), float(x)) for s, x in v if math.isfinite(float(x))]
+            f.name: [(int(s), float(x)) for s, x in v if x is not None and math.isfinite(float(x))]
             for f, v in self.leaves() if f.metadata.get("kind") == CURVE and v
         }
 
@@ -270,6 +281,15 @@ class Accuracy(Record):
     bn_recalibration_samples: Optional[int] = metric()
     # why there is no accuracy (e.g. synthetic data), set by the driver
     accuracy_note: Optional[str] = tag("sweeper.accuracy")
+    eval_batch_size: Optional[int] = metric()  # validation samples per forward on each worker (eval.batch_size)
+    # eval.metrics_fn's metrics over the whole validation split, their bootstrap standard errors, and which
+    # way each is better ("f1=higher,wer=lower", as its class declares)
+    val_metrics: Optional[Dict[str, float]] = named("val_metric/")
+    val_metrics_se: Optional[Dict[str, float]] = named("val_metric_se/")
+    val_metric_directions: Optional[str] = tag("sweeper.metric_directions")
+    # an evaluation that ran out of memory: why (the point keeps its throughput and memory, and has no quality)
+    eval_error: Optional[str] = tag("sweeper.eval_error")
+    eval_oom: Optional[bool] = tag("sweeper.eval_oom")
 
 
 @dataclass

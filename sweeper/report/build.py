@@ -21,7 +21,8 @@ from sweeper.report.plots import by_parallelism
 from sweeper.report import html as html_report
 from sweeper.report.analysis import Recommendation, Trial
 from sweeper.report.critical_batch import CriticalBatch
-from sweeper.report.quality import QUALITIES
+from sweeper.report.quality import judged_by
+from sweeper.report.trials import user_metrics
 from sweeper.plan import GridPoint, frontier_label
 from sweeper.schema import FrontierResult, PointResult
 from sweeper.units import MiB, format_bytes
@@ -51,7 +52,10 @@ def recorded_settings(params: Dict[str, str]) -> ReportConfig:
     for f in fields(ReportConfig):
         text = params.get(f"report_{f.name}")
         if text is not None:
-            values[f.name] = text if f.name in ("objective", "quality") else _number(text)
+            if f.name == "quality_metric":  # a name, or None
+                values[f.name] = None if text in ("None", "") else text
+            else:
+                values[f.name] = text if f.name in ("objective", "quality") else _number(text)
     return replace(ReportConfig(), **values)
 
 
@@ -129,7 +133,7 @@ def _recommend(trials: List[Trial], cfg: ReportConfig, budget: Optional[float], 
     """The recommendation under the report's settings, the critical batch size's quality rule and, for
     sweep.strategy=branch, the branches' batch limit."""
     return analysis.recommend(trials, cfg.objective, cfg.min_accuracy, budget, cfg.max_accuracy_drop,
-                              level=cfg.confidence, critical_batch=found, quality=cfg.quality,
+                              level=cfg.confidence, critical_batch=found, quality=cfg.quality_metric or cfg.quality,
                               max_loss_rise=cfg.max_loss_rise, batch_limit=batch_limit, coupled=coupled(params))
 
 
@@ -208,7 +212,7 @@ def _draw_plots(
         ("memory_vs_micro_batch", lambda p: plots.memory_vs_micro_batch(layouts, p, budget_bytes=budget)),
         ("memory_by_recipe", lambda p: plots.memory_by_recipe(layouts, p, budget_bytes=budget)),
         ("accuracy_vs_global_batch", lambda p: plots.accuracy_vs_global_batch(
-            trials, p, lr_label, cfg.confidence, QUALITIES[rec.quality])),
+            trials, p, lr_label, cfg.confidence, judged_by(rec))),
         ("time_to_target_vs_global_batch", lambda p: plots.time_to_target_vs_global_batch(trials, p)),
         ("steps_to_target_vs_global_batch", lambda p: plots.steps_to_target_vs_global_batch(
             trials, p, found, lr_label)),
@@ -242,7 +246,7 @@ def _settings_shown(parent_run_id: str, cfg: ReportConfig, budget_gb: Optional[f
         "MLflow run": parent_run_id,
         "objective": cfg.objective,
         "min accuracy": "none" if cfg.min_accuracy is None else f"{cfg.min_accuracy:g}",
-        "quality": cfg.quality if cfg.quality != "auto" else f"auto ({quality})",
+        "quality": cfg.quality_metric or (cfg.quality if cfg.quality != "auto" else f"auto ({quality})"),
         "max accuracy drop" if quality == "val_accuracy" else "max loss rise": _limit(
             cfg.max_accuracy_drop if quality == "val_accuracy" else cfg.max_loss_rise),
         "memory budget": f"{budget_gb:g} GiB" if budget_gb else "none",
@@ -398,6 +402,7 @@ def _trial(row: Dict[str, Any]) -> Trial:
         train_unigram_entropy_bits=number("train_unigram_entropy_bits"),
         context=whole("context"),
         memory_activations_bytes=number("memory_activations_bytes"),
+        val_metrics=user_metrics(row), eval_error=text("sweeper.eval_error"),
     )
 
 
@@ -474,7 +479,8 @@ def _figures_text(t: Trial, quality: str = "val_accuracy") -> str:
     figures = [reasons.rate_text(t) if t.samples_per_second is not None else "no throughput"]
     if t.peak_memory_bytes is not None:
         figures.append(format_bytes(t.peak_memory_bytes, 0, unit="MiB"))
-    value = getattr(t, quality)
+    value = getattr(t, quality, None) if quality in ("val_accuracy", "val_loss", "val_bits_per_byte") \
+        else (t.metric(quality) or (None,))[0]
     if value is not None:
         figures.append(f"{quality} {value:.3f}")
     return f"{t.key} ({', '.join(figures)})"
@@ -504,6 +510,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--max-accuracy-drop", type=_optional_float, default=keep, help="a fraction, or none")
     parser.add_argument("--quality", default=keep, choices=report_settings.QUALITY_CHOICES,
                         help="what 'better' means; auto: bits per byte or the loss for a language model")
+    parser.add_argument("--quality-metric", type=lambda text: None if text.lower() in ("none", "null") else text,
+                        default=keep, help="judge by this recorded metric (e.g. an eval.metrics_fn's f1), or none")
     parser.add_argument("--max-loss-rise", type=_optional_float, default=keep,
                         help="the tolerance when the quality is a loss, in its units, or none")
     parser.add_argument("--knee-min-gain", type=float, default=keep)

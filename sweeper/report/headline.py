@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Tuple
 
 from sweeper import stats
 from sweeper.report.noninferiority import Gap, judge_gap, one_sided
-from sweeper.report.quality import QUALITIES, Quality
+from sweeper.report.quality import Quality, judged_by
 from sweeper.report.reasons import rate
 from sweeper.report.trials import PointSummary, Recommendation, seconds_to_train
 
@@ -32,7 +32,7 @@ def headline(rec: Recommendation, line: Optional[str],
         lines = _wrap(f"No recommendation: {rec.reason}")
         # The full reason is the report's "Why"; three lines say what happened.
         return lines if len(lines) <= 3 else lines[:2] + [textwrap.shorten(lines[2], WIDTH - 6) + " [...]"]
-    quality = QUALITIES[rec.quality]
+    quality = judged_by(rec)
     best = rec.points[rec.best.key]
     if glance is not None:
         sentences, line = glance
@@ -111,7 +111,7 @@ def alternatives(rec: Recommendation, chosen_word: str = "recommended") -> List[
     `chosen_word`: the recommended point's verdict (a branch sweep whose answer is a schedule names it so)."""
     if rec.best is None:
         return []
-    quality = QUALITIES[rec.quality]
+    quality = judged_by(rec)
     best, top = rec.points[rec.best.key], most_accurate(rec)
     others = sorted((p for p in rec.points.values() if p is not best), key=lambda p: (-rate(p.trial), p.key))
     chosen = [best] + others[: MAX_ROWS - 1]
@@ -133,7 +133,7 @@ def _judged(rec: Recommendation, point: PointSummary) -> Optional[Gap]:
     top, mine = _top_summary(rec), rec.classes.get(point.key)
     if top is None or mine is None or mine is top:
         return None
-    quality = QUALITIES[rec.quality]
+    quality = judged_by(rec)
     return judge_gap(mine, top, quality.tie_floor, rec.level, quality)
 
 

@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from sweeper.config.report import ReportConfig, check
 from sweeper.errors import ConfigError
 from sweeper import stats
 from sweeper.report import analysis, quality
@@ -118,8 +119,15 @@ def test_a_one_seed_loss_interval_is_its_mean_plus_minus_z_standard_errors():
 
 
 def test_the_quality_settings_are_checked():
-    with pytest.raises(ConfigError, match="report.quality 'accuracy' is invalid"):
-        recommend([lm("a", 100, 2.4)], quality="accuracy")
+    # A name other than the built-in qualities is a metric of eval.metrics_fn's (report.quality_metric): one no
+    # run recorded is judged by auto's choice, and the reason says so first.
+    unknown = recommend([lm("a", 100, 2.4)], quality="accuracy")
+    assert unknown.quality == "val_bits_per_byte"
+    assert unknown.reason.startswith("report.quality_metric=accuracy is not a metric this sweep recorded (its runs "
+                                     "recorded no metric of eval.metrics_fn), so it is judged by val_bits_per_byte")
+    assert check(ReportConfig(quality="accuracy")) == [
+        "report.quality 'accuracy' is invalid. Should be one of ('auto', 'val_accuracy', 'val_loss', "
+        "'val_bits_per_byte')."]
     with pytest.raises(ConfigError, match="report.max_loss_rise=-0.1"):
         recommend([lm("a", 100, 2.4)], max_loss_rise=-0.1)
     assert set(quality.CHOICES) == {"auto", *quality.QUALITIES}
