@@ -2,7 +2,7 @@
 loss's standard error, computed in chunks of rows so that the fp32 logits of a whole batch never exist at
 once; and the memory that chunking predicts. Knows torch only.
 
-A language model at context 2048 and vocabulary 32k holds 2048 x 32k logits per sequence: 256 MiB in fp32.
+A language model at context 2048 and vocabulary 32k holds 2048 x 32k logits per sequence: 250 MiB in fp32.
 Cross-entropy over all of them at once keeps an fp32 copy (under bf16 autocast) and its log-softmax beside
 the logits, three times the logits' bytes; per chunk, only one chunk's copy and log-softmax are added.
 """
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 # The fp32 bytes of one chunk's logits (its log-softmax takes as many again): hundreds of rows at a
 # vocabulary of 32k, enough for every kernel to run full width, and small beside the logits of a batch
-# of long sequences (256 MiB per 2048-token sequence at 32k).
+# of long sequences (250 MiB per 2048-token sequence at 32k).
 CHUNK_BYTES = 64 * 2**20
 # Hugging Face's label for a position that is not scored (padding, the prompt): cross-entropy's default.
 IGNORE_INDEX = -100

@@ -281,3 +281,44 @@ def test_a_null_eval_batch_size_is_the_points_micro_batch():
     settings = evaluation.Settings.of(spec)
     assert (settings.size, settings.max_samples, settings.precision) == (16, 100, "fp32")
     assert evaluation.Settings.of(replace(spec, eval=EvalConfig())).size == 256
+
+
+class HitRate:
+    """Accuracy again, as a user metric: its value must be val_accuracy's, its SE about the binomial's."""
+
+    higher_is_better = {"hit_rate": True}
+
+    def update(self, outputs, batch):
+        return {"hits": outputs.argmax(-1) == batch[1], "samples": torch.ones(len(batch[1]))}
+
+    def compute(self, totals):
+        return {"hit_rate": float(totals["hits"] / totals["samples"])}
+
+
+def test_a_points_user_metric_is_recorded_in_mlflow_and_read_back_by_the_report(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from sweeper.report import build
+    from sweeper.tracking import Tracker
+    from tests.harness import mlflow_store
+
+    spec = point_spec(GridPoint(16, 1, 1), ModelConfig(name="mlp", depth=2, width=32, input_shape=[1, 8, 8]),
+                      DataConfig(name="digits"), lr=0.1, steps=6, train=TrainConfig(epochs=1),
+                      measure=MeasureConfig(warmup_steps=2, windows=2, stable_windows=2, stability_tolerance=0.5,
+                                            flops=False, memory_breakdown=False),
+                      eval=EvalConfig(batch_size=50, metrics_fn=f"{HERE}.HitRate"))
+    result = run_point(spec, WorkerContext())
+    assert result.status == "ok", result.error
+    figures = result.accuracy
+    value, samples = figures.val_metrics["hit_rate"], figures.val_samples
+    assert value == pytest.approx(figures.val_accuracy, abs=1e-12) and figures.eval_batch_size == 50
+    assert figures.val_metrics_se["hit_rate"] == pytest.approx(math.sqrt(value * (1 - value) / samples), rel=0.2)
+    tracker = Tracker(mlflow_store(tmp_path), "metrics")
+    parent = tracker.start_sweep("sweep-metrics", {}, "")
+    layout = dict(micro_batch_size=16, accumulation_steps=1, num_workers=1, global_batch_size=16)
+    run_id = tracker.log_point(spec.point, layout, result)
+    recorded = MlflowClient(tracker.uri).get_run(run_id).data
+    assert recorded.metrics["val_metric/hit_rate"] == value and "val_metric_se/hit_rate" in recorded.metrics
+    assert recorded.tags["sweeper.metric_directions"] == "hit_rate=higher"
+    read = build.trials_of(tracker.load_sweep(parent))
+    assert [t.metric("hit_rate")[::2] for t in read] == [(value, True)]
