@@ -233,11 +233,10 @@ def check_combinations(cfg: SweeperConfig) -> List[str]:
     if cfg.train.batch_schedule and cfg.train.start_from:
         problems.append("train.batch_schedule with train.start_from: a schedule starts from sample 0; drop one of them")
     problems += _saves_on_the_way_problems(cfg)
-    judged = "quality_metric" if cfg.report.quality_metric else "quality"
+    judged, other = ("quality_metric", "null") if cfg.report.quality_metric else ("quality", "auto")
     if getattr(cfg.report, judged) == "val_bits_per_byte" and not (is_token_data(cfg.data) and cfg.data.name == "text"):
         problems.append(f"report.{judged}=val_bits_per_byte needs byte-level text (data=text), not "
-                        f"data={cfg.data.name}: "
-                        f"use report.{judged}=val_loss (nats per token) or {'null' if cfg.report.quality_metric else 'auto'}")
+                        f"data={cfg.data.name}: use report.{judged}=val_loss (nats per token) or {other}")
     return problems + _quality_metric_problems(cfg) + check_model_data(cfg.model, cfg.data)
 
 

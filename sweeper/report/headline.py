@@ -60,9 +60,9 @@ def _sentence(rec: Recommendation, best: PointSummary, quality: Quality, detail:
     if top is None:
         standing = f"{_speed(best)}"
     elif mine.key == rec.top:
-        standing = "the best class's fastest layout" if mine.key != best.key else "the most accurate point"
+        standing = "the best class's fastest layout" if mine.key != best.key else f"the {quality.most('point')}"
     else:
-        standing = f"{rate(best.trial) / rate(top.trial):.2f}x the speed of the most accurate" + (
+        standing = f"{rate(best.trial) / rate(top.trial):.2f}x the speed of the {quality.most()}" + (
             f" ({top.key})" if detail >= 2 else "")
     parts = [device_hours(best, detail >= 1)]
     if rec.top is None or mine.key == rec.top:
@@ -169,14 +169,17 @@ def _verdict(rec: Recommendation, point: PointSummary, gap: Optional[Gap]) -> st
     best_class = rec.classes.get(rec.best.key, rec.points[rec.best.key])
     if mine.key != point.key and mine is best_class:
         return "same model, slower"
+    quality = judged_by(rec)
+    top_words = quality.most()
     if rec.top is not None and mine.key == rec.top:
-        return "most accurate" if point is most_accurate(rec) else "same model as the most accurate"
+        return top_words if point is most_accurate(rec) else f"same model as the {top_words}"
     if point.key in rec.excluded and point.key not in rec.gaps:
         return "not eligible"
     if point.key in rec.gaps:
         return VERDICTS[gap.outcome] + (", slower" if gap.outcome == "eligible" else "")
     if gap is not None:  # judged at the tie floor, for the table only
-        return {"eligible": "tie", "untested": "not tested", "unproven": "not a tie"}.get(gap.outcome, "less accurate")
+        worse = "less accurate" if quality.is_accuracy else f"worse by {quality.metric}"
+        return {"eligible": "tie", "untested": "not tested", "unproven": "not a tie"}.get(gap.outcome, worse)
     return "-"
 
 

@@ -176,6 +176,12 @@ class Quality:
 
     # -- words ---------------------------------------------------------------------------------------
 
+    def most(self, what: str = "") -> str:
+        """'most accurate point', or 'best point by val_loss' ('most accurate', 'best by val_loss' without
+        `what`): the top of the ranking in this quality's words."""
+        what = f" {what}" if what else ""
+        return f"most accurate{what}" if self.is_accuracy else f"best{what} by {self.metric}"
+
     def shown(self, gap: Interval) -> Interval:
         """A score gap as the metric's own difference (point minus best): a loss's sign flips back."""
         if self.higher_is_better:

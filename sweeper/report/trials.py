@@ -184,7 +184,7 @@ def summarize(members: Sequence[Trial], level: float = 0.95) -> PointSummary:
     stable = [t.throughput_stable for t in source if t.throughput_stable is not None]
     first = source[0]
     trial = replace(
-        first, **figures, key=first.point, point_key=first.point, val_metrics=_mean_metrics(source),
+        first, **figures, key=first.point, point_key=first.point, val_metrics=mean_metrics(source),
         seed=first.seed if len(members) == 1 else None,
         status=worst.status, error=worst.error,
         diverged_reason=worst.diverged_reason, diverged_at_step=worst.diverged_at_step,
@@ -250,7 +250,7 @@ def user_metrics(row: Mapping[str, Any]) -> Tuple[Tuple[str, float, Optional[flo
     return tuple(sorted(out))
 
 
-def _mean_metrics(trials: Sequence[Trial]) -> Tuple[Tuple[str, float, Optional[float], bool], ...]:
+def mean_metrics(trials: Sequence[Trial]) -> Tuple[Tuple[str, float, Optional[float], bool], ...]:
     """eval.metrics_fn's metrics as a point's: each the mean over the replicates that recorded it, its SE
     the mean SE (every seed is scored on the same validation samples: no sqrt(seeds) shrinkage)."""
     out = []

@@ -4,7 +4,7 @@ point whose evaluation ran out of memory says so. Hand-made trials, no processes
 
 from __future__ import annotations
 
-from sweeper.report import build
+from sweeper.report import build, headline
 from sweeper.report.analysis import recommend
 from sweeper.report.quality import recorded
 from tests.unit.test_analysis import trial
@@ -31,6 +31,10 @@ def test_the_recommendation_judges_by_a_user_metric_when_report_quality_metric_n
         "standard errors, one-sided 95 % bounds)")
     assert "their f1 is more than report.max_accuracy_drop=0.02 below the best (0.800" in rec.reason
     assert "accuracy" not in rec.reason.replace("report.max_accuracy_drop", "")
+    # The printed answer and its table of alternatives name it too.
+    assert headline.headline(rec, "")[0].startswith(f"Train {SLOW}: the best point by f1; ")
+    assert {row["point"]: row["verdict"] for row in headline.alternatives(rec)} == {
+        SLOW: "recommended", FAST: "worse"}
 
 
 def test_a_user_metric_is_paired_by_seed_as_accuracy_and_loss_are():
@@ -66,12 +70,11 @@ def test_a_quality_metric_no_run_recorded_is_a_note_and_judged_by_todays_choice(
 
 
 def test_a_point_whose_evaluation_ran_out_of_memory_says_so_where_its_quality_is_missing():
-    failed = trial(64, samples_per_second=3000, eval_error="out of memory evaluating at eval.batch_size=256 "
-                                                           "(OutOfMemoryError: CUDA out of memory): lower eval.batch_size")
+    why = "out of memory evaluating at eval.batch_size=256 (OutOfMemoryError: CUDA out of memory): lower it"
+    failed = trial(64, samples_per_second=3000, eval_error=why)
     rec = recommend([failed, point(16, 1000, 0.88, 0.80)], "accuracy", quality="f1")
     assert rec.best.key == SLOW
-    assert rec.excluded[FAST] == ("no f1: its evaluation ran out of memory (out of memory evaluating at "
-                                  "eval.batch_size=256 (OutOfMemoryError: CUDA out of memory): lower eval.batch_size)")
+    assert rec.excluded[FAST] == f"no f1: its evaluation ran out of memory ({why})"
 
 
 def test_a_runs_user_metrics_are_read_back_from_its_mlflow_names():
