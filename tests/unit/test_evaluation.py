@@ -205,12 +205,17 @@ def _f1_rank(rank: int, world: int, folder: str) -> None:
         data = TensorDataset(F.one_hot(torch.tensor(predicted), 2).float(), torch.tensor(labels))
         found = evaluation.evaluate(nn.Identity(), data, CPU, WorkerContext(rank, world),
                                     evaluation.Settings(batch_size=8, metrics_fn=f"{HERE}.F1"))
+        # Rank 1 alone runs out of memory (simulated at its forward): both ranks return the evaluation's error.
+        fails = OutOfMemoryInEvaluation(2) if rank == 1 else nn.Sequential(nn.Identity())
+        failed = evaluation.evaluate(fails, data, CPU, WorkerContext(rank, world), evaluation.Settings(batch_size=8))
     finally:
         dist.destroy_process_group()
-    torch.save(dict(found.metrics), os.path.join(folder, f"rank{rank}.pt"))
+    torch.save(dict(metrics=dict(found.metrics), error=failed.error, figures=failed[:4]),
+               os.path.join(folder, f"rank{rank}.pt"))
 
 
 def test_an_f1_from_metrics_fn_is_the_whole_splits_over_two_gloo_ranks_not_a_mean_of_batches(tmp_path):
+    """Also: an evaluation out of memory on one rank (simulated at its forward) is agreed by both."""
     from sklearn.metrics import f1_score
 
     mp.spawn(_f1_rank, args=(2, str(tmp_path)), nprocs=2, join=True)
@@ -221,10 +226,15 @@ def test_an_f1_from_metrics_fn_is_the_whole_splits_over_two_gloo_ranks_not_a_mea
     batches = np.mean([f1_score(labels[i:i + 8], predicted[i:i + 8], zero_division=0.0) for i in range(0, 45, 8)])
     assert abs(batches - whole) > 0.1  # what a mean over batches would have said
     for found in ranks:
-        value, se = found["f1"]
+        value, se = found["metrics"]["f1"]
         assert value == pytest.approx(whole, abs=1e-12)
         assert 0 < se < 0.2
-    assert ranks[0] == ranks[1]  # every rank holds the same figures (the same seeded bootstrap)
+    assert ranks[0]["metrics"] == ranks[1]["metrics"]  # the same figures on every rank (one seeded bootstrap)
+    # An evaluation out of memory on rank 1 alone is every rank's result, and neither hangs.
+    assert ranks[0]["error"] == ("out of memory evaluating at eval.batch_size=8 (another rank ran out of memory): "
+                                 "lower eval.batch_size")
+    assert ranks[1]["error"].startswith("out of memory evaluating at eval.batch_size=8 (OutOfMemoryError: CUDA out")
+    assert ranks[0]["figures"] == ranks[1]["figures"] == (None, None, None, 0)
 
 
 def test_the_bootstrap_standard_error_of_a_proportion_is_the_binomials():
