@@ -87,11 +87,9 @@ def recommend(
     and `min_accuracy`; with `batch_limit` (sweep.strategy=branch: the critical batch size the branches
     measured where it flattens, and why), at or below its global batch.
 
-    `quality` (report.quality_metric, else report.quality: a Quality, a metric's name, or auto:
-    report/quality.resolve) is what "better" means: val_accuracy for a classifier, val_bits_per_byte or
-    val_loss for a language model, or a metric of eval.metrics_fn's (a name no run recorded is judged by
-    auto's, and the reason says so). Its tolerance is `max_accuracy_drop` for accuracy (and a metric of
-    the user's where higher is better), `max_loss_rise` for a loss (and one where lower is), in its units. With a
+    `quality` (report.quality_metric or report.quality, resolved by report/quality.resolve; a name no run
+    recorded is judged by auto's, and the reason says so) is what "better" means; its tolerance is
+    `max_accuracy_drop` where higher is better, `max_loss_rise` where lower is, in its units. With a
     tolerance (objectives throughput, time_to_accuracy, time_to_target) it is non-inferiority: a point
     other than the best one stays eligible only when the `level` interval of its quality gap to it
     (`Quality.gap`: paired over common seeds, else the spread over seeds, else the validation sets) lies
@@ -107,9 +105,8 @@ def recommend(
     """
     _check_inputs(objective, min_accuracy, memory_budget_bytes, max_accuracy_drop, level, quality, max_loss_rise)
     trials = list(trials)
-    note = None
-    if not isinstance(quality, Quality):
-        quality, note = resolve(quality, trials), unrecorded(quality, trials)
+    note = None if isinstance(quality, Quality) else unrecorded(quality, trials)
+    quality = quality if isinstance(quality, Quality) else resolve(quality, trials)
     # A branch sweep's one trunk measured the quality, not every point: its limit is the rule, not a margin.
     max_drop = None if batch_limit is not None else tolerance(quality, max_accuracy_drop, max_loss_rise)
     points = summarize_all(trials, level)

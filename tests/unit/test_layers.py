@@ -23,7 +23,7 @@ MLFLOW_HOME = "sweeper.tracking"
 WORKER = "sweeper.worker"
 WORKER_NEVER = ("sweeper.driver", "sweeper.cluster", "sweeper.report", "sweeper.tracking")
 # Below the driver: what measures and what is measured never reach up to the report or the driver.
-LOWER = ("sweeper.measure", "sweeper.inference", "sweeper.config", "sweeper.plan", "sweeper.schema",
+LOWER = ("sweeper.measure", "sweeper.inference", "sweeper.config", "sweeper.plan", "sweeper.schema", "sweeper.record",
          "sweeper.workloads")
 LOWER_NEVER = ("sweeper.driver", "sweeper.report", "sweeper.cluster", "sweeper.tracking", "sweeper.worker")
 # The Ray layer serves the driver; it never reaches up to it or to the report (a wait it must say is a
@@ -33,7 +33,8 @@ CLUSTER_NEVER = ("sweeper.driver", "sweeper.report", "sweeper.strategies")
 # Pure arithmetic, tested without processes: neither they nor anything they import at module level
 # loads torch or Ray.
 PURE = (
-    "sweeper.plan", "sweeper.schema", "sweeper.errors", "sweeper.units", "sweeper.journal", "sweeper.stats",
+    "sweeper.plan", "sweeper.schema", "sweeper.record", "sweeper.errors", "sweeper.units", "sweeper.journal",
+    "sweeper.stats",
     "sweeper.config", "sweeper.config.report", "sweeper.measure.timing", "sweeper.measure.frontier",
     "sweeper.measure.knee", "sweeper.inference.roofline", "sweeper.inference.batching_sim",
     "sweeper.measure.sharded_memory", "sweeper.cluster.environment", "sweeper.cluster.resources",
