@@ -209,8 +209,8 @@ def passed_over_note(passed_over: List[PointSummary], max_drop: float, top: Poin
         if unproven:
             # The fallback is this run's best point, not one certified better than the unproven ones:
             # another seed set may rank them the other way (issue 27).
-            sentences.append(f"{top.key} is this run's {quality.most(what)}, not certified better than the unproven ones: "
-                             f"another seed set may pick {unproven[0].key}.")
+            sentences.append(f"{top.key} is this run's {quality.most(what)}, not certified better than the unproven "
+                             f"ones: another seed set may pick {unproven[0].key}.")
     return " ".join(sentences)
 
 
