@@ -164,7 +164,7 @@ class Record:
     def curves(self) -> Dict[str, List[Tuple[int, float]]]:
         """Each curve's finite (step, value) pairs."""
         return {
-            f.name: [(int(s), float(x)) for s, x in v if math.isfinite(float(x))]
+            f.name: [(int(s), float(x)) for s, x in v if x is not None and math.isfinite(float(x))]
             for f, v in self.leaves() if f.metadata.get("kind") == CURVE and v
         }
 

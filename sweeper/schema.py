@@ -2,10 +2,10 @@
 
 One home for the recorded schema (docs/mlflow.md): a field's name IS its MLflow metric name, and its
 metadata says how it is recorded (a metric, a per-step series, a tag, or a note that travels with the
-result but is not a figure). A worker fills a result; it crosses to the driver as a flat dict (Ray
-reports numbers by name) and is rebuilt there with `from_flat`, which refuses a name it does not know:
-a figure the code produces but the schema lacks fails loudly instead of vanishing on its way to MLflow.
-Standard library only.
+result but is not a figure; those kinds and the Record base are sweeper/record.py's). A worker fills a
+result; it crosses to the driver as a flat dict (Ray reports numbers by name) and is rebuilt there with
+`from_flat`, which refuses a name it does not know: a figure the code produces but the schema lacks
+fails loudly instead of vanishing on its way to MLflow. Standard library only.
 """
 
 from __future__ import annotations
@@ -131,6 +131,15 @@ class Accuracy(Record):
     bn_recalibration_samples: Optional[int] = metric()
     # why there is no accuracy (e.g. synthetic data), set by the driver
     accuracy_note: Optional[str] = tag("sweeper.accuracy")
+    eval_batch_size: Optional[int] = metric()  # validation samples per forward on each worker (eval.batch_size)
+    # eval.metrics_fn's metrics over the whole validation split, their bootstrap standard errors, and which
+    # way each is better ("f1=higher,wer=lower", as its class declares)
+    val_metrics: Optional[Dict[str, float]] = metric_map("val_metric/")
+    val_metrics_se: Optional[Dict[str, float]] = metric_map("val_metric_se/")
+    val_metric_directions: Optional[str] = tag("sweeper.metric_directions")
+    # an evaluation that ran out of memory: why (the point keeps its throughput and memory, and has no quality)
+    eval_error: Optional[str] = tag("sweeper.eval_error")
+    eval_oom: Optional[bool] = tag("sweeper.eval_oom")
 
 
 @dataclass

@@ -5,11 +5,12 @@ once, and each section's checks.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from sweeper.config.report import LR_SCALING_RULES, invalid_choice
 from sweeper.config.rules import check_rule, is_not_negative, is_positive
 from sweeper.config.workload import check_factory
+from sweeper.errors import first_line
 from sweeper.lr_schedule import SCHEDULES
 
 
@@ -126,6 +127,21 @@ class EvalConfig:
     # Stop a point's training once it reaches the target (its throughput comes from the windows
     # timed before then).
     stop_at_target: bool = False
+    # Validation samples per forward on each worker. null: the point's own micro-batch (it trained at
+    # that size, so its forward fits). A language model's loss is computed in chunks of rows either
+    # way (sweeper/worker/scoring.py), so the fp32 logits of a whole batch never exist at once; its
+    # logits in the model's dtype do: batch x context x vocabulary values.
+    batch_size: Optional[int] = 256
+    # Score this many validation samples, a seeded subset fixed for the whole sweep (every point and
+    # every seed sees the same samples, which the paired rule needs). null: the whole split.
+    max_samples: Optional[int] = None
+    # Metrics of your own: the import path of a class (or a factory called with no arguments) whose
+    # objects have `update(outputs, batch) -> {count name: tensor with one entry per sample}`,
+    # `compute(totals) -> {metric: float}` and `higher_is_better = {metric: bool}`. Counts are summed
+    # over every batch and rank before `compute`, so an F1 is the whole split's, not a mean of
+    # batches'; each metric's interval is a bootstrap over the validation samples (docs/recommendation.md).
+    # Recorded as val_metric/<name>; report.quality_metric may judge by one. null: none.
+    metrics_fn: Optional[str] = None
 
 
 @dataclass
@@ -281,7 +297,37 @@ def check_eval(evaluation: EvalConfig) -> List[str]:
         problems.append("eval.target_accuracy and eval.target_loss are both set: give one target, or neither")
     if evaluation.stop_at_target and evaluation.target_accuracy is None and evaluation.target_loss is None:
         problems.append("eval.stop_at_target=true needs a target: set eval.target_accuracy or eval.target_loss")
+    check_rule(problems, "eval.batch_size", evaluation.batch_size, is_positive,
+               "must be a positive number of samples per forward, e.g. 64, or null (the point's micro-batch)")
+    check_rule(problems, "eval.max_samples", evaluation.max_samples, is_positive,
+               "must be a positive number of validation samples, or null (the whole split)")
+    if evaluation.metrics_fn:
+        problems += metrics_problems(evaluation.metrics_fn)[1]
     return problems
+
+
+METRICS_API = ("a class whose objects have update(outputs, batch) -> {count: per-sample tensor}, "
+               "compute(totals) -> {metric: float} and higher_is_better = {metric: bool}")
+
+
+def metrics_problems(path: str, key: str = "eval.metrics_fn") -> Tuple[Dict[str, bool], List[str]]:
+    """(each metric's direction: True when higher is better, problems) of eval.metrics_fn, made once
+    (its class called with no arguments) to read what it declares."""
+    from hydra.utils import get_method
+
+    try:
+        made = get_method(path)()
+    except Exception as exc:  # noqa: BLE001 - whatever the user's code raises is told in one line
+        return {}, [f"{key}={path!r} could not be imported and made ({type(exc).__name__}: {first_line(exc)}): "
+                    f"give the import path of {METRICS_API}"]
+    missing = [name for name in ("update", "compute") if not callable(getattr(made, name, None))]
+    directions = getattr(made, "higher_is_better", None)
+    if not isinstance(directions, dict) or not directions or not all(
+            isinstance(k, str) and isinstance(v, bool) for k, v in directions.items()):
+        missing.append("higher_is_better (a non-empty {metric name: bool})")
+    if missing:
+        return {}, [f"{key}={path!r} lacks {', '.join(missing)}: give {METRICS_API}"]
+    return dict(directions), []
 
 
 def check_gns(gns: GnsConfig) -> List[str]:

@@ -95,7 +95,7 @@ def _recommend(trials: List[Trial], cfg: ReportConfig, budget: Optional[float], 
     """The recommendation under the report's settings, the critical batch size's quality rule and, for
     sweep.strategy=branch, the branches' batch limit."""
     return analysis.recommend(trials, cfg.objective, cfg.min_accuracy, budget, cfg.max_accuracy_drop,
-                              level=cfg.confidence, critical_batch=found, quality=cfg.quality,
+                              level=cfg.confidence, critical_batch=found, quality=cfg.quality_metric or cfg.quality,
                               max_loss_rise=cfg.max_loss_rise, batch_limit=batch_limit, coupled=coupled(params))
 
 
@@ -164,7 +164,7 @@ def _settings_shown(parent_run_id: str, cfg: ReportConfig, budget_gb: Optional[f
         "MLflow run": parent_run_id,
         "objective": cfg.objective,
         "min accuracy": "none" if cfg.min_accuracy is None else f"{cfg.min_accuracy:g}",
-        "quality": cfg.quality if cfg.quality != "auto" else f"auto ({quality})",
+        "quality": cfg.quality_metric or (cfg.quality if cfg.quality != "auto" else f"auto ({quality})"),
         "max accuracy drop" if quality == "val_accuracy" else "max loss rise": _limit(
             cfg.max_accuracy_drop if quality == "val_accuracy" else cfg.max_loss_rise),
         "memory budget": f"{budget_gb:g} GiB" if budget_gb else "none",

@@ -200,7 +200,7 @@ def passed_over_note(passed_over: List[PointSummary], max_drop: float, top: Poin
         what = "class" if top.key.startswith("class ") else "point"
         text = f"No point faster than {top.key} is certified within {setting} of it at {pct}"
         if what == "class":
-            text = (f"No point faster than the most accurate class, {top.key[6:]}, is certified within {setting} "
+            text = (f"No point faster than the {quality.most('class')}, {top.key[6:]}, is certified within {setting} "
                     f"of it at {pct}")
         if gap is not None and gap.interval is not None:
             text += f"; {fastest.key} is within {quality.amount(certifying_drop(gap.interval))} of the best at {pct}"
@@ -214,9 +214,8 @@ def passed_over_note(passed_over: List[PointSummary], max_drop: float, top: Poin
         if unproven:
             # The fallback is this run's best point, not one certified better than the unproven ones:
             # another seed set may rank them the other way (issue 27).
-            most = f"most accurate {what}" if quality.is_accuracy else f"best {what} by {quality.metric}"
-            sentences.append(f"{top.key} is this run's {most}, not certified better than the unproven ones: "
-                             f"another seed set may pick {unproven[0].key}.")
+            sentences.append(f"{top.key} is this run's {quality.most(what)}, not certified better than the unproven "
+                             f"ones: another seed set may pick {unproven[0].key}.")
     return " ".join(sentences)
 
 

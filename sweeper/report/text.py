@@ -91,7 +91,8 @@ def _figures_text(t: Trial, quality: str = "val_accuracy") -> str:
     figures = [reasons.rate_text(t) if t.samples_per_second is not None else "no throughput"]
     if t.peak_memory_bytes is not None:
         figures.append(format_bytes(t.peak_memory_bytes, 0, unit="MiB"))
-    value = getattr(t, quality)
+    value = getattr(t, quality, None) if quality in ("val_accuracy", "val_loss", "val_bits_per_byte") \
+        else (t.metric(quality) or (None,))[0]
     if value is not None:
         figures.append(f"{quality} {value:.3f}")
     return f"{t.key} ({', '.join(figures)})"

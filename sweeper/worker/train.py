@@ -21,6 +21,7 @@ from sweeper.worker import collectives as comm
 from sweeper.worker import divergence, gns, sharding
 from sweeper.worker.deadline import Deadline
 from sweeper.worker.divergence import Diverged
+from sweeper.worker import evaluate as evaluation
 from sweeper.worker.evaluate import Progress
 from sweeper.worker.recipe_figures import emulation, items_figures, recipe_figures
 from sweeper.worker.spec import PointSpec, WorkerContext
@@ -540,18 +541,7 @@ def _accuracy(result: PointResult, run: Training, progress: Progress, since: flo
         return
     if progress.evaluated_at != run.samples_seen:
         _evaluate(run, progress, since)
-    _, accuracy, loss = progress.curve[-1][:3]
-    result.accuracy.update(dict(val_accuracy=accuracy, val_loss=loss, val_loss_se=progress.loss_se,
-                                val_samples=len(run.splits.val),
-                                num_classes=run.splits.num_classes))
-    if progress.recalibrated:
-        result.accuracy.bn_recalibration_samples = progress.recalibrated
-    if models.is_language_model(run.spec.model):
-        splits = run.splits
-        result.accuracy.update(dict(
-            val_tokens=progress.predictions, val_perplexity=math.exp(min(loss, 700.0)),
-            val_bits_per_byte=loss / math.log(2) if splits.byte_level else None,
-            train_unigram_entropy_bits=splits.unigram_entropy_bits))
+    evaluation.record(result.accuracy, progress, run.splits, models.is_language_model(run.spec.model))
 
 
 def _progress(result: PointResult, progress: Progress) -> None:

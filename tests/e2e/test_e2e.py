@@ -297,6 +297,46 @@ def test_a_language_model_on_your_own_token_files_through_the_cli(tmp_path):
     assert "val_loss" in answer and "tokens/s" in answer and "val_accuracy" not in answer, answer
 
 
+HIT_RATE = """
+import torch
+
+
+class HitRate:  # eval.metrics_fn: accuracy again, as a user's metric
+    higher_is_better = {"hit_rate": True}
+
+    def update(self, outputs, batch):
+        return {"hits": outputs.argmax(-1) == batch[1], "samples": torch.ones(len(batch[1]))}
+
+    def compute(self, totals):
+        return {"hit_rate": float(totals["hits"] / totals["samples"])}
+"""
+
+
+def test_your_own_metric_is_recorded_and_judges_the_recommendation_through_the_cli(tmp_path):
+    """eval.metrics_fn in Ray's workers, over every worker's share; recorded in MLflow; report.quality_metric
+    judges by it; eval.max_samples and eval.batch_size scored what they say."""
+    (tmp_path / "my_metrics.py").write_text(HIT_RATE)
+    result = run_cli(
+        *TINY_MLP, *TRAIN, "sweep.micro_batch_sizes=[16]", "sweep.accumulation_steps=[1,2]",
+        "sweep.num_workers=[1,2]", "sweep.global_batch_sizes=[32]", "eval.metrics_fn=my_metrics.HitRate",
+        "eval.max_samples=300", "eval.batch_size=64", "report.quality_metric=hit_rate",
+        cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)},
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    _, parents, children = _runs(tmp_path)
+    assert sorted(run.data.params["point"] for run in children) == ["mb16-acc1-w2", "mb16-acc2-w1"]
+    for run in children:
+        metrics = run.data.metrics
+        assert metrics["val_samples"] == 300 and metrics["eval_batch_size"] == 64
+        # Counts from both workers' shares: the hit rate is the accuracy over the 300 samples, exactly.
+        assert metrics["val_metric/hit_rate"] == pytest.approx(metrics["val_accuracy"], abs=1e-12)
+        assert 0 < metrics["val_metric_se/hit_rate"] < 0.1
+        assert run.data.tags["sweeper.metric_directions"] == "hit_rate=higher"
+    assert "the report could not be built" not in result.stdout, result.stdout[-3000:]
+    answer = parents[0].data.tags["sweeper.recommendation"]
+    assert "hit_rate" in answer and "val_accuracy" not in answer, answer
+
+
 def test_a_point_saves_its_training_state_and_a_later_sweep_continues_it_through_the_cli(tmp_path):
     """train.save_state=true records each point's checkpoint; train.start_from continues from it at
     another layout, training what is left of the budget where the stream stood."""
