@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -37,12 +38,14 @@ def _runs(tmp_path, experiment="sweeper"):
 # test_ui's dashboard test, whose sweep starts one).
 @pytest.mark.solo
 def test_equal_global_batch_layouts_give_one_loss_curve_through_the_cli(tmp_path):
+    started = time.perf_counter()
     result = run_cli(
         *TINY_MLP, "data=digits", *TRAIN,
         "sweep.micro_batch_sizes=[8,16]", "sweep.accumulation_steps=[1,2,4]",
         "sweep.num_workers=[1,2]", "sweep.global_batch_sizes=[32]",
         cwd=tmp_path,
     )
+    lifetime = time.perf_counter() - started
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "mlflow ui --backend-store-uri sqlite:///" in result.stdout
     assert "Ray dashboard:" in result.stdout
@@ -77,14 +80,14 @@ def test_equal_global_batch_layouts_give_one_loss_curve_through_the_cli(tmp_path
     group_starts = [r for r in children if "worker_group_startup_seconds" in r.data.metrics]
     assert len(group_starts) == 1 and group_starts[0].data.params["num_workers"] == "1"
     assert {r.data.metrics["worker_group_points"] for r in children} == {4.0}
-    # The group's start-up is its parts; every later point records the harness's gap before it.
+    # The group's start-up is logged in its parts (their sum: test_overhead), within the grid's time;
+    # every later point records the harness's gap before it.
     gm = group_starts[0].data.metrics
-    parts = gm["worker_group_launch_seconds"] + gm["worker_group_init_seconds"] + gm["worker_group_setup_seconds"]
-    assert parts == pytest.approx(gm["worker_group_startup_seconds"], abs=1e-6)
+    pm = client.get_run(parent.info.run_id).data.metrics
     assert min(gm[f"worker_group_{p}_seconds"] for p in ("launch", "init", "setup")) >= 0
+    assert 0 < gm["worker_group_startup_seconds"] < pm["sweep_grid_seconds"]
     others = [r.data.metrics for r in children if r is not group_starts[0]]
     assert "between_points_seconds" not in gm
-    pm = client.get_run(parent.info.run_id).data.metrics
     # (A toy point trains in ~0.1 s, less than the report round trip: only the grid bounds the gap.)
     assert all(0 <= m["between_points_seconds"] < pm["sweep_grid_seconds"] for m in others)
     # Each trial's run spans its own time in the worker (the UI's Duration column).
@@ -92,9 +95,14 @@ def test_equal_global_batch_layouts_give_one_loss_curve_through_the_cli(tmp_path
         assert run.info.end_time - run.info.start_time == pytest.approx(
             run.data.metrics["trial_seconds"] * 1000, abs=2)
     assert pm["sweep_wall_seconds"] > pm["sum_trial_seconds"] > pm["sum_train_seconds"] > 0
-    phases = ("setup", "ray_start", "tracking", "grid", "report")
-    assert sum(pm[f"sweep_{p}_seconds"] for p in phases) == pytest.approx(pm["sweep_wall_seconds"])
-    assert pm["sweep_wall_over_train_seconds"] == pytest.approx(pm["sweep_wall_seconds"] / pm["sum_train_seconds"])
+    assert pm["sweep_wall_over_train_seconds"] > pm["sweep_wall_over_trial_seconds"] > 1
+    phases = {"setup", "ray_start", "tracking", "grid", "report"}
+    assert {k for k in pm if k.startswith("sweep_") and k.endswith("_seconds") and "_over_" not in k} == {
+        f"sweep_{p}_seconds" for p in phases | {"wall"}}
+    # The wall time against clocks the driver does not keep: it spans at least the parent run's start
+    # to the last point's end (MLflow's timestamps, in ms), and at most the CLI process's whole life.
+    last_point_end = max(r.info.end_time for r in children)
+    assert (last_point_end - parent.info.start_time) / 1000 - 0.002 <= pm["sweep_wall_seconds"] <= lifetime
 
     curves = []
     for run in children:
