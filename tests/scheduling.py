@@ -16,12 +16,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 # Files whose tests one xdist worker runs together: each builds a costly module-scoped fixture
-# (an MLflow server with a sweep recorded through it, a batch of CLI runs in one process, a ResNet
-# measured once) that a second worker would build again. (xdist's own xdist_group mark does not
-# group under pytest 9: it rewrites item._nodeid, which pytest 9 no longer reads.)
+# (an MLflow server with a sweep recorded through it, one sweep stopped and resumed three ways, a batch
+# of CLI runs in one process, a ResNet measured once) that a second worker would build again. (xdist's
+# own xdist_group mark does not group under pytest 9: it rewrites item._nodeid, which pytest 9 no
+# longer reads.)
 ONE_WORKER_FILES = frozenset({
-    "tests/e2e/test_ui.py", "tests/unit/test_bad_input.py", "tests/unit/test_config.py", "tests/unit/test_recipe.py",
-    "tests/unit/test_roofline.py",
+    "tests/e2e/test_resume.py", "tests/e2e/test_ui.py", "tests/unit/test_bad_input.py", "tests/unit/test_config.py",
+    "tests/unit/test_recipe.py", "tests/unit/test_roofline.py",
 })
 
 
