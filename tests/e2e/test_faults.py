@@ -14,9 +14,8 @@ from collections import Counter
 import psutil
 import pytest
 import torch
-from mlflow.tracking import MlflowClient
 
-from tests.harness import (SESSION_RAY, end_processes_in, nothing_running, recorded, run_cli, sleepy_model,
+from tests.harness import (SESSION_RAY, nothing_running, recorded, run_cli, sleepy_model,
                            start_sweep, sweep_runs, wait_while_running)
 from tests.helpers import REPO
 

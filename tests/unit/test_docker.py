@@ -204,7 +204,8 @@ def test_the_build_context_holds_the_package_and_nothing_else(tmp_path):
     rules = [line.strip() for line in (DOCKER / "Dockerfile.dockerignore").read_text().splitlines()
              if line.strip() and not line.startswith("#")]
     sent = sorted(set(files) & exclude_paths(str(tmp_path), rules))  # the SDK's name: what is *not* excluded
-    assert sent == ["README.md", "conf/config.yaml", "pyproject.toml", "sweeper/__init__.py", "sweeper/cluster/connect.py"]
+    assert sent == ["README.md", "conf/config.yaml", "pyproject.toml", "sweeper/__init__.py",
+                    "sweeper/cluster/connect.py"]
     # ... and it holds everything the build stage copies.
     copied = [word for keyword, arguments in _instructions((DOCKER / "Dockerfile").read_text()) if keyword == "COPY"
               for word in arguments.split()[:-1] if not word.startswith("--")]

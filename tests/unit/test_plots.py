@@ -208,7 +208,8 @@ def _draw_all_figures(monkeypatch, trials, folder):
     """draw_all's four figures' axes, by name (the accuracy plot's: None when it draws nothing)."""
     saved = {}
     for name in ("throughput", "memory", "accuracy", "pareto"):
-        monkeypatch.setattr(canvas, "save", lambda fig, path, name=name: saved.setdefault(name, fig) and os.fspath(path))
+        monkeypatch.setattr(canvas, "save",
+                            lambda fig, path, name=name: saved.setdefault(name, fig) and os.fspath(path))
         {"throughput": lambda: plots.throughput_vs_micro_batch(trials, analysis.knees(trials), folder / "t.png"),
          "memory": lambda: plots.memory_vs_micro_batch(trials, folder / "m.png"),
          "accuracy": lambda: plots.accuracy_vs_global_batch(trials, folder / "a.png", "LR scaling: none"),
@@ -318,8 +319,8 @@ def test_seeds_lr_multipliers_and_recipes_are_one_mark_per_layout_on_the_through
                 base = dataclasses.replace(trial(micro), precision=precision, lr_multiplier=multiplier,
                                            point_key=f"mb{micro}-acc1-w1-{precision}-lrx{multiplier:g}")
                 # 100 samples/s per sample of micro-batch, seed 1 10 more than seed 0, LR x2 40 more.
-                trials += [replicate(base, s, samples_per_second=100.0 * micro + faster + 10 * s + 40 * (multiplier - 1))
-                           for s in (0, 1)]
+                rate = 100.0 * micro + faster + 40 * (multiplier - 1)
+                trials += [replicate(base, s, samples_per_second=rate + 10 * s) for s in (0, 1)]
     layouts = folding.fold_layouts(trials)
     assert len(layouts) == 6  # 3 micro-batches x 2 recipes
     knees = {(1, 1, ""): 32, (1, 1, "bf16"): None}
