@@ -35,8 +35,8 @@ def _runs(tmp_path, experiment="sweeper"):
 
 
 # On the session's Ray (a local Ray's own start-up, its token in .sweeper/ray and nothing in $HOME, is
-# test_ui's dashboard test, whose sweep starts one).
-@pytest.mark.solo
+# test_ui's dashboard test, whose sweep starts one). Nothing here is timed against a bound the machine's
+# load can break, so it runs beside the other worker's tests.
 def test_equal_global_batch_layouts_give_one_loss_curve_through_the_cli(tmp_path):
     started = time.perf_counter()
     result = run_cli(
@@ -72,8 +72,9 @@ def test_equal_global_batch_layouts_give_one_loss_curve_through_the_cli(tmp_path
         assert tags["sweeper.peak_flops_source"].startswith("measured: fp32 ")
         assert 0 < m["mfu"] and m["achieved_flops_per_second"] > 0
         assert m["timing_windows"] == 3 and tags["sweeper.throughput_stable"] in ("true", "false")
-        phases = sum(m[f"{p}_seconds_per_step"] for p in ("data", "forward_backward", "optimizer"))
-        assert phases <= m["step_time_seconds"] * 1.5  # the parts of a step are not longer than it
+        # A step's parts are recorded (their arithmetic, against a step of known duration: test_training).
+        assert min(m[f"{p}_seconds_per_step"] for p in ("data", "forward_backward", "optimizer")) >= 0
+        assert m["forward_backward_seconds_per_step"] > 0
         assert m["process_cpu_percent_mean"] > 0
         assert 0 < m["startup_seconds"] < m["trial_seconds"]
     # One Ray Train worker group of 2 for all four points; its start-up is logged once.
@@ -330,5 +331,5 @@ def test_a_point_saves_its_training_state_and_a_later_sweep_continues_it_through
     first_losses = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_metric_history(saved.info.run_id,
                                                                                           "train_loss")
     # It goes on from the trained weights, not from a fresh model's loss (ln 10 = 2.3). A checkpoint of
-    # another model is refused before Ray: tests/test_state.py.
+    # another model is refused before Ray: tests/unit/test_state.py.
     assert losses[0].value < first_losses[0].value - 0.3

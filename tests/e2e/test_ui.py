@@ -40,7 +40,7 @@ def _get(url: str, headers=None, data=None, timeout=10):
 
 
 # MLflow 3's server also starts a job runner (six huey consumers, ~1 GB) for GenAI jobs a sweep never
-# submits: off, as in tests/test_faults.py.
+# submits: off, as in tests/e2e/test_faults.py.
 SERVER_ENV = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 

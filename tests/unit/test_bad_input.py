@@ -78,7 +78,7 @@ def not_an_optimizer(params, lr):
 
 # (overrides, the key the error line must name)
 CASES = [
-    # null where a list is needed (a scalar is a one-element list: tests/test_config.py)
+    # null where a list is needed (a scalar is a one-element list: tests/unit/test_config.py)
     (["sweep.micro_batch_sizes=null"], "sweep.micro_batch_sizes"),
     (["sweep.accumulation_steps=null"], "sweep.accumulation_steps"),
     (["sweep.num_workers=[1.5]"], "sweep.num_workers"),

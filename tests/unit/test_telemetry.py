@@ -121,6 +121,9 @@ def test_nvml_status_with_simulated_driver_failure(fresh_nvml, monkeypatch):
 # Utilization sampling
 
 
+# solo, with test_cpu_marks_measure_a_sleep: the two tests of the real clocks against real work (the
+# CPU's counters, perf_counter), which the machine's load moves; every figure's arithmetic is tested on a
+# clock only forwards move (tests.helpers.forwards_take).
 @pytest.mark.solo
 def test_sampler_sees_a_busy_thread_and_a_quiet_sleep(one_torch_thread):
     device = cpu_device()
