@@ -26,10 +26,11 @@ ONE_WORKER_FILES = frozenset({
 })
 
 
-# Tests that time a known duration (a sleep, a step of known length) against tight bounds are marked
-# `@pytest.mark.solo`: under `-n 2` they run first, together on one worker, while the other worker waits
-# (`_Turns`). The scheduler runs in xdist's controller, which sees node ids only, so it reads the mark
-# from the test's source (`solo_marked`): a renamed test keeps its mark.
+# Tests that time the real clock against real work (a sleep, a busy thread) with tight bounds are marked
+# `@pytest.mark.solo` (a figure's arithmetic is tested on a clock only forwards move, tests.helpers):
+# under `-n 2` they run first, together on one worker, while the other worker waits (`_Turns`). The
+# scheduler runs in xdist's controller, which sees node ids only, so it reads the mark from the test's
+# source (`solo_marked`): a renamed test keeps its mark.
 SOLO = "solo"
 
 
