@@ -42,11 +42,11 @@ NOT_ON_ONE_CPU_POINT = LANGUAGE_MODEL_ONLY | {
     # a loss spike's warning (none here)
     "spike_at_step", "spike_peak_over_mean", "spike_recovered_after_steps",
     # sweep.strategy=smart's: set by the driver on a point whose class successive halving stopped, never
-    # by a worker (tests/test_smart.py checks them)
+    # by a worker (tests/unit/test_smart.py checks them)
     "stopped_at_rung", "stopped_at_samples",
-    # sweep.strategy=branch's: set by the driver on its trunk and branch runs (tests/test_branch.py checks them)
+    # sweep.strategy=branch's: set by the driver on its trunk and branch runs (tests/unit/test_branch.py checks them)
     "branch_checkpoint_samples", "branch_global_batch", "branch_window_samples",
-    # a training-state checkpoint's (not asked for here: tests/test_state.py checks them)
+    # a training-state checkpoint's (not asked for here: tests/unit/test_state.py checks them)
     "start_samples", "checkpoint_read_seconds", "checkpoint_samples", "checkpoint_write_seconds", "checkpoint_bytes",
 }
 
