@@ -131,6 +131,11 @@ class Accuracy(Record):
     bn_recalibration_samples: Optional[int] = metric()
     # why there is no accuracy (e.g. synthetic data), set by the driver
     accuracy_note: Optional[str] = tag("sweeper.accuracy")
+    # the evaluation metrics your loop or your LightningModule reported under their own names (loop.fn,
+    # model=lightning), MLflow metric val_metric/<name>, and which way each is better (loop.metrics:
+    # "f1=higher,wer=lower"); eval.metrics_fn's go here too (issue 54's evaluation)
+    val_metrics: Optional[Dict[str, float]] = metric_map("val_metric/")
+    val_metric_directions: Optional[str] = tag("sweeper.metric_directions")
 
 
 @dataclass
