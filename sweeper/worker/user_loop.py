@@ -264,7 +264,7 @@ class Session:
         """Your loop returned: it trained the budget (or stopped early with the point)."""
         driven = self._driven("train")
         if not self.finished:
-            raise RuntimeError(f"your loop returned after {self.step} of the point's {driven.steps} optimizer steps: "
+            raise RuntimeError(f"your loop returned after {self.step + self.stepped} of the point's {driven.steps} optimizer steps: "
                                "iterate the prepared loader config['epochs'] times, to its end")
         self._leave_out()
 
