@@ -264,7 +264,8 @@ class Session:
         """Your loop returned: it trained the budget (or stopped early with the point)."""
         driven = self._driven("train")
         if not self.finished:
-            raise RuntimeError(f"your loop returned after {self.step + self.stepped} of the point's {driven.steps} optimizer steps: "
+            done = self.step + self.stepped  # a step whose optimizer stepped before the loop left it counts
+            raise RuntimeError(f"your loop returned after {done} of the point's {driven.steps} optimizer steps: "
                                "iterate the prepared loader config['epochs'] times, to its end")
         self._leave_out()
 
