@@ -239,6 +239,9 @@ def check_combinations(cfg: SweeperConfig) -> List[str]:
         problems.append(f"report.quality=val_bits_per_byte needs byte-level text (data=text), not "
                         f"data={cfg.data.name}: "
                         "use report.quality=val_loss (nats per token) or auto")
+    if cfg.report.run_tokens is not None and not is_language_model(cfg.model):
+        problems.append(f"report.run_tokens={cfg.report.run_tokens} needs a language model (model=gpt or hf), not "
+                        f"model={cfg.model.name}: give the run in samples, report.run_samples")
     return problems + check_model_data(cfg.model, cfg.data)
 
 
