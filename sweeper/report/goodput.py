@@ -1,9 +1,9 @@
 """Goodput: how fast a layout makes progress towards the target, not only how many samples per second it trains
 (Pollux, Qiao et al. OSDI'21; COPUS 2026 ranks layouts by it). Pure (stdlib).
 
-A global batch B needs E(B) = E_min (1 + B_noise / B) samples to reach a target (McCandlish et al. 2018:
-(S/S_min - 1)(E/E_min - 1) = 1, with the critical batch size ~ the gradient noise scale B_noise). Relative to a
-base batch B0 its statistical efficiency is Pollux's
+A global batch B needs E(B) = E_min (1 + B / B_noise) samples (and S(B) = S_min (1 + B_noise / B) steps) to
+reach a target (McCandlish et al. 2018: (S/S_min - 1)(E/E_min - 1) = 1, with the critical batch size ~ the
+gradient noise scale B_noise). Relative to a base batch B0 its statistical efficiency is Pollux's
 
     efficiency(B) = E(B0) / E(B) = (B_noise + B0) / (B_noise + B),
 

@@ -82,7 +82,7 @@ class MemoryModel:
         ref = _nearest([p for p in self.points if p.key != exclude], micro, accumulation, workers)
         if ref is None:
             return None
-        moved = ref.peak_memory_bytes + self._slope(ref) * (micro - ref.micro_batch_size)
+        moved = ref.peak_memory_bytes + self._slope(ref, exclude) * (micro - ref.micro_batch_size)
         if self.parallelism == "ddp":
             whole = self.parameter_bytes or 0.0
             moved += whole * ((workers > 1) - (ref.num_workers > 1) + (accumulation > 1) - (ref.accumulation_steps > 1))
@@ -107,11 +107,11 @@ class MemoryModel:
                                    gather_bytes_per_value=self.gather_bytes_per_value,
                                    state_values_per_param=self.state_values_per_param).total
 
-    def _slope(self, ref: Trial) -> float:
+    def _slope(self, ref: Trial, exclude: str = "") -> float:
         """Activation bytes per sample: the slope of the peaks over micro-batches at the reference's workers and
-        accumulation, else its recorded activations per sample, else 0."""
-        same = {p.micro_batch_size: p.peak_memory_bytes for p in self.points
-                if (p.num_workers, p.accumulation_steps) == (ref.num_workers, ref.accumulation_steps)}
+        accumulation (the point `exclude` left out), else its recorded activations per sample, else 0."""
+        same = {p.micro_batch_size: p.peak_memory_bytes for p in self.points if p.key != exclude and p.peak_memory_bytes
+                and (p.num_workers, p.accumulation_steps) == (ref.num_workers, ref.accumulation_steps)}
         if len(same) >= 2:
             xs, ys = list(same), list(same.values())
             mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
