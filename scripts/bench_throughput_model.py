@@ -162,7 +162,8 @@ def goodput_bench(out: Path, reuse: bool) -> None:
     for r in sorted(projected.ranked, key=lambda r: r.candidate.global_batch):
         measured = r.candidate.measured_samples
         if measured is None:
-            print(f"{r.candidate.key}: predicted {r.predicted_samples:,.0f} samples, measured: not reached in every seed")
+            print(f"{r.candidate.key}: predicted {r.predicted_samples:,.0f} samples, measured: not reached in every "
+                  "seed")
             continue
         error = r.predicted_samples / measured - 1
         if r.candidate.global_batch != projected.anchor.global_batch:

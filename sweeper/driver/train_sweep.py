@@ -49,7 +49,8 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
         name, parent, done_keys = open_sweep(cfg, s, prepared.auto, resolved_yaml, interrupted)
         s.tracker.dataset = dataset_record(cfg, prepared)
         # A sharded sweep's model units: the report's memory per worker at worker counts it did not run.
-        opening = {**strategy.opening_params(prepared.batch_coupled), **predicted.units_param(cfg, prepared.num_classes)}
+        opening = {**strategy.opening_params(prepared.batch_coupled),
+                   **predicted.units_param(cfg, prepared.num_classes)}
         if not cfg.sweep.resume and opening:
             s.tracker.log_sweep_params(opening)
         phases("tracking")

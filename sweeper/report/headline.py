@@ -54,7 +54,8 @@ def headline(rec: Recommendation, line: Optional[str],
         override = _wrap(f"Overrides: {shown}") if shown else []
         sentence = _wrap(text)
         # The run's own line is tried only while the whole fits; the sweep's line, as ever, is kept whole.
-        if len(sentence) <= (3 - len(override) if run is not None and i < len(tries) - 1 else max(1, 3 - len(override))):
+        whole = run is not None and i < len(tries) - 1
+        if len(sentence) <= (3 - len(override) if whole else max(1, 3 - len(override))):
             return sentence + override
     room = max(1, 3 - len(override))
     if run is not None:  # the run's figures are cut short rather than the line that must be copied

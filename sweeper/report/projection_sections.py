@@ -11,10 +11,11 @@ from sweeper.report.html import Section
 from sweeper.report.projection import Projection, run_override
 from sweeper.report.run_cost import figure, hours_text
 
-MODEL_RULE = ("step seconds = accumulation x (fixed + per_sample x micro-batch) + per_step + [workers > 1] x (latency + bytes "
-              "moved per step / bandwidth), fitted per parallelism and recipe (Pollux, OSDI'21); error: leave-one-out "
-              "over the measured points within the measured world sizes, beyond them the error of predicting the "
-              "largest measured world size from the smaller ones (unbounded where there is none)")
+MODEL_RULE = ("step seconds = accumulation x (fixed + per_sample x micro-batch) + per_step + [workers > 1] x "
+              "(latency + bytes moved per step / bandwidth + contention x samples per worker), fitted per "
+              "parallelism and recipe (Pollux, OSDI'21); error: leave-one-out over the measured points within the "
+              "measured world sizes, beyond them the error of predicting the largest measured world size from the "
+              "smaller ones (unbounded where there is none)")
 
 
 def _num(value: Optional[float]) -> Optional[float]:
@@ -66,7 +67,7 @@ def _group_block(m: tm.GroupModel) -> Dict[str, Any]:
         bandwidth = 8 / c.seconds_per_byte / 1e9
     return {"group": tm.group_label(m.group), "points": [o.key for o in m.observed], "left_out": dict(m.excluded),
             "fixed_seconds": c.fixed_seconds, "per_sample_seconds": c.per_sample_seconds,
-            "per_step_seconds": c.per_step_seconds,
+            "per_step_seconds": c.per_step_seconds, "contention_seconds_per_sample": c.contention_seconds_per_sample,
             "latency_seconds": c.latency_seconds, "bandwidth_gbps": bandwidth,
             "bandwidth": "given (cluster.interconnect_gbps)" if m.bandwidth_given else (
                 "fitted" if c.seconds_per_byte is not None else "unknown: no point with more than one worker"),
@@ -79,7 +80,8 @@ def _group_block(m: tm.GroupModel) -> Dict[str, Any]:
 def _prediction_block(x: tm.Prediction) -> Dict[str, Any]:
     return {"key": x.layout.key, "micro_batch_size": x.layout.micro_batch_size,
             "accumulation_steps": x.layout.accumulation_steps, "num_workers": x.layout.num_workers,
-            "global_batch_size": x.layout.global_batch_size, "predicted_samples_per_second": float(x.samples_per_second),
+            "global_batch_size": x.layout.global_batch_size,
+            "predicted_samples_per_second": float(x.samples_per_second),
             "error": _num(x.error), "error_rule": x.rule, "measured_samples_per_second": _num(x.measured)}
 
 
@@ -125,11 +127,12 @@ def run_text(p: Projection) -> str:
         price = "" if run.price is None else (
             f", price {figure(run.price)} at {run.price_per_device_hour:g} per device-hour")
         parts.append(
-            f"The run: {figure(run.samples)} samples at {run.key}'s measured {run.samples_per_second:,.1f} samples/s on "
-            f"{run.workers} workers: {hours_text(run.train_seconds)} training, {run.evaluations} evaluations "
-            f"({hours_text(run.eval_seconds)}), {run.checkpoints} checkpoints ({hours_text(run.checkpoint_seconds)}): "
-            f"{hours_text(run.wall_seconds)} wall, {figure(run.device_hours)} device-hours{price}. The LR schedule is "
-            f"stretched over the run: the override line sets train.samples={int(round(run.samples))}."
+            f"The run: {figure(run.samples)} samples at {run.key}'s measured {run.samples_per_second:,.1f} "
+            f"samples/s on {run.workers} workers: {hours_text(run.train_seconds)} training, {run.evaluations} "
+            f"evaluations ({hours_text(run.eval_seconds)}), {run.checkpoints} checkpoints "
+            f"({hours_text(run.checkpoint_seconds)}): {hours_text(run.wall_seconds)} wall, "
+            f"{figure(run.device_hours)} device-hours{price}. The LR schedule is stretched over the run: the override "
+            f"line sets train.samples={int(round(run.samples))}."
             + "".join(f" {n[0].upper()}{n[1:]}." for n in run.notes))
     elif p.run_note:
         parts.append(f"No run figures: {p.run_note}.")
@@ -163,7 +166,9 @@ def model_text(p: Projection, model: Optional[tm.GroupModel]) -> str:
             f"{c.seconds_per_byte * 1e9:.3g} s per GB moved" + (
                 " (cluster.interconnect_gbps)" if m.bandwidth_given else "")
             + ("" if m.parameter_bytes else " (in units of the model's parameter bytes: its size was not recorded)")
-            + (f", {c.latency_seconds * 1e3:.3g} ms per step" if c.latency_seconds else ""))
+            + (f", {c.latency_seconds * 1e3:.3g} ms per step" if c.latency_seconds else "")
+            + (f", {c.contention_seconds_per_sample * 1e6:.3g} \u00b5s more per sample with workers sharing a node"
+               if c.contention_seconds_per_sample else ""))
         left = f"; left out: {', '.join(f'{k} ({v})' for k, v in m.excluded.items())}" if m.excluded else ""
         lines.append(f"{tm.group_label(m.group)}: {c.fixed_seconds * 1e3:.3g} ms per micro-step + "
                      f"{c.per_sample_seconds * 1e6:.3g} \u00b5s per sample + {c.per_step_seconds * 1e3:.3g} ms per "
@@ -190,8 +195,8 @@ def goodput_text(p: Projection, recommended: Optional[str]) -> str:
         f" Against the measured times to the target, the predicted ranking's Spearman correlation is "
         f"{p.agreement:+.2f}.")
     return (f"Statistical efficiency (B_noise + B0) / (B_noise + B) with B_noise = {p.noise.value:,.0f}, "
-            f"{p.noise.source}; {anchor}.{agreement} The recommendation stays {recommended or 'none'}, the one the data "
-            f"certify: goodput is shown beside it. Note: {goodput.UNDERSTATES}.")
+            f"{p.noise.source}; {anchor}.{agreement} The recommendation stays {recommended or 'none'}, the one the "
+            f"data certify: goodput is shown beside it. Note: {goodput.UNDERSTATES}.")
 
 
 def _goodput_rows(p: Projection) -> List[Dict[str, str]]:

@@ -4,16 +4,20 @@ Pure (stdlib, numpy).
 
 One optimizer step's seconds:
 
-    step = accumulation x (fixed + per_sample x micro-batch) + per_step + [workers > 1] x (latency + bytes / bandwidth)
+    step = accumulation x (fixed + per_sample x micro-batch) + per_step
+           + [workers > 1] x (latency + bytes / bandwidth + accumulation x contention x micro-batch)
 
-where `per_step` is what an optimizer step costs once, whatever its accumulation (the update, zeroing the
-gradients: measured apart only where the accumulation varies), `bytes` is what each worker moves per step (`comm_bytes_per_step`: the points' own measured figure where
-they record one, else what the parallelism's collectives move), `fixed` and `per_sample` are a micro-step's
-compute, and the bandwidth is fitted from the points with more than one worker unless cluster.interconnect_gbps
-gives it. The latency is fitted only where two world sizes above one were measured (with one, it cannot be told
-from the bandwidth). Weighted least squares on relative residuals, every coefficient >= 0 (the best subset of
-terms that fits without a negative one). Points whose steps waited on data for more than DATA_BOUND of their time
-measure the input pipeline, not the model: they are left out of the fit.
+where `per_step` is what an optimizer step costs once, whatever its accumulation (the update, zeroing the gradients:
+measured apart only where the accumulation varies), `bytes` is what each worker moves per step
+(`comm_bytes_per_step`: the points' own measured figure where they record one, else what the parallelism's
+collectives move), `fixed` and `per_sample` are a micro-step's compute, and the bandwidth is fitted from the points
+with more than one worker unless cluster.interconnect_gbps gives it. The latency is fitted only where two world
+sizes above one were measured (with one, it cannot be told from the bandwidth). `contention` is a cost per sample
+that appears only with more than one worker: workers that share a node's cores or memory bandwidth (all of them on
+one CPU machine) compute slower together than alone; fitted where the workers' shares differ above one worker.
+Weighted least squares on relative residuals, every coefficient >= 0 (the best subset of terms that fits without a
+negative one). Points whose steps waited on data for more than DATA_BOUND of their time measure the input pipeline,
+not the model: they are left out of the fit.
 
 The error each prediction carries, measured on the sweep's own points:
 - a world size within the measured ones: leave-one-out, each measured point predicted by the fit to the others;
@@ -39,7 +43,7 @@ DATA_BOUND = 0.2  # a step waiting on data for more than this share of it measur
 BYTES_PER_VALUE = 4  # gradients are reduced in fp32 (DDP's autocast, FSDP2's reduce_dtype)
 # Terms of the fit, in the order ties are broken (an earlier subset of equal fit wins: the bandwidth, which
 # scales with the world size, before a constant latency).
-TERMS = ("fixed", "per_sample", "per_step", "bandwidth", "latency")
+TERMS = ("fixed", "per_sample", "per_step", "bandwidth", "latency", "contention")
 Group = Tuple[str, str, str, Optional[str], bool, Optional[int]]
 
 
@@ -101,6 +105,7 @@ class Coefficients:
     seconds_per_byte: Optional[float] = None
     latency_seconds: float = 0.0
     per_step_seconds: float = 0.0
+    contention_seconds_per_sample: float = 0.0
 
     def step_seconds(self, layout: Layout, comm_bytes: float) -> Optional[float]:
         compute = layout.accumulation_steps * (self.fixed_seconds + self.per_sample_seconds * layout.micro_batch_size)
@@ -109,7 +114,9 @@ class Coefficients:
             return compute
         if self.seconds_per_byte is None:
             return None
-        return compute + self.latency_seconds + comm_bytes * self.seconds_per_byte
+        samples = layout.accumulation_steps * layout.micro_batch_size
+        return compute + self.latency_seconds + comm_bytes * self.seconds_per_byte + \
+            samples * self.contention_seconds_per_sample
 
 
 @dataclass(frozen=True)
@@ -297,14 +304,14 @@ def fit(observed: Sequence[Observed], seconds_per_byte: Optional[float] = None) 
     per_byte = seconds_per_byte if seconds_per_byte is not None else (values.get("bandwidth", 0.0) if multi else None)
     return Coefficients(float(values.get("fixed", 0.0)), float(values.get("per_sample", 0.0)),
                         None if per_byte is None else float(per_byte), float(values.get("latency", 0.0)),
-                        float(values.get("per_step", 0.0)))
+                        float(values.get("per_step", 0.0)), float(values.get("contention", 0.0)))
 
 
 def _columns(observed: Sequence[Observed], seconds_per_byte: Optional[float]) -> Dict[str, np.ndarray]:
     """The terms the points can tell apart: compute always (the per-step cost is told from the per-micro-step
     one only where the accumulation varies: otherwise the two are one column, and the subset search keeps one);
-    with points above one worker the bandwidth (unless
-    given) and, with two world sizes above one, a latency."""
+    with points above one worker the bandwidth (unless given), with two world sizes above one a latency, and with
+    two sizes of a worker's share above one worker the contention."""
     acc = np.array([float(o.layout.accumulation_steps) for o in observed])
     micro = np.array([float(o.layout.micro_batch_size) for o in observed])
     multi = np.array([1.0 if o.layout.num_workers > 1 else 0.0 for o in observed])
@@ -313,6 +320,9 @@ def _columns(observed: Sequence[Observed], seconds_per_byte: Optional[float]) ->
         columns["bandwidth"] = np.array([o.comm_bytes if o.layout.num_workers > 1 else 0.0 for o in observed])
     if len({o.layout.num_workers for o in observed if o.layout.num_workers > 1}) >= 2:
         columns["latency"] = multi
+    shares = {o.layout.accumulation_steps * o.layout.micro_batch_size for o in observed if o.layout.num_workers > 1}
+    if len(shares) >= 2:
+        columns["contention"] = multi * acc * micro
     return {name: columns[name] for name in TERMS if name in columns}
 
 

@@ -78,6 +78,18 @@ def test_a_given_interconnect_bounds_the_extrapolation_with_its_measured_error()
     assert slow.beyond_error == pytest.approx(1 - 0.035 / 0.039)
 
 
+def test_workers_that_share_a_node_pay_a_contention_per_sample():
+    # The same points, each 2-worker one also 0.5 ms slower per sample of its worker's share (cores shared):
+    # mb16-acc1-w2 0.035 + 16 x 0.0005 = 0.043 s; mb32-acc2-w2 0.093 + 64 x 0.0005 = 0.125 s.
+    shared = POINTS[:4] + [point(16, 1, 2, samples_per_second=32 / 0.043, memory_parameters_bytes=P),
+                           point(32, 2, 2, samples_per_second=128 / 0.125, memory_parameters_bytes=P)]
+    c = tm.fit_all(shared)[tm.group_of(shared[0])].coefficients
+    assert c.contention_seconds_per_sample == pytest.approx(0.0005) and c.seconds_per_byte == pytest.approx(1e-9)
+    # mb64-acc1-w2: 0.083 + 64 x 0.0005 = 0.115 s for 128 samples.
+    model = tm.fit_all(shared)[tm.group_of(shared[0])]
+    assert model.predict(tm.Layout(64, 1, 2)).samples_per_second == pytest.approx(128 / 0.115)
+
+
 def test_leave_one_out_errors_worked_by_hand():
     # Three 1-worker points without accumulation (the per-micro-step and per-step costs are one term here):
     # step seconds 0.020, 0.030, 0.045 at micro-batches 10, 20, 30 (500, 666.7, 666.7 samples/s).
