@@ -29,7 +29,7 @@ import argparse
 import statistics
 import sys
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -87,9 +87,13 @@ def held_out_sets(observed: Sequence[tm.Observed]) -> Dict[str, List[Tuple[List[
     return sets
 
 
-def evaluate(name: str, folder: Path) -> List[float]:
-    """Every held-out prediction's relative error of this sweep's points, printed."""
+def evaluate(name: str, folder: Path, stable: Optional[List[float]] = None) -> List[float]:
+    """Every held-out prediction's relative error of this sweep's points, printed (those of points whose own
+    throughput was stable, within 5 % over its last windows, also into `stable`)."""
     layouts = [t for t in folding.fold_layouts(trials_in(folder)) if t.status == "ok" and t.samples_per_second]
+    for t in sorted(layouts, key=lambda t: (t.num_workers, t.micro_batch_size, t.accumulation_steps)):
+        print(f"  measured {t.key}: {t.samples_per_second:,.1f} samples/s, windows' cv {t.samples_per_second_cv:.1%}"
+              f"{'' if t.throughput_stable else ' (unstable)'}")
     errors: List[float] = []
     for group in sorted({tm.group_of(t) for t in layouts}, key=str):
         members = [t for t in layouts if tm.group_of(t) == group]
@@ -98,6 +102,8 @@ def evaluate(name: str, folder: Path) -> List[float]:
             print(f"{name} {tm.group_label(group)}: no fit")
             continue
         print(f"{name} {tm.group_label(group)}: {len(members)} points, {full.coefficients}")
+        for key, why in full.excluded.items():
+            print(f"  left out of every fit: {key}: {why}")
         for scheme, splits in held_out_sets(full.observed).items():
             found = []
             for fitted, predicted in splits:
@@ -110,6 +116,8 @@ def evaluate(name: str, folder: Path) -> List[float]:
                         continue
                     error = got.samples_per_second / t.samples_per_second - 1
                     found.append(error)
+                    if stable is not None and t.throughput_stable:
+                        stable.append(error)
                     print(f"  {scheme} {t.key}: predicted {got.samples_per_second:,.1f}, measured "
                           f"{t.samples_per_second:,.1f} samples/s, error {error:+.1%}")
             if found:
@@ -126,6 +134,7 @@ def measure(folder: Path, overrides: Sequence[str], reuse: bool) -> float:
 
 def throughput_bench(out: Path, only: Sequence[str], reuse: bool) -> None:
     every: List[float] = []
+    stable: List[float] = []
     for workload, settings in WORKLOADS.items():
         for parallelism in ("ddp", "zero3"):
             name = f"{workload}-{parallelism}"
@@ -135,11 +144,14 @@ def throughput_bench(out: Path, only: Sequence[str], reuse: bool) -> None:
             print(f"config {name}: {' '.join(overrides)}")
             wall = measure(out / name, overrides, reuse)
             print(f"{name} sweep_wall_seconds: {wall:.0f}")
-            found = evaluate(name, out / name)
+            found = evaluate(name, out / name, stable)
             every += found
             if found:
                 print(f"{name}: median |error| {statistics.median(abs(e) for e in found):.1%}, worst "
                       f"{max(abs(e) for e in found):.1%}, n={len(found)}")
+    if stable:
+        print(f"stable points: median |error| {statistics.median(abs(e) for e in stable):.1%}, worst "
+              f"{max(abs(e) for e in stable):.1%}, n={len(stable)}")
     if every:
         print(f"all: median |error| {statistics.median(abs(e) for e in every):.1%} (goal <= 10 %), worst "
               f"{max(abs(e) for e in every):.1%} (goal <= 25 %), n={len(every)}")

@@ -156,7 +156,8 @@ def model_text(p: Projection, model: Optional[tm.GroupModel]) -> str:
     if not p.models:
         return ""
     lines = [f"Predictions, not measurements: {MODEL_RULE}. Points whose steps waited on data for over "
-             f"{tm.DATA_BOUND:.0%} of their time are left out of the fit."]
+             f"{tm.DATA_BOUND:.0%} of their time, or whose timed windows spread over {tm.NOISY_CV:.0%}, are left out "
+             "of the fit."]
     for m in p.models.values():
         c = m.coefficients
         within = "unbounded" if m.within_error is None else (

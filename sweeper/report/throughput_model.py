@@ -17,7 +17,8 @@ that appears only with more than one worker: workers that share a node's cores o
 one CPU machine) compute slower together than alone; fitted where the workers' shares differ above one worker.
 Weighted least squares on relative residuals, every coefficient >= 0 (the best subset of terms that fits without a
 negative one). Points whose steps waited on data for more than DATA_BOUND of their time measure the input pipeline,
-not the model: they are left out of the fit.
+not the model, and points whose timed windows spread over NOISY_CV measure the machine's other load: both are left
+out of the fit (and said so).
 
 The error each prediction carries, measured on the sweep's own points:
 - a world size within the measured ones: leave-one-out, each measured point predicted by the fit to the others;
@@ -40,6 +41,9 @@ from sweeper.report import parallelism as parallelisms
 from sweeper.report.trials import Trial
 
 DATA_BOUND = 0.2  # a step waiting on data for more than this share of it measures the input pipeline
+# Timed windows whose throughput spreads wider than this measured the machine's other load, not the layout: on the
+# shared 2-core CPU the benchmark ran on, a point at 47 % sat at 40 % of its neighbours' rate (docs/recommendation.md).
+NOISY_CV = 0.25
 BYTES_PER_VALUE = 4  # gradients are reduced in fp32 (DDP's autocast, FSDP2's reduce_dtype)
 # Terms of the fit, in the order ties are broken (an earlier subset of equal fit wins: the bandwidth, which
 # scales with the world size, before a constant latency).
@@ -210,6 +214,14 @@ def group_label(group: Group) -> str:
     return label + (" compiled" if group[4] else "") + ("" if group[5] is None else f", context {group[5]}")
 
 
+def left_out(t: Trial) -> Optional[str]:
+    """Why a point is left out of the fit (None: it is not): its steps waited on data, or its windows spread too
+    wide to stand for its layout."""
+    if t.samples_per_second_cv is not None and t.samples_per_second_cv > NOISY_CV:
+        return f"noisy: its timed windows' throughput spread {t.samples_per_second_cv:.0%} (over {NOISY_CV:.0%})"
+    return data_bound(t)
+
+
 def data_bound(t: Trial) -> Optional[str]:
     """Why a point measured its input pipeline rather than its model (None: it did not)."""
     share = t.data_wait_fraction
@@ -238,7 +250,7 @@ def fit_all(layouts: Sequence[Trial], interconnect_gbps: Optional[float] = None)
 def fit_group(group: Group, members: Sequence[Trial], interconnect_gbps: Optional[float] = None
               ) -> Optional[GroupModel]:
     """One group's model, its leave-one-out errors and its extrapolation error; None with no point to fit."""
-    excluded = {t.key: why for t in members for why in [data_bound(t)] if why}
+    excluded = {t.key: why for t in members for why in [left_out(t)] if why}
     kept = [t for t in members if t.key not in excluded]
     if not kept:
         return None
@@ -250,11 +262,11 @@ def fit_group(group: Group, members: Sequence[Trial], interconnect_gbps: Optiona
     if coefficients is None:
         return None
     loo = {}
-    for i, left_out in enumerate(observed):
+    for i, one in enumerate(observed):
         refit = fit(observed[:i] + observed[i + 1:], per_byte)
-        step = None if refit is None else refit.step_seconds(left_out.layout, left_out.comm_bytes)
+        step = None if refit is None else refit.step_seconds(one.layout, one.comm_bytes)
         if step:
-            loo[left_out.key] = (left_out.layout.global_batch_size / step) / left_out.samples_per_second - 1
+            loo[one.key] = (one.layout.global_batch_size / step) / one.samples_per_second - 1
     return GroupModel(group, coefficients, observed, parameter_bytes, gather_ratio, per_byte is not None, loo,
                       _beyond_error(observed, per_byte), excluded)
 

@@ -113,6 +113,10 @@ def test_data_bound_points_are_left_out_of_the_fit():
     assert model.coefficients.per_sample_seconds == pytest.approx(0.001)
     streamed = trial(64, 1, 1, samples_per_second=64 / 0.050, data_wait_fraction=0.1)  # another helper's figure
     assert tm.data_bound(streamed) is None
+    # A point whose timed windows spread 47 % measured the machine's other load: left out too, and said so.
+    noisy = point(64, 1, 1, samples_per_second=500.0, samples_per_second_cv=0.47)
+    assert tm.fit_all(POINTS[:4] + [noisy])[tm.group_of(noisy)].excluded == {
+        "mb64-acc1-w1": "noisy: its timed windows' throughput spread 47% (over 25%)"}
 
 
 def test_worker_counts_predicted_are_measured_powers_of_two_the_limit_and_the_target():
