@@ -54,7 +54,9 @@ WORKLOADS: Dict[str, List[str]] = {
 }
 GOODPUT = [
     "model=mlp", "model.depth=2", "model.width=128", "model.input_shape=[1,8,8]", "data=digits",
-    "sweep.micro_batch_sizes=[8,16,32,64,128]", "sweep.accumulation_steps=[1]", "sweep.num_workers=[1]",
+    # the noise scale is measured where a step has more than one micro-batch (worker/gns.py): global batches
+    # 8..128 as micro-batch 8 x accumulation 1..16, all but the first measure it
+    "sweep.micro_batch_sizes=[8]", "sweep.accumulation_steps=[1,2,4,8,16]", "sweep.num_workers=[1]",
     "sweep.seeds=[0,1,2]", "train.epochs=60", "train.lr_scaling=sqrt", "train.base_batch_size=16",
     "train.warmup_steps=5", "optim=sgd", "optim.lr=0.05", "optim.momentum=0.9", "eval.every_samples=256",
     "eval.target_accuracy=0.93", "eval.stop_at_target=true", "measure.memory_breakdown=false", "measure.flops=false",

@@ -106,13 +106,15 @@ def test_leave_one_out_errors_worked_by_hand():
 
 
 def test_data_bound_points_are_left_out_of_the_fit():
-    # mb64-acc1-w1 waited 30 ms of a 50 ms step on data (60 %, over the 20 % limit): an input pipeline's figure.
+    # mb64-acc1-w1 waited 30 ms of a 50 ms step on data (60 %, over the 50 % limit: data-bound, as report/data_bound names it): an input pipeline's figure.
     slow = point(64, 1, 1, samples_per_second=64 / 0.050, data_seconds_per_step=0.030)
     model = tm.fit_all(POINTS[:4] + [slow])[tm.group_of(slow)]
     assert "mb64-acc1-w1" in model.excluded and "60%" in model.excluded["mb64-acc1-w1"]
     assert model.coefficients.per_sample_seconds == pytest.approx(0.001)
-    streamed = trial(64, 1, 1, samples_per_second=64 / 0.050, data_wait_fraction=0.1)  # another helper's figure
+    # data_wait_fraction (the streamed data's recorded share) wins over the figure worked from data_seconds_per_step
+    streamed = trial(64, 1, 1, samples_per_second=64 / 0.050, data_seconds_per_step=0.030, data_wait_fraction=0.3)
     assert tm.data_bound(streamed) is None
+    assert "70%" in tm.data_bound(trial(64, 1, 1, samples_per_second=64 / 0.050, data_wait_fraction=0.7))
     # A point whose timed windows spread 47 % measured the machine's other load: left out too, and said so.
     noisy = point(64, 1, 1, samples_per_second=500.0, samples_per_second_cv=0.47)
     assert tm.fit_all(POINTS[:4] + [noisy])[tm.group_of(noisy)].excluded == {
