@@ -136,11 +136,16 @@ def _goodput(out: Projection, points: Sequence[Any], model: Optional[tm.GroupMod
     candidates = []
     for p in points:
         t = p.trial
-        if t.status != "ok" or not t.samples_per_second:
-            continue
         done = p.reached_in_every_seed and t.time_to_target_seconds is not None
+        rate = t.samples_per_second or (run_cost.rate_to_target(t) if done else None)
+        if t.status != "ok" or not rate:
+            continue
+        # A point that stopped at the target untimed (eval.stop_at_target): its rate to the target holds its
+        # evaluations already.
+        timed = bool(t.samples_per_second)
         candidates.append(goodput.Candidate(
-            t.key, int(t.global_batch_size), float(t.samples_per_second), "measured", _eval_per_sample(t, every),
+            t.key, int(t.global_batch_size), float(rate), "measured" if timed else "measured to the target",
+            _eval_per_sample(t, every) if timed else 0.0,
             t.time_to_target_seconds if done else None, t.samples_to_target if done else None))
     measured = {(c.global_batch, c.key) for c in candidates}
     for pred in out.predictions:

@@ -150,7 +150,7 @@ def to_target(points: Sequence[Any], every_samples: Optional[float]) -> List[Tar
         return []
     by_batch: Dict[int, List[Any]] = {}
     for p in points:
-        if p.trial.status == "ok" and p.trial.samples_per_second:
+        if p.trial.status == "ok" and (p.trial.samples_per_second or p.trial.time_to_target_seconds):
             by_batch.setdefault(int(p.trial.global_batch_size), []).append(p)
     out = []
     for batch, members in sorted(by_batch.items()):
@@ -158,14 +158,33 @@ def to_target(points: Sequence[Any], every_samples: Optional[float]) -> List[Tar
         if not reached:
             out.append(TargetAtFullLength(batch, None, None, None, None))
             continue
-        fastest = max(reached, key=lambda p: (p.trial.samples_per_second, p.key)).trial
+        fastest = max(reached, key=lambda p: (rate_to_target(p.trial) or 0.0, p.key)).trial
         samples = float(fastest.samples_to_target)
-        per_eval = seconds_per_evaluation(fastest) or 0.0
-        interval = math.ceil(every_samples / batch) * batch if every_samples else None
-        evals = int(samples // interval) if interval else 0
-        seconds = samples / fastest.samples_per_second + evals * per_eval
+        seconds = _seconds_to_target(fastest, samples, batch, every_samples)
         out.append(TargetAtFullLength(batch, fastest.key, samples, seconds, fastest.num_workers * seconds / HOUR))
     return out
+
+
+def rate_to_target(t: Trial) -> Optional[float]:
+    """A point's samples per second on its way to the target: its timed throughput, else (a point that stopped at
+    the target before a window was timed: eval.stop_at_target) its samples to the target over its measured time to
+    it, evaluations included."""
+    if t.samples_per_second:
+        return float(t.samples_per_second)
+    if t.samples_to_target and t.time_to_target_seconds:
+        return float(t.samples_to_target) / float(t.time_to_target_seconds)
+    return None
+
+
+def _seconds_to_target(t: Trial, samples: float, batch: int, every_samples: Optional[float]) -> float:
+    """The samples to the target at the point's timed throughput with the evaluations on the way at their measured
+    cost; without a timed throughput, its measured time to the target (which holds those evaluations)."""
+    if not t.samples_per_second:
+        return float(t.time_to_target_seconds)
+    per_eval = seconds_per_evaluation(t) or 0.0
+    interval = math.ceil(every_samples / batch) * batch if every_samples else None
+    evals = int(samples // interval) if interval else 0
+    return samples / t.samples_per_second + evals * per_eval
 
 
 def hours_text(seconds: float) -> str:

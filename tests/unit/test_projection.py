@@ -205,6 +205,22 @@ def test_the_runs_time_to_the_target_where_measured_and_unknown_elsewhere():
     assert rows[64].key is None and rows[64].seconds is None  # never reached: unknown
 
 
+def test_points_that_stopped_at_the_target_untimed_still_give_its_time_and_rank_by_goodput():
+    # eval.stop_at_target ends a point before a throughput window is timed: its rate to the target is its samples
+    # over its measured time to it (evaluations included): 1,600 / 8 = 200/s at 8 and 3,200 / 4 = 800/s at 64.
+    stopped = partial(trial, reached_target=True, gns_b_simple=64.0)
+    pts = [stopped(8, 1, 1, samples_to_target=1600, time_to_target_seconds=8.0),
+           stopped(8, 8, 1, samples_to_target=3200, time_to_target_seconds=4.0)]
+    rows = {r.global_batch: r for r in run_cost.to_target(list(summarize_all(pts).values()), every_samples=256)}
+    assert (rows[8].seconds, rows[64].seconds) == (8.0, 4.0)
+    proj = projection.project(recommend(pts, "time_to_target"), pts, ReportConfig(objective="time_to_target"),
+                              {"eval_every_samples": "256"})
+    # B_noise 64, anchor 1,600 samples at 8: (64 + 8) / (64 + 64) = 0.5625 at 64, so 2,844 samples at 800/s: 3.6 s.
+    assert [r.candidate.key for r in proj.ranked] == ["mb8-acc8-w1", "mb8-acc1-w1"]
+    assert proj.ranked[0].predicted_seconds == pytest.approx(1600 / 0.5625 / 800)
+    assert proj.ranked[0].candidate.throughput_from == "measured to the target"
+
+
 # --- a cluster you do not have --------------------------------------------------------------------
 
 
