@@ -106,7 +106,8 @@ def test_leave_one_out_errors_worked_by_hand():
 
 
 def test_data_bound_points_are_left_out_of_the_fit():
-    # mb64-acc1-w1 waited 30 ms of a 50 ms step on data (60 %, over the 50 % limit: data-bound, as report/data_bound names it): an input pipeline's figure.
+    # mb64-acc1-w1 waited 30 ms of a 50 ms step on data (60 %, over the 50 % limit: data-bound, as
+    # report/data_bound names it): an input pipeline's figure.
     slow = point(64, 1, 1, samples_per_second=64 / 0.050, data_seconds_per_step=0.030)
     model = tm.fit_all(POINTS[:4] + [slow])[tm.group_of(slow)]
     assert "mb64-acc1-w1" in model.excluded and "60%" in model.excluded["mb64-acc1-w1"]
