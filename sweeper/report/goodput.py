@@ -26,7 +26,8 @@ from typing import List, Optional, Sequence
 
 UNDERSTATES = ("the gradient noise scale measured early in a short sweep understates the critical batch size later "
                "in training (it grows as the loss falls: McCandlish et al. 2018, 4.1; Merrill et al. 2025), so these "
-               "predictions favour small global batches; they never replace the recommendation the data certify")
+               "predictions tend to favour small global batches; they never replace the recommendation the data "
+               "certify")
 
 
 @dataclass(frozen=True)
