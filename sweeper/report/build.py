@@ -67,12 +67,8 @@ def build(
     projected = projection.project(rec, trials, cfg, sweep.params, reader.spent(), budget,
                                    branched.flat(answer)[0] if answer else None)
     line = analysis.override_line(rec.best) if rec.best else None
-    yaml_path = _write_text(os.path.join(folder, "recommendation.yaml"), analysis.recommendation_yaml(
-        rec, cfg.objective, cfg.min_accuracy, budget, cfg.max_accuracy_drop, cfg.max_loss_rise,
-        projection_sections.yaml_blocks(projected, line), projected.elastic_predictor()))
-    # With report.run_samples the line trains the run: train.samples stretches the LR schedule over it.
-    run_line = projection.run_override(line, projected)
-    run = ((lambda detail: projection.run_words(projected, detail)), run_line) if projected.run and line else None
+    yaml_path = _write_yaml(folder, rec, cfg, budget, projected, line)
+    run_line, run = _run_words(projected, line)
     images = figures.draw(folder, trials, cfg, sweep.params, budget, rec, found)
     why = recommendation_text(rec, run_line, found, folding.single_context(trials))
     glance = branched.glance(answer, rec.best, trials, line) if answer is not None and rec.best else None
@@ -144,6 +140,24 @@ def _write_snippets(yaml_path: str, folder: str, params: Dict[str, str], answer:
     if answer is not None:
         pasteable += branched.snippets_for(answer, os.path.join(folder, "snippets"))
     return pasteable
+
+
+def _write_yaml(folder: str, rec: Recommendation, cfg: ReportConfig, budget: Optional[float],
+                projected: projection.Projection, line: Optional[str]) -> str:
+    """recommendation.yaml: the recommendation, the projection's blocks and the elastic plan's predicted rows."""
+    return _write_text(os.path.join(folder, "recommendation.yaml"), analysis.recommendation_yaml(
+        rec, cfg.objective, cfg.min_accuracy, budget, cfg.max_accuracy_drop, cfg.max_loss_rise,
+        projection_sections.yaml_blocks(projected, line), projected.elastic_predictor()))
+
+
+def _run_words(projected: projection.Projection, line: Optional[str]
+               ) -> Tuple[Optional[str], Optional[headline.RunWords]]:
+    """With report.run_samples, the override line that trains the run (train.samples stretches the LR schedule
+    over it, not the sweep's budget) and the headline's words of the run; else the sweep's line and None."""
+    run_line = projection.run_override(line, projected)
+    if projected.run is None or not line:
+        return run_line, None
+    return run_line, ((lambda detail: projection.run_words(projected, detail)), run_line)
 
 
 def _log_critical_batch(store: tracking.Store, run_id: str, trials: List[Trial],
