@@ -316,7 +316,7 @@ def estimate_step(
         model = build_model()
         recipe.apply_checkpointing(model, checkpointing, checkpoint_modules)
         model.train()
-        optimizer = recipe.build_optimizer(optim or OptimConfig(), model.parameters(), lr=0.1)
+        optimizer = recipe.build_optimizer(optim or OptimConfig(), model, lr=0.1)
         cpu = torch.device("cpu")
 
         def step() -> None:

@@ -86,7 +86,7 @@ def build(
     page = html.render(sweep.run_name, table_rows(trials), images, "\n".join(headline.headline(rec, line, glance, run)),
                        _settings_shown(parent_run_id, cfg, budget_gb, rec.quality), extra)
     html_path = _write_text(os.path.join(folder, "report.html"), page)
-    pasteable = _write_snippets(yaml_path, folder, sweep.params, answer)
+    pasteable = _write_snippets(yaml_path, folder, sweep.params, answer, _record_of(sweep, rec.best))
     report = Report(folder, html_path, rec, run_line, yaml_path, text, found, projected)
     if log:
         # Only the files written here: the folder may hold others (the frontier's, logged on their own).
@@ -102,7 +102,7 @@ def _recommend(trials: List[Trial], cfg: ReportConfig, budget: Optional[float], 
     """The recommendation under the report's settings, the critical batch size's quality rule and, for
     sweep.strategy=branch, the branches' batch limit."""
     return analysis.recommend(trials, cfg.objective, cfg.min_accuracy, budget, cfg.max_accuracy_drop,
-                              level=cfg.confidence, critical_batch=found, quality=cfg.quality,
+                              level=cfg.confidence, critical_batch=found, quality=cfg.quality_metric or cfg.quality,
                               max_loss_rise=cfg.max_loss_rise, batch_limit=batch_limit, coupled=coupled(params))
 
 
@@ -131,12 +131,19 @@ def _branch_sections(answer: Dict[str, Any], folder: str, trials: List[Trial], f
             ("Branches by checkpoint", branched.section_rows(answer))]
 
 
-def _write_snippets(yaml_path: str, folder: str, params: Dict[str, str], answer: Optional[Dict[str, Any]]) -> List[str]:
+def _record_of(sweep: tracking.SweepRecord, best: Optional[Trial]) -> Optional[Dict[str, Any]]:
+    """The recommended point's own record (its child run's params and metrics): its recipe for the snippets."""
+    return next((row for row in sweep.children if best is not None and row.get("key") == best.key), None)
+
+
+def _write_snippets(yaml_path: str, folder: str, params: Dict[str, str], answer: Optional[Dict[str, Any]],
+                    record: Optional[Dict[str, Any]] = None) -> List[str]:
     """The answer as settings for the trainer a team uses (Lightning, Hugging Face, DeepSpeed, Ray
-    Train, torchrun), beside the sweeper's own override line; the branch strategy's schedule too."""
+    Train, torchrun) with the recipe the point recorded, beside the sweeper's own override line; the branch
+    strategy's schedule too."""
     with open(yaml_path) as f:
         pasteable = snippets.write_from_recommendation(f.read(), os.path.join(folder, "snippets"),
-                                                       params.get("use_gpu") == "True")
+                                                       params.get("use_gpu") == "True", record)
     if answer is not None:
         pasteable += branched.snippets_for(answer, os.path.join(folder, "snippets"))
     return pasteable
@@ -182,7 +189,7 @@ def _settings_shown(parent_run_id: str, cfg: ReportConfig, budget_gb: Optional[f
         "MLflow run": parent_run_id,
         "objective": cfg.objective,
         "min accuracy": "none" if cfg.min_accuracy is None else f"{cfg.min_accuracy:g}",
-        "quality": cfg.quality if cfg.quality != "auto" else f"auto ({quality})",
+        "quality": cfg.quality_metric or (cfg.quality if cfg.quality != "auto" else f"auto ({quality})"),
         "max accuracy drop" if quality == "val_accuracy" else "max loss rise": _limit(
             cfg.max_accuracy_drop if quality == "val_accuracy" else cfg.max_loss_rise),
         "memory budget": f"{budget_gb:g} GiB" if budget_gb else "none",

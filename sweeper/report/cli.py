@@ -38,6 +38,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-accuracy-drop", type=_optional_float, default=keep, help="a fraction, or none")
     parser.add_argument("--quality", default=keep, choices=QUALITY_CHOICES,
                         help="what 'better' means; auto: bits per byte or the loss for a language model")
+    parser.add_argument("--quality-metric", type=lambda text: None if text.lower() in ("none", "null") else text,
+                        default=keep, help="judge by this recorded metric (e.g. an eval.metrics_fn's f1), or none")
     parser.add_argument("--max-loss-rise", type=_optional_float, default=keep,
                         help="the tolerance when the quality is a loss, in its units, or none")
     parser.add_argument("--knee-min-gain", type=float, default=keep)

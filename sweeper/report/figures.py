@@ -13,7 +13,7 @@ from sweeper.report import analysis, folding, plots
 from sweeper.report.analysis import Recommendation, Trial
 from sweeper.report.critical_batch import CriticalBatch
 from sweeper.report.plots import by_parallelism
-from sweeper.report.quality import QUALITIES
+from sweeper.report.quality import judged_by
 
 
 def draw(
@@ -45,7 +45,7 @@ def draw(
         ("memory_vs_micro_batch", lambda p: plots.memory_vs_micro_batch(layouts, p, budget_bytes=budget)),
         ("memory_by_recipe", lambda p: plots.memory_by_recipe(layouts, p, budget_bytes=budget)),
         ("accuracy_vs_global_batch", lambda p: plots.accuracy_vs_global_batch(
-            trials, p, lr_label, cfg.confidence, QUALITIES[rec.quality])),
+            trials, p, lr_label, cfg.confidence, judged_by(rec))),
         ("time_to_target_vs_global_batch", lambda p: plots.time_to_target_vs_global_batch(trials, p)),
         ("steps_to_target_vs_global_batch", lambda p: plots.steps_to_target_vs_global_batch(
             trials, p, found, lr_label)),

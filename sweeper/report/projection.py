@@ -207,8 +207,8 @@ def _percent(share: float) -> str:
 
 
 def run_override(line: Optional[str], p: Projection) -> Optional[str]:
-    """The override line with the run's length: train.samples stretches the LR schedule (its warm-up, its decay,
-    defined in samples) over the run instead of the sweep's budget."""
+    """The override line with the run's length: train.samples is the budget the LR schedule's decay spans
+    (sweeper/lr_schedule.py, in samples; its warm-up stays train.warmup_steps), the run's instead of the sweep's."""
     if line is None or p.run is None:
         return line
     return f"{line} train.samples={int(round(p.run.samples))}"

@@ -11,7 +11,7 @@ from dataclasses import fields, replace
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from sweeper.config import ReportConfig
-from sweeper.report.trials import Trial
+from sweeper.report.trials import Trial, user_metrics
 from sweeper.schema import PointResult
 
 # Labels of the bundled datasets whose labels are real (data=synthetic's are random: its accuracy sits
@@ -32,7 +32,10 @@ def recorded_settings(params: Dict[str, str]) -> ReportConfig:
     for f in fields(ReportConfig):
         text = params.get(f"report_{f.name}")
         if text is not None:
-            values[f.name] = text if f.name in ("objective", "quality") else number(text)
+            if f.name == "quality_metric":  # a name, or None
+                values[f.name] = None if text in ("None", "") else text
+            else:
+                values[f.name] = text if f.name in ("objective", "quality") else number(text)
     return replace(ReportConfig(), **values)
 
 
@@ -79,7 +82,7 @@ def trial_of(row: Dict[str, Any]) -> Trial:
     """One child run's row (params and metrics by name, sweeper.* tags) as a Trial: each field read
     under its recorded names and made its declared type. Params come back as text ("None" for an unset
     one); a record from before seeds or recipes leaves those fields None."""
-    values: Dict[str, Any] = {}
+    values: Dict[str, Any] = {name: read(row) for name, read in _FROM_ROW.items()}
     for name, (names, parse, when_unrecorded) in _READERS.items():
         raw = next((row[n] for n in names if row.get(n) not in (None, "None", "")), None)
         if raw is not None:
@@ -96,6 +99,9 @@ def _flag(raw: Any) -> bool:
     return raw > 0 if isinstance(raw, (int, float)) else str(raw).lower() == "true"
 
 
+# Trial fields read from the whole row, not one name: eval.metrics_fn's metrics, each under its prefixed
+# names with its direction tag (report/trials.py user_metrics).
+_FROM_ROW: Dict[str, Callable[[Dict[str, Any]], Any]] = {"val_metrics": user_metrics}
 _PARSERS: Dict[Any, Callable[[Any], Any]] = {
     str: str, float: float, int: lambda raw: int(float(raw)), bool: _flag,
 }
@@ -109,6 +115,8 @@ def _readers() -> Dict[str, Tuple[Tuple[str, ...], Callable[[Any], Any], Any]]:
     hints = typing.get_type_hints(Trial)
     out = {}
     for f in fields(Trial):
+        if f.name in _FROM_ROW:
+            continue
         names = tuple(schema.get(n, n) for n in f.metadata.get("recorded_as", (f.name,)))
         declared = typing.get_args(hints[f.name])[0] if typing.get_origin(hints[f.name]) else hints[f.name]
         out[f.name] = (names, _PARSERS[declared], f.metadata.get("unrecorded"))

@@ -114,7 +114,7 @@ def _point_rows(trials: List[Trial], quality: Quality = ACCURACY) -> List[Dict[s
             "time to target s": "-" if time is None else f"{time[0]:.3g} ({time[1]:.3g}-{time[2]:.3g})",
             "B_simple": _fmt(point.gns_b_simple, "{:.1f}"),
         })
-    if not quality.is_accuracy:
+    if not quality.is_accuracy and not quality.user:
         # A language model: its rows lead with tokens/s and the judged loss, next-token accuracy after.
         lead = ("point", "tokens/s", f"{quality.metric} [interval]")
         for row, members in zip(rows, groups.values()):
@@ -141,9 +141,10 @@ def judging(params: Dict[str, str], trials: Sequence[Trial] = ()) -> Tuple[Optio
             return None if text in ("None", "null", "") else float(text)
         except ValueError:
             return default
-    named = params.get("report_quality", defaults.quality)
-    found = resolve(named if named in QUALITIES or named == AUTO else AUTO, list(trials))
-    tolerance = number("max_accuracy_drop", defaults.max_accuracy_drop) if found.is_accuracy \
+    metric = params.get("report_quality_metric")
+    named = metric if metric not in (None, "None", "") else params.get("report_quality", defaults.quality)
+    found = resolve(named if named in QUALITIES or named == AUTO or metric == named else AUTO, list(trials))
+    tolerance = number("max_accuracy_drop", defaults.max_accuracy_drop) if found.tolerance_key.endswith("drop") \
         else number("max_loss_rise", defaults.max_loss_rise)
     return tolerance, number("confidence", defaults.confidence), found
 

@@ -32,7 +32,8 @@ def table_row(t: Trial) -> Dict[str, str]:
         "workers": str(t.num_workers),
         "global": str(t.global_batch_size),
         "status": t.status + (f" ({t.diverged_reason})" if t.status == "diverged" and t.diverged_reason else ""),
-        "samples/s": fmt(t.samples_per_second, "{:.1f}") + ("" if t.throughput_stable is not False else " (unstable)"),
+        "samples/s": fmt(t.samples_per_second, "{:.1f}") + ("" if t.throughput_stable is not False else " (unstable)")
+        + (" (emulated)" if t.throughput_emulated else ""),
         "cv": fmt(t.samples_per_second_cv, "{:.1%}"),
         "peak MiB": fmt(None if t.peak_memory_bytes is None else t.peak_memory_bytes / MiB, "{:.0f}"),
         "val acc": fmt(t.val_accuracy, "{:.3f}"),
@@ -42,7 +43,8 @@ def table_row(t: Trial) -> Dict[str, str]:
     if t.tokens_per_second is None:
         return row
     # A language model: throughput in tokens, quality as the judged loss (bits per byte, else nats per token).
-    lead = {"point": t.key, "tokens/s": fmt(t.tokens_per_second, "{:.0f}")}
+    lead = {"point": t.key, "tokens/s": fmt(t.tokens_per_second, "{:.0f}") + (" (emulated)" if t.throughput_emulated
+                                                                              else "")}
     if t.val_bits_per_byte is not None:
         lead["bits/byte"] = fmt(t.val_bits_per_byte, "{:.3f}")
     elif t.val_loss is not None:
@@ -89,7 +91,8 @@ def _figures_text(t: Trial, quality: str = "val_accuracy") -> str:
     figures = [reasons.rate_text(t) if t.samples_per_second is not None else "no throughput"]
     if t.peak_memory_bytes is not None:
         figures.append(format_bytes(t.peak_memory_bytes, 0, unit="MiB"))
-    value = getattr(t, quality)
+    value = getattr(t, quality, None) if quality in ("val_accuracy", "val_loss", "val_bits_per_byte") \
+        else (t.metric(quality) or (None,))[0]
     if value is not None:
         figures.append(f"{quality} {value:.3f}")
     return f"{t.key} ({', '.join(figures)})"

@@ -12,6 +12,7 @@ from sweeper.report import elastic
 from sweeper.report.analysis import recommend, recommendation_yaml
 from sweeper.report.snippets import write_from_recommendation
 from tests.helpers import trial
+from tests.unit.test_snippets import snippet_module
 
 MIB = 2 ** 20
 
@@ -83,6 +84,7 @@ def test_the_recommendation_yaml_and_the_ray_train_snippet_carry_the_plan(tmp_pa
     assert doc["elastic_plan"]["num_workers"] == [1, 2]
     paths = write_from_recommendation(recommendation_yaml(rec), str(tmp_path / "s"), use_gpu=False)
     source = Path(next(p for p in paths if p.endswith("ray_train.py"))).read_text()
+    snippet_module(tmp_path / "s", monkeypatch)  # the measured_recipe.py it imports
     namespace = {"train_loop_per_worker": lambda config: None}
     exec(compile(source, "ray_train.py", "exec"), namespace)  # noqa: S102 - our own file
     scaling = namespace["scaling_config"]

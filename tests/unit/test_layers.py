@@ -30,7 +30,9 @@ MLFLOW_HOME = "sweeper.tracking"
 RANKS: Dict[str, int] = {
     # The foundation: the standard library and numpy, no other part of sweeper.
     "sweeper.errors": 0, "sweeper.units": 0, "sweeper.stats": 0, "sweeper.plan": 0,
-    "sweeper.schema": 0,
+    "sweeper.schema": 0, "sweeper.lr_schedule": 0,
+    # Below the schema: how a record's figures are declared and flattened (schema names each figure with it).
+    "sweeper.record": -1,
     # The typed config: the schema, each built-in model's own fields, the checks before anything runs.
     "sweeper.config": 1,
     # What is trained: the models and data, which read the config; the sample stream.
@@ -54,7 +56,8 @@ RANKS: Dict[str, int] = {
 # Pure arithmetic, tested without processes: neither they nor anything they import at module level
 # loads torch or Ray.
 PURE = (
-    "sweeper.plan", "sweeper.schema", "sweeper.errors", "sweeper.units", "sweeper.tracking.journal", "sweeper.stats",
+    "sweeper.plan", "sweeper.schema", "sweeper.record", "sweeper.lr_schedule", "sweeper.errors", "sweeper.units",
+    "sweeper.tracking.journal", "sweeper.stats",
     "sweeper.config", "sweeper.config.report", "sweeper.config.model_sections", "sweeper.measure.timing",
     "sweeper.measure.frontier", "sweeper.measure.knee", "sweeper.inference.roofline",
     "sweeper.inference.batching_sim", "sweeper.measure.sharded_memory", "sweeper.cluster.environment",
@@ -65,6 +68,7 @@ PURE = (
     "sweeper.report.sharded_snippets", "sweeper.report.elastic", "sweeper.report.parallelism",
     "sweeper.report.throughput_model", "sweeper.report.goodput", "sweeper.report.run_cost",
     "sweeper.report.target_cluster", "sweeper.report.projection", "sweeper.report.projection_sections",
+    "sweeper.report.recipe_snippets",
 )
 HEAVY = ("torch", "ray")
 

@@ -27,9 +27,10 @@ RESULT = {
     "val_samples": 360, "val_loss": 0.9, "val_loss_se": 0.05, "val_bits_per_byte": 1.5, "num_classes": 10,
     "train_unigram_entropy_bits": 4.25, "train_loss": [2.5, 1.75, 1.25], "train_seconds": 8.0,
     "samples_seen": 4096, "steps_to_target": 96, "samples_to_target": 3072, "time_to_target_seconds": 6.5,
-    "reached_target": 1, "gns_b_simple": 40.0, "gns_b_simple_train_avg": 36.0, "tokens_per_second": 32768.0,
-    "data_seconds_per_step": 0.01, "memory_parameters_bytes": 400_000, "evaluations": 3, "eval_seconds": 1.5,
-    "checkpoint_write_seconds": 0.25,
+    "reached_target": 1, "throughput_emulated": "bf16 emulated: no avx512_bf16",
+    "eval_error": "OutOfMemoryError: evaluation", "gns_b_simple": 40.0, "gns_b_simple_train_avg": 36.0,
+    "tokens_per_second": 32768.0, "data_seconds_per_step": 0.01, "memory_parameters_bytes": 400_000,
+    "evaluations": 3, "eval_seconds": 1.5, "checkpoint_write_seconds": 0.25,
 }
 # Trial fields whose figures other branches add to the schema (data_wait_fraction: the streaming data's,
 # comm_bytes_per_step: the sharding's measured communication); read under those names once recorded.
@@ -47,6 +48,7 @@ def test_every_trial_field_comes_back_from_a_real_store_under_its_recorded_name(
         peak_memory_bytes=3_000_000.0, val_accuracy=0.75, train_seconds=8.0, samples_seen=4096.0,
         point_key=POINT.point_key, seed=3, lr_multiplier=2.0, precision="bf16", parallelism="ddp",
         activation_checkpointing="blocks", optimizer="adamw", compiled=True, error="loss spiked",
+        throughput_emulated="bf16 emulated: no avx512_bf16", eval_error="OutOfMemoryError: evaluation",
         diverged_reason="spike", diverged_at_step=7, val_loss=0.9, val_samples=360,
         train_loss=1.25,  # the series' last step: MLflow's latest value
         steps_to_target=96.0, samples_to_target=3072.0, time_to_target_seconds=6.5, reached_target=True,
