@@ -245,6 +245,9 @@ def check_combinations(cfg: SweeperConfig) -> List[str]:
     if getattr(cfg.report, judged) == "val_bits_per_byte" and not (is_token_data(cfg.data) and cfg.data.name == "text"):
         problems.append(f"report.{judged}=val_bits_per_byte needs byte-level text (data=text), not "
                         f"data={cfg.data.name}: use report.{judged}=val_loss (nats per token) or {other}")
+    if cfg.report.run_tokens is not None and not is_language_model(cfg.model):
+        problems.append(f"report.run_tokens={cfg.report.run_tokens} needs a language model (model=gpt or hf), not "
+                        f"model={cfg.model.name}: give the run in samples, report.run_samples")
     return problems + _quality_metric_problems(cfg) + check_model_data(cfg.model, cfg.data)
 
 
