@@ -131,8 +131,8 @@ class Accuracy(Record):
     # why there is no accuracy (e.g. synthetic data), set by the driver
     accuracy_note: Optional[str] = tag("sweeper.accuracy")
     eval_batch_size: Optional[int] = metric()  # validation samples per forward on each worker (eval.batch_size)
-    # eval.metrics_fn's metrics over the whole validation split, their bootstrap standard errors, and which
-    # way each is better ("f1=higher,wer=lower", as its class declares)
+    # eval.metrics_fn's metrics over the whole validation split (or what your loop or LightningModule reported),
+    # their bootstrap standard errors, and which way each is better ("f1=higher,wer=lower")
     val_metrics: Optional[Dict[str, float]] = metric_map("val_metric/")
     val_metrics_se: Optional[Dict[str, float]] = metric_map("val_metric_se/")
     val_metric_directions: Optional[str] = tag("sweeper.metric_directions")

@@ -48,7 +48,9 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
             raise ConfigError([NEEDS_BUDGET])  # a cluster without GPUs
         name, parent, done_keys = open_sweep(cfg, s, prepared.auto, resolved_yaml, interrupted)
         s.tracker.dataset = dataset_record(cfg, prepared)
-        opening = strategy.opening_params(prepared.batch_coupled)
+        # A sharded sweep's model units: the report's memory per worker at worker counts it did not run.
+        opening = {**strategy.opening_params(prepared.batch_coupled),
+                   **predicted.units_param(cfg, prepared.num_classes)}
         if not cfg.sweep.resume and opening:
             s.tracker.log_sweep_params(opening)
         phases("tracking")
@@ -178,6 +180,8 @@ def sweep_params(cfg: SweeperConfig, auto: bool, resources: Resources) -> Dict[s
         "use_gpu": resources.use_gpu,
         "cpus_per_worker": resources.cpus_per_worker,
         "device_memory_budget_gb": cfg.device.memory_budget_gb,
+        # the report's throughput model divides each parallelism's bytes by it (null: fitted from the points)
+        "interconnect_gbps": cfg.cluster.interconnect_gbps,
         # The question the report answers, so `python -m sweeper.report` rebuilds the same answer.
         **settings_params(cfg.report),
     }

@@ -74,6 +74,16 @@ class Trial:
     train_unigram_entropy_bits: Optional[float] = None
     context: Optional[int] = None
     memory_activations_bytes: Optional[float] = None  # the micro-batch's activations at the peak
+    # What the run's figures and the throughput model read (report/projection.py): a step's seconds waiting for
+    # data (and the share of the step, where a point records it), the worker's own parameter bytes (its shard
+    # under ZeRO), the bytes it moved per step where a point measured them, evaluations and a checkpoint's cost.
+    data_seconds_per_step: Optional[float] = None
+    data_wait_fraction: Optional[float] = None
+    memory_parameters_bytes: Optional[float] = None
+    comm_bytes_per_step: Optional[float] = None
+    evaluations: Optional[int] = None
+    eval_seconds: Optional[float] = None
+    checkpoint_write_seconds: Optional[float] = None
     # eval.metrics_fn's metrics: (name, value, its bootstrap standard error or None, higher is better) each
     val_metrics: Tuple[Tuple[str, float, Optional[float], bool], ...] = ()
     eval_error: Optional[str] = None  # why it has no validation figures (its evaluation ran out of memory)

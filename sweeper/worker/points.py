@@ -52,8 +52,8 @@ def run_points(
     device = telemetry.select(first.use_gpu, ctx.local_rank)
     # The data packed at each context the group trains (one for a sweep without sweep.context_lengths).
     loaded = {tuple(s.model.input_shape): None for s in specs}
-    for shape in loaded:
-        loaded[shape] = datasets.load(first.data, list(shape))
+    for shape in loaded:  # your loop's data, and your LightningDataModule's, are theirs to load
+        loaded[shape] = None if yours(first) else datasets.load(first.data, list(shape))
     facts = group_facts(specs, device, ctx, threads)
     subgroups = comm.subgroups(sorted({s.point.num_workers for s in specs}), ctx, status_timeout)
     nodes = comm.gather_objects(ctx.node, ctx) if ctx.node else []
@@ -204,7 +204,7 @@ def run_point(
     if deadline is not None:
         deadline.arm(spec.point.key)
     try:
-        result = train_point(spec, ctx, device, splits, deadline)
+        result = _train(spec, ctx, device, splits, deadline)
     except Exception as exc:  # recorded as the point's result, never silently dropped
         result, raised = failure(exc), exc
     finally:
@@ -240,6 +240,25 @@ def run_point(
     result.started_at = start  # epoch seconds: the MLflow run's start, so its duration is the point's
     result.cost.trial_seconds = time.time() - start
     return result
+
+
+def yours(spec: PointSpec) -> bool:
+    """Whether the point trains with your loop (loop.fn) or Lightning's Trainer (model=lightning)."""
+    return bool(spec.loop.fn) or spec.model.name == "lightning"
+
+
+def _train(spec: PointSpec, ctx: WorkerContext, device, splits, deadline: Optional[Deadline]) -> PointResult:
+    """The point trained by its loop: yours (worker.user_loop), Lightning's (worker.lightning_point), or the
+    built-in one (worker.train)."""
+    if spec.loop.fn:
+        from sweeper.worker import user_loop
+
+        return user_loop.train_point(spec, ctx, device, deadline)
+    if spec.model.name == "lightning":
+        from sweeper.worker import lightning_point
+
+        return lightning_point.train_point(spec, ctx, device, deadline)
+    return train_point(spec, ctx, device, splits, deadline)
 
 
 def failure(exc: BaseException) -> PointResult:

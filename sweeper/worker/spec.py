@@ -13,6 +13,7 @@ from sweeper.config import (
     DivergenceConfig,
     EvalConfig,
     GnsConfig,
+    LoopConfig,
     LossConfig,
     MeasureConfig,
     ModelConfig,
@@ -92,6 +93,8 @@ class PointSpec:
     # (a smart rung, a branch, a schedule's span, a run continued from a checkpoint). None: the samples of this
     # run and its later spans, from where it starts.
     schedule_samples: Optional[int] = None
+    # loop.fn: your training loop, which trains the point instead of sweeper's (worker.user_loop).
+    loop: LoopConfig = field(default_factory=LoopConfig)
 
     @property
     def seed(self) -> int:

@@ -84,6 +84,9 @@ class Training:
     clipped: Optional[torch.Tensor] = None
     samples_fn: Optional[Callable[[Any], int]] = None  # data.samples_fn
     batch_checked: bool = False  # the first micro-batch's samples were counted against the micro-batch size
+    # Your loop (loop.fn, worker.user_loop): its backward ran on each micro-batch's own mean, not divided by the
+    # accumulation steps, so `finish` divides the summed gradient by them (the mean over the worker's share).
+    sums_micro_means: bool = False
 
     @property
     def samples_seen(self) -> int:
@@ -110,7 +113,7 @@ class Training:
                 self.micro_grads.flush(self._micro_weight(micro))
             if marks is not None:
                 marks.append(self.device.mark())
-        self._finish(step)
+        self.finish(step)
 
     def _batch(self, batch: Any, copy: bool) -> Any:
         """The micro-batch on the device, whole (any nesting of tensors). Batches loaded beforehand are copied,
@@ -160,11 +163,12 @@ class Training:
             return None
         return (self.spec.point.micro_batch_size / micro.items.double().clamp(min=1)) ** 2
 
-    def _finish(self, step: int) -> None:
-        """After the last micro-step's backward (the gradients reduced across ranks): divided by the global
-        batch's items, unscaled (fp16), measured, clipped; then the optimizer's step and the next step's LR."""
-        if self.counts_items:
-            self._normalize(step)
+    def finish(self, step: int) -> None:
+        """After the last micro-step's backward (the gradients reduced across ranks): made the mean over the global
+        batch (`_normalize`), unscaled (fp16), measured, clipped; then the optimizer's step, the gradients zeroed
+        and the next step's LR. The one end of an optimizer step: the built-in step's, and your loop's
+        (sweeper.loop.step(), worker.user_loop)."""
+        self._normalize(step)
         clip = self.spec.train.grad_clip_norm
         if self.scaler is not None and (self.grad_norms is not None or clip):
             self.scaler.unscale_(self.optimizer)  # GradScaler.step then knows not to unscale again
@@ -184,12 +188,19 @@ class Training:
         self.steps_done = step + 1
 
     def _normalize(self, step: int) -> None:
-        """A loss that counts items: the gradient, summed over every micro-batch's items / the worker's samples and
-        averaged over the ranks, becomes the mean over the global batch's items (all ranks' counted: one
-        all-reduce), as Hugging Face's num_items_in_batch makes it, whichever layout holds the global batch."""
-        items = self.step_items[step].clone()
-        comm.all_reduce(items, self.ctx, dist.ReduceOp.SUM)
-        factor = (self.spec.point.global_batch_size / items.clamp(min=1)).float()
+        """The gradient as the mean over the global batch, whichever layout holds it. A loss that counts items: the
+        gradient, summed over every micro-batch's items / the worker's samples and averaged over the ranks, divided
+        by the global batch's items (all ranks' counted: one all-reduce), as Hugging Face's num_items_in_batch
+        makes it. Your loop's sum of its micro-batches' means: divided by the accumulation steps. Otherwise the
+        backward already divided it."""
+        if self.counts_items:
+            items = self.step_items[step].clone()
+            comm.all_reduce(items, self.ctx, dist.ReduceOp.SUM)
+            factor = (self.spec.point.global_batch_size / items.clamp(min=1)).float()
+        elif self.sums_micro_means and self.spec.point.accumulation_steps > 1:
+            factor = 1.0 / self.spec.point.accumulation_steps
+        else:
+            return
         grads = self._local_grads()
         if grads:
             torch._foreach_mul_(grads, factor)

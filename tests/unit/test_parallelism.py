@@ -145,3 +145,16 @@ def test_a_point_params_name_its_parallelism_and_gradient_sync(parallelism):
     assert params["parallelism"] == parallelism
     assert params["gradient_sync"] == ("no_sync" if parallelism == "ddp" else "set_requires_gradient_sync")
     assert params["point"] == point.point_key
+
+
+def test_a_sharded_sweep_records_its_models_units_for_the_reports_memory_at_other_worker_counts(cfg_of):
+    from sweeper.report import target_cluster
+
+    cfg = cfg_of("model=mlp", "model.depth=3", "model.width=64", "data=synthetic", "sweep.parallelism=[zero3]",
+                 "gns.enabled=false")
+    units = target_cluster.decode_units(predicted.units_param(cfg, 10)["model_units"])
+    # 3 MLP blocks (1,024 -> 64, then 64 -> 64 twice), the classifier at the root: 64 x 1,024 + 64, then 2 x
+    # (64 x 64 + 64), then 10 x 64 + 10 parameters.
+    assert [u.name for u in units] == ["block0", "block1", "block2", "root"]
+    assert sum(u.numel() for u in units) == 64 * 1024 + 64 + 2 * (64 * 64 + 64) + 10 * 64 + 10
+    assert predicted.units_param(cfg_of("model=mlp", "data=synthetic"), 10) == {}  # DDP: not needed
