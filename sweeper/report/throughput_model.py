@@ -64,13 +64,16 @@ def comm_bytes_per_step(parallelism: str, workers: int, accumulation_steps: int,
     them once per step and all-gather the weights at every micro-step: ZeRO-2 in forward (FSDP2 reshards after
     each backward), ZeRO-3 in forward and again in backward. `gather_ratio`: the gathered weights' bytes per
     value over the gradients' (bf16 weights, fp32 gradients: 0.5). The one place the model says what a
-    parallelism moves: a point's measured figure (Trial.comm_bytes_per_step) replaces it where recorded."""
+    parallelism moves: a point's measured figure (Trial.comm_bytes_per_step) replaces it where recorded. ZeRO-1:
+    DDP's all-reduce, then each rank broadcasts its share of the updated (fp32) weights once per step
+    (measure.node_traffic's zero1). HSDP: as ZeRO-3 over all its workers, exact on one node (its mesh is then
+    (1, workers)); across nodes the record read here holds no node count (node_traffic has the split)."""
     if workers <= 1:
         return 0.0
     share = (workers - 1) / workers * parameter_bytes
-    if parallelism == "ddp":
-        return 2 * share
-    gathers = {"zero2": 1, "zero3": 2}[parallelism] * accumulation_steps
+    if parallelism in ("ddp", "zero1"):
+        return (2 if parallelism == "ddp" else 3) * share
+    gathers = {"zero2": 1, "zero3": 2, "hsdp": 2}[parallelism] * accumulation_steps
     return share * (1 + gathers * gather_ratio)
 
 
@@ -279,7 +282,7 @@ def fit_group(group: Group, members: Sequence[Trial], interconnect_gbps: Optiona
 def _parameter_bytes(members: Sequence[Trial], parallelism: str) -> Optional[float]:
     """The whole model's parameter bytes: a DDP worker's own (it holds them all), a sharded worker's times the
     shard group; None where no point recorded its memory breakdown."""
-    found = [t.memory_parameters_bytes * (t.num_workers if parallelism != "ddp" else 1)
+    found = [t.memory_parameters_bytes * (t.num_workers if parallelism not in ("ddp", "zero1") else 1)
              for t in members if t.memory_parameters_bytes]
     return max(found) if found else None
 

@@ -46,6 +46,10 @@ def test_ring_collectives_move_what_each_parallelism_needs():
     assert tm.comm_bytes_per_step("zero3", 4, 2, 1000, gather_ratio=0.5) == 2250
     assert tm.comm_bytes_per_step("zero2", 2, 3, 1000) == 2000  # 500 x (1 + 3 gathers)
     assert tm.comm_bytes_per_step("zero3", 1, 4, 1000) == 0  # one worker gathers nothing
+    # ZeRO-1: DDP's all-reduce (1,500) and one broadcast of the updated weights, each rank's share (750): 2,250.
+    assert tm.comm_bytes_per_step("zero1", 4, 2, 1000) == 2250
+    # HSDP on one node is ZeRO-3 there: 750 x (1 + 2 x 2 x 0.5) = 2,250.
+    assert tm.comm_bytes_per_step("hsdp", 4, 2, 1000, gather_ratio=0.5) == 2250
 
 
 def test_the_model_recovers_its_own_coefficients_and_predicts_what_was_not_measured():
