@@ -87,6 +87,10 @@ def _strategy_problems(cfg: Any, said: str) -> List[str]:
                         "list the micro-batches")
     if cfg.task != "train":
         problems.append(f"{said} with task={cfg.task}: your loop trains; use task=train")
+    if cfg.loop.fn and isinstance(cfg.sweep.parallelism, list) and "zero1" in cfg.sweep.parallelism:
+        # zero1 replaces the optimizer (ZeroRedundancyOptimizer), which your loop built and may schedule itself
+        problems.append(f"{said} with sweep.parallelism=zero1: your loop's optimizer is not split per rank; "
+                        "use ddp or zero2")
     return problems
 
 

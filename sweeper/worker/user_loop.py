@@ -115,7 +115,7 @@ class Session:
         blocks = recipe.apply_checkpointing(model, point.checkpointing, spec.model.checkpoint_modules)
         names = {id(p): name for name, p in model.named_parameters()}
         wrapped, _ = sharding.apply(model, point.parallelism, self.ctx.group, point.precision,
-                                    spec.model.checkpoint_modules, device.torch_device)
+                                    spec.model.checkpoint_modules, device.torch_device, self.ctx.mesh)
         if sharding.is_sharded(wrapped):  # FSDP2 made new (DTensor) parameters: the optimizer takes them
             now = dict(wrapped.named_parameters())
             for group in optimizer.param_groups:

@@ -118,6 +118,9 @@ def test_your_loop_and_lightning_are_refused_where_they_cannot_run():
     assert problems(*loop, "train.samples=256", "sweep.strategy=smart") == [
         "loop.fn=tests.your_loop.train_loop_per_worker with sweep.strategy=smart: its runs continue saved training "
         "states, which a loop of yours cannot hand over yet; use sweep.strategy=grid"]
+    assert problems(*loop, "train.samples=256", "sweep.parallelism=[ddp,zero1]") == [
+        "loop.fn=tests.your_loop.train_loop_per_worker with sweep.parallelism=zero1: your loop's optimizer is not "
+        "split per rank; use ddp or zero2"]
     lightning = ("model=lightning", "model.module=tests.your_lightning.LitClassifier", "train.samples=256")
     assert problems(*lightning, "data.datamodule=tests.your_lightning.BlobDataModule") == [
         "model=lightning with data=digits: Lightning trains on your LightningDataModule; add data=lightning "
