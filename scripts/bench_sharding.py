@@ -1,5 +1,6 @@
-"""Predicted against measured peak memory per worker, and throughput, for DDP, ZeRO-2 and ZeRO-3 (FSDP2) at 1
-and 2 gloo workers on the CPU: sweeper's GPT with AdamW, fp32.
+"""Predicted against measured peak memory per worker, and throughput, for DDP, ZeRO-1, ZeRO-2, ZeRO-3 and HSDP
+(FSDP2) at 1 and 2 gloo workers on the CPU, and HSDP at 4 on two simulated nodes of 2: sweeper's GPT with AdamW,
+fp32.
 
 Each layout runs in its own gloo processes (no Ray): warm-up steps, one step under torch's MemTracker per
 rank (a fresh tracker per step: MemTracker keeps per-module state between iterations), then timed windows.
@@ -9,6 +10,7 @@ measures per sample before it launches).
 
     python scripts/bench_sharding.py            # the table in docs/parallelism.md
     python scripts/bench_sharding.py --quick    # fewer steps, for a smoke run
+    python scripts/bench_sharding.py --parallelism zero1 hsdp   # some layouts only
 """
 
 from __future__ import annotations
@@ -30,9 +32,11 @@ from sweeper.config import OptimConfig
 from sweeper.workloads.gpt import GPT
 from sweeper.measure import memory, sharded_memory
 from sweeper.workloads.samples import Samples
-from sweeper.worker import sharding
+from sweeper.worker import collectives, sharding
+from sweeper.worker.spec import WorkerContext
 
 MIB = 2 ** 20
+RANKS_PER_NODE = 2  # hsdp's simulated nodes
 
 
 def _model(args) -> GPT:
@@ -49,8 +53,12 @@ def _rank(rank: int, world: int, folder: str, parallelism: str, args) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=world)
     try:
-        model, done = sharding.apply(_model(args), parallelism)
-        optimizer = _optimizer(model)
+        # hsdp: nodes of RANKS_PER_NODE ranks, simulated (a node id per rank, as Ray reports them)
+        nodes = [f"node{r // min(world, RANKS_PER_NODE)}" for r in range(world)]
+        mesh = collectives.node_meshes([world], nodes, WorkerContext(rank, world)).get(world) \
+            if parallelism == "hsdp" else None
+        model, done = sharding.apply(_model(args), parallelism, node_mesh=mesh)
+        optimizer = sharding.optimizer_for(parallelism, _optimizer(model))
         accumulation = args.global_batch // (args.micro * world)
         generator = torch.Generator().manual_seed(rank)
         tokens = torch.randint(0, args.vocab, (accumulation, args.micro, args.context + 1), generator=generator)
@@ -66,7 +74,7 @@ def _rank(rank: int, world: int, folder: str, parallelism: str, args) -> None:
 
         for _ in range(args.warmup):
             step()
-        breakdown = memory.track_step(model, optimizer, step, torch.device("cpu"))
+        breakdown = memory.track_step(model, sharding.local_optimizer(optimizer), step, torch.device("cpu"))
         windows = []
         for _ in range(args.windows):
             dist.barrier()
@@ -113,6 +121,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps-per-window", type=int, default=4)
     parser.add_argument("--quick", action="store_true", help="1 warm-up step, 2 windows of 2 steps")
     parser.add_argument("--verbose", action="store_true", help="each layout's measured and predicted parts")
+    parser.add_argument("--parallelism", nargs="+", default=list(sharding.PARALLELISMS), help="the layouts to run")
     args = parser.parse_args(argv)
     if args.quick:
         args.warmup, args.windows, args.steps_per_window = 1, 2, 2
@@ -126,10 +135,15 @@ def main(argv=None) -> int:
     header = ("parallelism", "workers", "accum", "predicted MiB", "measured MiB", "error %",
               "samples/s", "spread %")
     rows = []
-    for parallelism in sharding.PARALLELISMS:
-        for world in (1, 2):
+    for parallelism in args.parallelism:
+        for world in (1, 2, 4) if parallelism == "hsdp" else (1, 2):
             accumulation = args.global_batch // (args.micro * world)
-            predicted = sharded_memory.peak(units, parallelism, world, args.micro, accumulation, per_sample, fixed)
+            if accumulation < 1:
+                print(f"  {parallelism} x{world}: skipped, --global-batch {args.global_batch} < micro x workers",
+                      file=sys.stderr)
+                continue
+            predicted = sharded_memory.peak(units, parallelism, world, args.micro, accumulation, per_sample, fixed,
+                                            ranks_per_node=min(world, RANKS_PER_NODE))
             ranks = measure(parallelism, world, args)
             largest = max(ranks, key=lambda r: r["breakdown"].peak_bytes)["breakdown"]
             windows = ranks[0]["windows"]

@@ -13,6 +13,7 @@ from typing import Any, Dict, Iterable, Optional, Tuple
 import ray
 from ray import cloudpickle
 
+from sweeper.config.loop import yours
 from sweeper.workloads import datasets
 
 # What the object store holds for the sweep's length (Ray's default store is 30 % of a node's memory; each
@@ -29,6 +30,8 @@ def shared(specs: Iterable[Any], limit_bytes: int = SHARE_LIMIT_BYTES) -> Dict[s
     to fetch (resolve) instead of building it; data that is not shared is left out."""
     out: Dict[str, Any] = {}
     for spec in specs:
+        if yours(spec):  # your loop's data, and your LightningDataModule's, are theirs to load
+            continue
         shape = list(spec.model.input_shape)
         key = datasets.key(spec.data, shape)
         held = (ray.get_runtime_context().get_job_id(), key)  # a reference lives in its Ray session only

@@ -4,9 +4,9 @@ point. Everything after `load()` works with these dataclasses, never with a `Dic
 One module per section, each holding its fields' defaults (once) and its checks: sweep.py (sweep and the
 strategies: smart, branch, frontier), training.py (optim, loss, train, eval, divergence, gns, measure),
 workload.py (model, data, inference; each built-in model's own fields: model_sections.py), runtime.py (device,
-cluster, tracking), report.py. This module composes them (SweeperConfig), loads Hydra's config (`load`) and
-checks what spans sections. Imports only the standard library, Hydra, OmegaConf and sweeper.errors/plan: every
-other package reads the config, so it imports none of them.
+cluster, tracking), report.py, loop.py (your own loop, model=lightning). This module composes them (SweeperConfig),
+loads Hydra's config (`load`) and checks what spans sections. Imports only the standard library, Hydra, OmegaConf
+and sweeper.errors/plan: every other package reads the config, so it imports none of them.
 """
 
 from __future__ import annotations
@@ -33,13 +33,14 @@ from sweeper.config.sweep import (
 from sweeper.config.training import (
     OPTIMIZERS, PRECISIONS, CHECKPOINTING, OptimConfig, LossConfig, TrainConfig, EvalConfig, DivergenceConfig,
     GnsConfig, MeasureConfig, check_optim, check_loss, check_train, check_eval, check_gns, check_divergence,
-    check_measure,
+    check_measure, metrics_problems,
 )
 from sweeper.config.workload import (
     BYTE_VOCAB, LANGUAGE_MODELS, TOKEN_DATA, MAX_SAMPLE_BYTES, DIGITS_SAMPLES, ModelConfig, DataConfig,
     InferenceConfig, check_data, check_model, check_inference, is_language_model, is_token_data, sample_bytes,
     check_factory,
 )
+from sweeper.config.loop import LoopConfig, check_yours, yours
 from sweeper.config.runtime import (
     USE_GPU_CHOICES, PLACEMENT_STRATEGIES, DeviceConfig, TrackingConfig, ClusterConfig, normalize_use_gpu,
     normalize_batch_coupled, check_device, check_tracking, check_cluster, physical_memory_bytes, is_auto,
@@ -83,6 +84,8 @@ class SweeperConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     inference: InferenceConfig = field(default_factory=InferenceConfig)
+    # Your own training loop (loop.fn), swept as it is: sweeper/config/loop.py.
+    loop: LoopConfig = field(default_factory=LoopConfig)
     # train: the micro-batch x accumulation x workers sweep; inference: latency and throughput per
     # inference batch size, with the roofline's predicted knee.
     task: str = "train"
@@ -131,6 +134,8 @@ def to_typed(cfg: DictConfig) -> SweeperConfig:
     for key in ("precisions", "activation_checkpointing"):
         if isinstance(getattr(typed.sweep, key), str) and not is_auto(getattr(typed.sweep, key)):
             setattr(typed.sweep, key, [getattr(typed.sweep, key)])
+    if typed.loop.fn:  # the model and the data are the loop's own: the sweep's labels say so
+        typed.model.name, typed.data.name = "loop", "loop"
     if typed.divergence.confidence is None:  # the worker judges did_not_learn at the report's level
         typed.divergence.confidence = typed.report.confidence
     return typed
@@ -189,6 +194,7 @@ def validate(cfg: SweeperConfig) -> List[str]:
         *check_data(cfg.data, local_cpus),
         *check_model(cfg.model),
         *check_inference(cfg.inference),
+        *check_yours(cfg),
         *check_combinations(cfg),
     ]
 
@@ -224,7 +230,8 @@ def check_combinations(cfg: SweeperConfig) -> List[str]:
     target = settings.target_problem(cfg.report.objective, cfg.eval.target_accuracy, cfg.eval.target_loss)
     problems += [target] if target else []
     problems += _check_contexts(cfg)
-    problems += parallelism_problems(cfg.sweep, cfg.train.compile, cfg.gns.enabled, cfg.train.batch_schedule)
+    problems += parallelism_problems(cfg.sweep, cfg.train.compile, cfg.gns.enabled, cfg.train.batch_schedule,
+                                     cfg.cluster.placement_strategy)
     strategy = cfg.sweep.strategy
     if strategy in ("smart", "branch") and (cfg.train.save_state or cfg.train.start_from or cfg.train.batch_schedule):
         problems.append(f"train.save_state / train.start_from / train.batch_schedule with sweep.strategy={strategy}: "
@@ -235,11 +242,32 @@ def check_combinations(cfg: SweeperConfig) -> List[str]:
     if cfg.train.batch_schedule and cfg.train.start_from:
         problems.append("train.batch_schedule with train.start_from: a schedule starts from sample 0; drop one of them")
     problems += _saves_on_the_way_problems(cfg)
-    if cfg.report.quality == "val_bits_per_byte" and not (is_token_data(cfg.data) and cfg.data.name == "text"):
-        problems.append(f"report.quality=val_bits_per_byte needs byte-level text (data=text), not "
-                        f"data={cfg.data.name}: "
-                        "use report.quality=val_loss (nats per token) or auto")
-    return problems + check_model_data(cfg.model, cfg.data)
+    judged, other = ("quality_metric", "null") if cfg.report.quality_metric else ("quality", "auto")
+    if getattr(cfg.report, judged) == "val_bits_per_byte" and not (is_token_data(cfg.data) and cfg.data.name == "text"):
+        problems.append(f"report.{judged}=val_bits_per_byte needs byte-level text (data=text), not "
+                        f"data={cfg.data.name}: use report.{judged}=val_loss (nats per token) or {other}")
+    if cfg.report.run_tokens is not None and not is_language_model(cfg.model):
+        problems.append(f"report.run_tokens={cfg.report.run_tokens} needs a language model (model=gpt or hf), not "
+                        f"model={cfg.model.name}: give the run in samples, report.run_samples")
+    return problems + _quality_metric_problems(cfg) + check_model_data(cfg.model, cfg.data)
+
+
+def _quality_metric_problems(cfg: SweeperConfig) -> List[str]:
+    """report.quality_metric must name a metric the sweep records: a built-in quality, or one that
+    eval.metrics_fn declares (its class is made once to read them; its own problems are eval's)."""
+    named = cfg.report.quality_metric
+    if not isinstance(named, str) or not named.strip() or named in settings.QUALITY_CHOICES[1:]:
+        return []
+    recorded = ", ".join(settings.QUALITY_CHOICES[1:])
+    if not cfg.eval.metrics_fn:
+        return [f"report.quality_metric={named} is not a metric this sweep records (eval.metrics_fn is null, so it "
+                f"records {recorded}): set eval.metrics_fn to a metrics class that computes {named}, or "
+                "report.quality_metric=null"]
+    declared, problems = metrics_problems(cfg.eval.metrics_fn)
+    if problems or named in declared:
+        return []
+    return [f"report.quality_metric={named} is not a metric eval.metrics_fn={cfg.eval.metrics_fn} declares "
+            f"(its higher_is_better has {', '.join(sorted(declared))}; built-in: {recorded}): name one of them"]
 
 
 def _branch_problems(cfg: SweeperConfig) -> List[str]:

@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
-from sweeper.config.model_sections import MODEL_SECTIONS, GPTConfig, HFConfig, MLPConfig
+from sweeper.config.model_sections import MODEL_SECTIONS, GPTConfig, HFConfig, LightningFields, MLPConfig
 from sweeper.config.rules import check_rule, is_not_negative, is_positive, check_sizes
 from sweeper.config.runtime import physical_memory_bytes
 from sweeper.errors import first_line
@@ -52,7 +52,7 @@ class _EveryModel:
 
 
 @dataclass
-class ModelConfig(MLPConfig, HFConfig, GPTConfig, _EveryModel):
+class ModelConfig(LightningFields, MLPConfig, HFConfig, GPTConfig, _EveryModel):
     """The `model` section: the fields every model has, then each built-in model's own (MODEL_SECTIONS'
     dataclasses, one flat section: `model.depth`, `model.n_layer`, ... as in the YAML), whichever model
     is chosen."""
@@ -96,6 +96,17 @@ class DataConfig:
     # A streamed train set (your factory returns an IterableDataset, docs/data.md): its samples per epoch
     # when the stream cannot say (null: its shards' lengths or len(), else counted once by reading it).
     stream_samples: Optional[int] = None
+    # Import path of the collate function the training and evaluation loaders batch samples with (e.g. dynamic
+    # padding of token ids); null: torch's default_collate. A batch may be any nesting of tensors (dicts,
+    # tuples, lists, dataclasses): it is moved to the device whole.
+    collate_fn: Optional[str] = None
+    # Import path of `fn(batch) -> int`, the samples a batch holds, only where it cannot be read from the batch
+    # (the leading dimension of its `labels`, its `input_ids`, or its first tensor). null: read from the batch.
+    samples_fn: Optional[str] = None
+    # model=lightning (data=lightning): the import path of your LightningDataModule class (or a factory of one),
+    # made with data.kwargs; its `batch_size` attribute takes each point's micro-batch (Lightning's tuner
+    # convention) and its train_dataloader's dataset and collate_fn are streamed in the point's order.
+    datamodule: Optional[str] = None
 
 
 @dataclass
@@ -131,6 +142,10 @@ def check_data(data: DataConfig, local_cpus: Optional[int]) -> List[str]:
         problems, "data.loader_workers", data.loader_workers, lambda n: 0 <= n <= limit,
         f"must be between 0 and {limit} ({where}), e.g. 0 for loading in the training process",
     )
+    if data.collate_fn:
+        problems += check_factory("data.collate_fn", data.collate_fn, "a batch of a list of samples")
+    if data.samples_fn:
+        problems += check_factory("data.samples_fn", data.samples_fn, "the number of samples in a batch")
     return problems + _loader_problems(data)
 
 

@@ -37,6 +37,9 @@ def point_params(cfg: SweeperConfig, spec: PointSpec) -> Dict[str, Any]:
         "point": point.point_key,
         "model": cfg.model.name,
         "dataset": cfg.data.name,
+        # the training that is yours: your loop (loop.fn), your LightningModule and DataModule (model=lightning)
+        **{key: value for key, value in (("loop_fn", cfg.loop.fn), ("lightning_module", cfg.model.module),
+                                         ("lightning_datamodule", cfg.data.datamodule)) if value},
         "micro_batch_size": point.micro_batch_size,
         "accumulation_steps": point.accumulation_steps,
         "num_workers": point.num_workers,
@@ -62,10 +65,27 @@ def point_params(cfg: SweeperConfig, spec: PointSpec) -> Dict[str, Any]:
         "precision": point.precision,
         "activation_checkpointing": point.checkpointing,
         "optimizer": optimizer_name(cfg),
+        **recipe_params(cfg),
         "compiled": cfg.train.compile,
         "label_smoothing": cfg.loss.label_smoothing if not cfg.loss._target_ else None,
         "loss": cfg.loss._target_ or cfg.loss.name,
     }
+
+
+def recipe_params(cfg: SweeperConfig) -> Dict[str, Any]:
+    """The recipe a point trained beyond its layout (what a trainer snippet must set to train the same): the
+    optimizer's own hyperparameters (an SGD's momentum, an AdamW's betas and eps; none of a factory of your
+    own), weight decay and what it spares, the LR schedule, clipping ("None": off), your step and collate."""
+    optim, train = cfg.optim, cfg.train
+    own: Dict[str, Any] = {}
+    if not optim._target_ and optim.name == "sgd":
+        own = {"momentum": optim.momentum, "nesterov": optim.nesterov}
+    elif not optim._target_ and optim.name == "adamw":
+        own = {"betas": ",".join(str(b) for b in optim.betas), "eps": optim.eps}
+    return {**own, "weight_decay": optim.weight_decay if not optim._target_ else None,
+            "no_decay": ",".join(optim.no_decay), "lr_schedule": train.lr_schedule,
+            "min_lr_ratio": train.min_lr_ratio, "decay_fraction": train.decay_fraction,
+            "grad_clip_norm": train.grad_clip_norm, "step_fn": train.step_fn, "collate_fn": cfg.data.collate_fn}
 
 
 def optimizer_name(cfg: SweeperConfig) -> str:

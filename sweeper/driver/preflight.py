@@ -7,6 +7,7 @@ All problems are collected into one ConfigError, so a bad sweep stops with one `
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -15,14 +16,14 @@ from sweeper.cluster import storage
 from sweeper.cluster.connect import Cluster
 from sweeper.cluster.resources import capacity_problems
 from sweeper.config import (AUTO_NEEDS_BUDGET, SweeperConfig, budget_bytes, is_auto, normalize_batch_coupled,
-                            tracking_uri, validate)
+                            tracking_uri, validate, yours)
 from sweeper.driver import console, predicted
 from sweeper.driver.strategy import strategy_of
 from sweeper.errors import ConfigError, first_line
 from sweeper.measure import fake_memory, flops
 from sweeper.plan import GridPoint
 from sweeper.worker.spec import PointSpec, Span
-from sweeper.workloads import datasets, models
+from sweeper.workloads import datasets, models, streaming
 
 NEEDS_BUDGET = AUTO_NEEDS_BUDGET
 
@@ -47,6 +48,12 @@ class Prepared:
     # A sweep with a sharded parallelism and a budget: the points predicted over it, each with its line
     # (driver.predicted: recorded out of memory, never launched).
     over_budget: Dict[GridPoint, str] = field(default_factory=dict)
+    # Why the batches are the sweep's own (your collate, dict samples, your step), which the fake-tensor FLOP
+    # count and memory estimate (built from model.input_shape) do not describe; None: they describe them.
+    own_batches: Optional[str] = None
+    # What makes the training yours (loop.fn=..., model=lightning): its model and data are its own, so nothing
+    # of sweeper's model or data is built, counted or predicted; None: sweeper's own loop.
+    yours: Optional[str] = None
 
     def at(self, context: Optional[int]) -> Tuple[int, Dict[str, flops.FlopCount]]:
         """(training samples, FLOP counts by checkpointing mode) at a point's context."""
@@ -59,11 +66,13 @@ class Prepared:
 
 def preflight(cfg: SweeperConfig) -> Tuple[Prepared, Dict[GridPoint, PointSpec]]:
     """Every check that needs no cluster, all problems collected into one ConfigError."""
-    problems = validate(cfg) + models.check(cfg.model, cfg.data.num_classes)
-    problems += datasets.check(cfg.data, cfg.model.context)
+    said = yours(cfg)  # your loop's or your LightningModule's model and data are theirs: not built here
+    problems = validate(cfg)
+    if said is None:
+        problems += models.check(cfg.model, cfg.data.num_classes) + datasets.check(cfg.data, cfg.model.context)
     problems += tracking.check(tracking_uri(cfg.tracking))
     problems += [p for p in [storage.check(cfg.cluster.storage_path)] if p]
-    if not problems:
+    if not problems and said is None:
         problems += check_recipe(cfg)
     auto = is_auto(cfg.sweep.micro_batch_sizes)
     if auto and cfg.device.memory_budget_gb is None and cfg.cluster.use_gpu == "auto" and cfg.cluster.address is None:
@@ -80,15 +89,50 @@ def preflight(cfg: SweeperConfig) -> Tuple[Prepared, Dict[GridPoint, PointSpec]]
         problems += strategy_of(cfg.sweep.strategy).grid_problems(cfg, points)
     if problems:
         raise ConfigError(problems)
+    warn_emulated(cfg)
+    if said is not None:
+        return your_training(cfg, points, said)
     splits = datasets.built(cfg.data, cfg.model.input_shape)  # the check's, for a factory: built once
-    counts = count_flops(cfg, splits.num_classes) if cfg.measure.flops else {}
+    own = own_batches(cfg, splits.train)
+    if own and (cfg.measure.flops or cfg.measure.memory_breakdown):
+        console.warn(f"FLOPs (MFU) and the fake-tensor memory estimate are skipped: {own}; the points measure "
+                     "throughput and memory as ever")
+    counts = count_flops(cfg, splits.num_classes) if cfg.measure.flops and not own else {}
     prepared = Prepared(points, len(splits.train), splits.num_classes, counts, coupled_layers(cfg),
-                        len(splits.val) if splits.val is not None else 0, splits.identity)
+                        len(splits.val) if splits.val is not None else 0, splits.identity, own_batches=own)
     for context in cfg.sweep.context_lengths or []:
         at = at_context(cfg, context)
         train = len(datasets.built(cfg.data, at.model.input_shape).train)
         prepared.contexts[context] = (train, count_flops(at, splits.num_classes) if cfg.measure.flops else {})
     return prepared, (build_specs(cfg, prepared, points) if points else {})
+
+
+def your_training(cfg: SweeperConfig, points: List[GridPoint], said: str
+                  ) -> Tuple[Prepared, Dict[GridPoint, PointSpec]]:
+    """The points of a sweep whose training is yours (`said`: loop.fn=..., model=lightning): the budget is
+    train.samples, and nothing of a model or data is built, counted or estimated here (each point measures its
+    throughput, memory and your evaluations as ever)."""
+    own = f"the training is yours ({said})"
+    if cfg.measure.flops or cfg.measure.memory_breakdown:
+        console.warn(f"FLOPs (MFU) and the fake-tensor memory estimate are skipped: {own}; the points measure "
+                     "throughput and memory as ever")
+    prepared = Prepared(points, 0, 0, {}, own_batches=own, yours=said)
+    return prepared, build_specs(cfg, prepared, points)
+
+
+def own_batches(cfg: SweeperConfig, train: Any) -> Optional[str]:
+    """Why the sweep's batches are its own, not the (input of model.input_shape, label) pairs sweeper's FLOP
+    counter and memory estimate make up, in words; None when they are those."""
+    if cfg.train.step_fn:
+        return f"the loss is your step's (train.step_fn={cfg.train.step_fn})"
+    if cfg.data.collate_fn:
+        return f"batches are made by data.collate_fn={cfg.data.collate_fn}"
+    if cfg.data._target_ and len(train):
+        # a streamed train set has no index: its first sample, read as its loader would
+        sample = next(iter(train)) if streaming.is_stream(train) else train[0]
+        if isinstance(sample, Mapping) or (isinstance(sample, (tuple, list)) and isinstance(sample[0], Mapping)):
+            return f"the samples of data._target_={cfg.data._target_} are mappings"
+    return None
 
 
 def at_context(cfg: SweeperConfig, context: Optional[int]) -> SweeperConfig:
@@ -141,8 +185,9 @@ def grid(cfg: SweeperConfig, problems: List[str]) -> List[GridPoint]:
 
 
 def _point_spec(cfg: SweeperConfig, point: GridPoint, steps: int, flop_counts: Dict,
-                estimate: Optional[int], prediction: Optional[Any] = None) -> PointSpec:
-    """What one point's workers are told: its slice of the config, its scaled LR, its step budget."""
+                estimate: Optional[int], prediction: Optional[Any] = None, budget: Optional[int] = None) -> PointSpec:
+    """What one point's workers are told: its slice of the config, its scaled LR, its step budget (and the
+    samples of its whole budget, which its LR schedule spans)."""
     return PointSpec(
         model=at_context(cfg, point.context).model,
         data=cfg.data,
@@ -165,6 +210,8 @@ def _point_spec(cfg: SweeperConfig, point: GridPoint, steps: int, flop_counts: D
         memory_predicted_bytes=prediction.total if prediction is not None else None,
         timeout_seconds=cfg.cluster.point_timeout_seconds,
         start_from=cfg.train.start_from,
+        schedule_samples=budget,
+        loop=cfg.loop,
     )
 
 
@@ -172,12 +219,12 @@ def build_specs(cfg: SweeperConfig, prepared: Prepared, points: List[GridPoint])
     """A PointSpec per point, or a ConfigError naming every point too large for the data to time."""
     problems: List[str] = []
     estimates: Dict[GridPoint, int] = {}
-    for context in sorted({p.context for p in points}, key=lambda c: c or 0):
+    for context in sorted({p.context for p in points}, key=lambda c: c or 0) if not prepared.own_batches else []:
         # The fake-tensor step is a whole model's: a sharded point's is its prediction (driver.predicted).
         estimates.update(estimate_memory(at_context(cfg, context), [p for p in points if p.context == context
                                                                     and p.parallelism == "ddp"],
                                          prepared.num_classes))
-    predictions = predicted.predict(cfg, points, prepared.num_classes, at_context)
+    predictions = predicted.predict(cfg, points, prepared.num_classes, at_context) if prepared.yours is None else {}
     if not prepared.auto:  # a frontier's grid is measured to fit: never skipped by prediction
         prepared.over_budget = predicted.over_budget(predictions, budget_bytes(cfg.device))
     specs: Dict[GridPoint, PointSpec] = {}
@@ -188,7 +235,7 @@ def build_specs(cfg: SweeperConfig, prepared: Prepared, points: List[GridPoint])
         budget = plan.sample_budget(num_train, cfg.train.epochs, cfg.train.samples, point.context, cfg.model.context)
         # A continued point trains what is left of the budget after the checkpoint's samples.
         steps = plan.optimizer_steps(budget - start, 1, point.global_batch_size)
-        spec = _point_spec(cfg, point, steps, counts, estimates.get(point), predictions.get(point))
+        spec = _point_spec(cfg, point, steps, counts, estimates.get(point), predictions.get(point), budget)
         problem = continuation_problem(cfg, spec, meta)
         if problem:  # the checkpoint's, the same for every point: said once
             problems.append(problem)
@@ -357,6 +404,22 @@ def _sharding_problems(cfg: SweeperConfig, model) -> List[str]:
         for precision in cfg.sweep.precisions:
             found += sharding.problems(parallelism, precision, model, cfg.model.checkpoint_modules)
     return list(dict.fromkeys(found))
+
+
+def warn_emulated(cfg: SweeperConfig) -> None:
+    """One warning line per precision this machine's CPU only emulates, when the points train on it (a local Ray
+    without GPUs): their throughput is labelled emulated, never the recipe's. A cluster's workers label their own."""
+    if cfg.cluster.address is not None or cfg.cluster.use_gpu == "true" or not isinstance(cfg.sweep.precisions, list):
+        return
+    if cfg.cluster.use_gpu == "auto" and _gpu_here(cfg):
+        return
+    import torch
+
+    for precision in cfg.sweep.precisions:
+        reason = recipe.emulated_precision(precision, torch.device("cpu"))
+        if reason:
+            console.warn(f"sweep.precisions has {precision}: {reason}; its points are labelled emulated (tag "
+                         "sweeper.throughput_emulated) and never ranked as the recipe's throughput")
 
 
 def _gpu_here(cfg: SweeperConfig) -> bool:

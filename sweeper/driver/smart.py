@@ -181,7 +181,7 @@ def measure_runs(cfg: SweeperConfig, s: Session, label: str, role: Union[str, Ca
     held: Dict[str, Dict] = {}
     if cfg.sweep.resume:
         for name in dict.fromkeys(role_of(unit) for unit in unit_specs):
-            held.update(s.tracker.measurements(name))
+            held.update(s.tracker.reader.measurements(name))
     out: Dict[GridPoint, PointResult] = {}
     for unit in unit_specs:
         # sweep.retry_failed: a failed measurement is measured again, like a failed point

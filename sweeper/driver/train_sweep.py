@@ -23,7 +23,8 @@ from sweeper.driver.strategy import strategy_of
 from sweeper.errors import EXIT_OK, EXIT_POINT_FAILED, ConfigError, first_line
 from sweeper.measure import frontier
 from sweeper.plan import GridPoint
-from sweeper.report import build as report_build
+from sweeper.report.build import build
+from sweeper.report.recorded import settings_params
 from sweeper.schema import SweepSummary
 from sweeper.strategies.base import Rows
 from sweeper.worker.spec import PointSpec
@@ -47,7 +48,9 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
             raise ConfigError([NEEDS_BUDGET])  # a cluster without GPUs
         name, parent, done_keys = open_sweep(cfg, s, prepared.auto, resolved_yaml, interrupted)
         s.tracker.dataset = dataset_record(cfg, prepared)
-        opening = strategy.opening_params(prepared.batch_coupled)
+        # A sharded sweep's model units: the report's memory per worker at worker counts it did not run.
+        opening = {**strategy.opening_params(prepared.batch_coupled),
+                   **predicted.units_param(cfg, prepared.num_classes)}
         if not cfg.sweep.resume and opening:
             s.tracker.log_sweep_params(opening)
         phases("tracking")
@@ -91,7 +94,7 @@ def recorded_statuses(s: Session, parent: str, rows: Rows) -> Counter:
     """How the sweep's points ended, counted from MLflow, so a resumed sweep's totals include what was
     recorded before it stopped; this run's own points when the store cannot be read now."""
     try:
-        return Counter(child["status"] for child in s.tracker.load_sweep(parent).children)
+        return Counter(child["status"] for child in tracking.SweepReader(s.tracker.store, parent).load().children)
     except Exception as exc:  # noqa: BLE001 - the store is down: its writes wait in the journal
         console.warn(f"the sweep's record cannot be read now ({type(exc).__name__}: {first_line(exc)}); "
                      "counting this run's points")
@@ -106,7 +109,8 @@ def open_sweep(cfg: SweeperConfig, s: Session, auto: bool, resolved_yaml: str,
     if interrupted is not None:
         name, parent = interrupted
         replayed, half_written = s.tracker.resume_sweep(parent)
-        done = set(s.tracker.recorded_keys()) - (set(s.tracker.failed_keys()) if cfg.sweep.retry_failed else set())
+        reader = s.tracker.reader
+        done = set(reader.recorded_keys()) - (set(reader.failed_keys()) if cfg.sweep.retry_failed else set())
         console.print_resume(name, len(done), replayed, half_written)
         return name, parent, frozenset(done)
     name = resume.sweep_name("sweep", cfg.model.name, cfg.data.name)
@@ -170,6 +174,9 @@ def sweep_params(cfg: SweeperConfig, auto: bool, resources: Resources) -> Dict[s
         "eval_every_samples": cfg.eval.every_samples,
         "eval_target_accuracy": cfg.eval.target_accuracy,
         "eval_target_loss": cfg.eval.target_loss,
+        "eval_batch_size": cfg.eval.batch_size,
+        "eval_max_samples": cfg.eval.max_samples,
+        "eval_metrics_fn": cfg.eval.metrics_fn,
         "use_gpu": resources.use_gpu,
         "cpus_per_worker": resources.cpus_per_worker,
         "device_memory_budget_gb": cfg.device.memory_budget_gb,
@@ -177,8 +184,10 @@ def sweep_params(cfg: SweeperConfig, auto: bool, resources: Resources) -> Dict[s
         "loader_workers": cfg.data.loader_workers,
         "pin_memory": cfg.data.pin_memory,
         "prefetch_factor": cfg.data.prefetch_factor,
+        # the report's throughput model divides each parallelism's bytes by it (null: fitted from the points)
+        "interconnect_gbps": cfg.cluster.interconnect_gbps,
         # The question the report answers, so `python -m sweeper.report` rebuilds the same answer.
-        **report_build.settings_params(cfg.report),
+        **settings_params(cfg.report),
     }
 
 
@@ -202,7 +211,7 @@ def make_report(cfg: SweeperConfig, tracker: tracking.Tracker, parent: str):
     """The report, or None with a warning: what is recorded in MLflow is never lost to a failing
     plot; `python -m sweeper.report` can rebuild it later."""
     try:
-        return report_build.build(tracker, parent, cfg.report)
+        return build(tracker.store, parent, cfg.report)
     except Exception as exc:  # noqa: BLE001 - reported, and the points stay recorded
         console.warn(f"the report could not be built ({type(exc).__name__}: {first_line(exc)}); "
                      f"rebuild it with: python -m sweeper.report {parent}")

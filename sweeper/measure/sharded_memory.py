@@ -19,12 +19,15 @@ backward of the last micro-step, when everything forward keeps for backward is a
   *unsharded* gradients FSDP2 accumulates when the reduce is skipped (`set_requires_gradient_sync(False)`:
   the whole model too), or the sharded ones when every micro-step reduces;
 - DDP's gradient buckets (one flat copy of the gradients) with more than one worker.
+zero1 and hsdp are priced from those (issue 57, below `peak`'s three): zero1 is DDP's peak with the largest
+rank's share of the optimizer state (ZeroRedundancyOptimizer's partition by whole tensors), hsdp ZeRO-3's within
+a node (its shard group is a node's ranks; the all-reduce across nodes runs on the sharded gradients in place).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
 from sweeper.plan import PARALLELISMS
@@ -87,7 +90,7 @@ class Prediction:
 def peak(units: Sequence[Unit], parallelism: str, workers: int, micro_batch_size: int, accumulation_steps: int,
          activation_bytes_per_sample: float, activation_fixed_bytes: float = 0.0, bytes_per_value: int = 4,
          gather_bytes_per_value: Optional[int] = None, state_values_per_param: int = 2,
-         reduce_every_micro_step: bool = False) -> Prediction:
+         reduce_every_micro_step: bool = False, ranks_per_node: Optional[int] = None) -> Prediction:
     """The peak per worker of one optimizer step at `workers` data-parallel workers (the shard group: FSDP2
     shards over all of them), `micro_batch_size` samples per micro-step and `accumulation_steps` micro-steps.
 
@@ -96,12 +99,22 @@ def peak(units: Sequence[Unit], parallelism: str, workers: int, micro_batch_size
     gradients' and optimizer state's dtype (fp32: 4); `gather_bytes_per_value`: the gathered weights' (bf16
     under MixedPrecisionPolicy: 2; default the same). `state_values_per_param`: AdamW 2 (its moments), SGD with
     momentum 1. `reduce_every_micro_step`: the sharded gradients are reduced at every micro-step instead of
-    accumulating unsharded ones (less memory, a reduce-scatter per micro-step)."""
+    accumulating unsharded ones (less memory, a reduce-scatter per micro-step). `ranks_per_node`: hsdp's shard
+    group (None: every worker on one node, as on a local Ray; the mesh across nodes is known once placed)."""
     if parallelism not in PARALLELISMS:
         raise ValueError(f"parallelism {parallelism!r} is invalid. Should be one of {list(PARALLELISMS)}.")
     if workers < 1 or micro_batch_size < 1 or accumulation_steps < 1:
         raise ValueError(f"workers {workers}, micro-batch {micro_batch_size} and accumulation {accumulation_steps} "
                          "must be at least 1")
+    shape = dict(micro_batch_size=micro_batch_size, accumulation_steps=accumulation_steps,
+                 activation_bytes_per_sample=activation_bytes_per_sample,
+                 activation_fixed_bytes=activation_fixed_bytes, bytes_per_value=bytes_per_value,
+                 gather_bytes_per_value=gather_bytes_per_value, state_values_per_param=state_values_per_param,
+                 reduce_every_micro_step=reduce_every_micro_step)
+    if parallelism == "zero1":
+        return _zero1(peak(units, "ddp", workers, **shape), units, workers, bytes_per_value, state_values_per_param)
+    if parallelism == "hsdp":
+        return peak(units, "zero3", ranks_per_node or workers, **shape)
     gather = gather_bytes_per_value or bytes_per_value
     tensors = sum(len(u.shapes) for u in units)
     whole = sum(u.numel() for u in units) * bytes_per_value
@@ -132,6 +145,27 @@ def peak(units: Sequence[Unit], parallelism: str, workers: int, micro_batch_size
         activations_bytes=round(activation_fixed_bytes + activation_bytes_per_sample * micro_batch_size),
         gather_buffers_bytes=buffers,
     )
+
+
+# zero1 (issue 57): DDP's peak, its optimizer state ZeroRedundancyOptimizer's share on the most loaded rank.
+
+def zero1_shares(units: Sequence[Unit], workers: int) -> List[Tuple[int, int]]:
+    """(parameter values, tensors) whose optimizer state each rank holds under ZeroRedundancyOptimizer (torch
+    2.14's `_partition_parameters`): whole tensors, the largest first, each to the rank holding the fewest
+    values so far (the lowest such rank on a tie)."""
+    loads = [[0, 0] for _ in range(workers)]
+    for numel in sorted((math.prod(shape) for u in units for shape in u.shapes), reverse=True):
+        least = min(range(workers), key=lambda r: loads[r][0])
+        loads[least][0] += numel
+        loads[least][1] += 1
+    return [(values, tensors) for values, tensors in loads]
+
+
+def _zero1(ddp: Prediction, units: Sequence[Unit], workers: int, bytes_per_value: int,
+           state_values_per_param: int) -> Prediction:
+    values, tensors = max(zero1_shares(units, workers))
+    return replace(ddp, optimizer_state_bytes=state_values_per_param * values * bytes_per_value
+                   + tensors * SCALAR_BYTES)
 
 
 def over_budget(prediction: Prediction, budget_bytes: int, what: str) -> Optional[str]:

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import math
 import textwrap
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from sweeper import stats
 from sweeper.report import data_bound
 from sweeper.report.noninferiority import Gap, judge_gap, one_sided
-from sweeper.report.quality import QUALITIES, Quality
+from sweeper.report.quality import Quality, judged_by
 from sweeper.report.reasons import rate
 from sweeper.report.trials import PointSummary, Recommendation, seconds_to_train
 
@@ -22,29 +22,45 @@ MAX_ROWS = 6  # the recommended point and up to five alternatives
 VERDICTS = {"eligible": "certified", "unproven": "unproven", "excluded": "worse", "untested": "not tested"}
 
 
+# The run the answer configures (report.run_samples): its words by detail (report/projection.run_words: 2, 1, 0;
+# -1 names train.samples inline for when the run's override line does not fit), and the run's override line.
+RunWords = Tuple[Callable[[int], Optional[str]], str]
+
+
 def headline(rec: Recommendation, line: Optional[str],
-             glance: Optional[Tuple[List[str], Optional[str]]] = None) -> List[str]:
+             glance: Optional[Tuple[List[str], Optional[str]]] = None,
+             run: Optional[RunWords] = None) -> List[str]:
     """The answer in at most 3 lines of WIDTH characters: what to train and why in figures, then the
     override line (wrapped at its spaces). Details are dropped, least useful first, until it fits; an
     override line that alone takes 3 lines is kept whole (it must be copied). `glance` (a branch sweep's:
     report/branched.glance) replaces the sentences, most detailed first, and the override line: one answer,
-    the schedule or the constant layout, per sweep."""
+    the schedule or the constant layout, per sweep. `run` puts the run's time, device-hours and price and the
+    sweep's share of it in place of the budget's device-hours, with the run's override line (train.samples: the
+    LR schedule over the run); at the least detail the quality gives way to it (the table below the headline has
+    it), and last the sweep's own line with train.samples named in the sentence."""
     if rec.best is None:
         lines = _wrap(f"No recommendation: {rec.reason}")
         # The full reason is the report's "Why"; three lines say what happened.
         return lines if len(lines) <= 3 else lines[:2] + [textwrap.shorten(lines[2], WIDTH - 6) + " [...]"]
-    quality = QUALITIES[rec.quality]
+    quality = judged_by(rec)
     best = rec.points[rec.best.key]
     if glance is not None:
-        sentences, line = glance
+        tries = [(text, glance[1]) for text in glance[0]]
+    elif run is not None:
+        tries = [(_sentence(rec, best, quality, detail, run[0]), run[1]) for detail in (2, 1, 0, -1)]
+        tries.append((f"Train {best.key}: {run[0](-1)}", line))
     else:
-        sentences = [_sentence(rec, best, quality, detail) for detail in (2, 1, 0)]
-    override = _wrap(f"Overrides: {line}") if line else []
-    room = max(1, 3 - len(override))
-    for text in sentences:
+        tries = [(_sentence(rec, best, quality, detail), line) for detail in (2, 1, 0)]
+    for i, (text, shown) in enumerate(tries):
+        override = _wrap(f"Overrides: {shown}") if shown else []
         sentence = _wrap(text)
-        if len(sentence) <= room:
-            break
+        # The run's own line is tried only while the whole fits; the sweep's line, as ever, is kept whole.
+        whole = run is not None and i < len(tries) - 1
+        if len(sentence) <= (3 - len(override) if whole else max(1, 3 - len(override))):
+            return sentence + override
+    room = max(1, 3 - len(override))
+    if run is not None:  # the run's figures are cut short rather than the line that must be copied
+        sentence = sentence[:room - 1] + [textwrap.shorten(" ".join(sentence[room - 1:]), WIDTH, placeholder=" ...")]
     return sentence + override
 
 
@@ -52,27 +68,36 @@ def _wrap(text: str) -> List[str]:
     return textwrap.wrap(text, WIDTH, break_on_hyphens=False, break_long_words=False)
 
 
-def _sentence(rec: Recommendation, best: PointSummary, quality: Quality, detail: int) -> str:
+def _sentence(rec: Recommendation, best: PointSummary, quality: Quality, detail: int,
+              run: Optional[Callable[[int], Optional[str]]] = None) -> str:
     """'Train mb32-acc1-w1: 1.50x the speed of the most accurate (mb16-acc1-w1); 0.0012 device-hours (1 x 4 s);
     gap -0.010 [-0.015, -0.005] certified'; `detail` 2 names the most accurate point and the budget's workers and
-    seconds, 1 the workers and seconds, 0 neither."""
+    seconds, 1 the workers and seconds, 0 neither; with `run`, its words at that detail instead of the budget's,
+    and at -1 without the quality."""
     top = most_accurate(rec)
     mine = rec.classes.get(best.key, best)
     if top is None:
         standing = f"{_speed(best)}"
     elif mine.key == rec.top:
-        standing = "the best class's fastest layout" if mine.key != best.key else "the most accurate point"
+        standing = "the best class's fastest layout" if mine.key != best.key else f"the {quality.most('point')}"
     else:
-        standing = f"{rate(best.trial) / rate(top.trial):.2f}x the speed of the most accurate" + (
+        standing = f"{rate(best.trial) / rate(top.trial):.2f}x the speed of the {quality.most()}" + (
             f" ({top.key})" if detail >= 2 else "")
-    parts = [device_hours(best, detail >= 1)]
-    if rec.top is None or mine.key == rec.top:
-        parts.append(f"{quality.metric} {quality.text(mine, rec.level)}")
-    else:
-        gap = rec.gaps.get(best.key)
-        if gap is not None and gap.interval is not None:
-            parts.append(f"gap {gap_text(gap.interval, quality)} certified")
+    parts = [device_hours(best, detail >= 1) if run is None else run(max(detail, 0))]
+    # At the least detail (detail -1, with a run) the run's figures go before the quality's: the alternatives'
+    # table under the headline shows the gap.
+    if detail >= 0:
+        parts.append(_quality_part(rec, best, mine, quality))
     return f"Train {best.key}: " + "; ".join(p for p in [standing, *parts] if p)
+
+
+def _quality_part(rec: Recommendation, best: PointSummary, mine: PointSummary, quality: Quality) -> Optional[str]:
+    if rec.top is None or mine.key == rec.top:
+        return f"{quality.metric} {quality.text(mine, rec.level)}"
+    gap = rec.gaps.get(best.key)
+    if gap is not None and gap.interval is not None:
+        return f"gap {gap_text(gap.interval, quality)} certified"
+    return None
 
 
 def most_accurate(rec: Recommendation) -> Optional[PointSummary]:
@@ -112,7 +137,7 @@ def alternatives(rec: Recommendation, chosen_word: str = "recommended") -> List[
     `chosen_word`: the recommended point's verdict (a branch sweep whose answer is a schedule names it so)."""
     if rec.best is None:
         return []
-    quality = QUALITIES[rec.quality]
+    quality = judged_by(rec)
     best, top = rec.points[rec.best.key], most_accurate(rec)
     others = sorted((p for p in rec.points.values() if p is not best), key=lambda p: (-rate(p.trial), p.key))
     chosen = [best] + others[: MAX_ROWS - 1]
@@ -134,7 +159,7 @@ def _judged(rec: Recommendation, point: PointSummary) -> Optional[Gap]:
     top, mine = _top_summary(rec), rec.classes.get(point.key)
     if top is None or mine is None or mine is top:
         return None
-    quality = QUALITIES[rec.quality]
+    quality = judged_by(rec)
     return judge_gap(mine, top, quality.tie_floor, rec.level, quality)
 
 
@@ -170,14 +195,17 @@ def _verdict(rec: Recommendation, point: PointSummary, gap: Optional[Gap]) -> st
     best_class = rec.classes.get(rec.best.key, rec.points[rec.best.key])
     if mine.key != point.key and mine is best_class:
         return "same model, slower"
+    quality = judged_by(rec)
+    top_words = quality.most()
     if rec.top is not None and mine.key == rec.top:
-        return "most accurate" if point is most_accurate(rec) else "same model as the most accurate"
+        return top_words if point is most_accurate(rec) else f"same model as the {top_words}"
     if point.key in rec.excluded and point.key not in rec.gaps:
         return "not eligible"
     if point.key in rec.gaps:
         return VERDICTS[gap.outcome] + (", slower" if gap.outcome == "eligible" else "")
     if gap is not None:  # judged at the tie floor, for the table only
-        return {"eligible": "tie", "untested": "not tested", "unproven": "not a tie"}.get(gap.outcome, "less accurate")
+        worse = "less accurate" if quality.is_accuracy else f"worse by {quality.metric}"
+        return {"eligible": "tie", "untested": "not tested", "unproven": "not a tie"}.get(gap.outcome, worse)
     return "-"
 
 

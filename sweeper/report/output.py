@@ -10,7 +10,7 @@ import yaml
 
 from sweeper.report import classes, elastic, headline
 from sweeper.report.lr import lr_table
-from sweeper.report.quality import QUALITIES
+from sweeper.report.quality import judged_by, resolve
 from sweeper.config.report import LR_SCALING_RULES, invalid_choice
 from sweeper.stats import Interval
 from sweeper.report.trials import PointSummary, Recommendation, Trial, seconds_to_train
@@ -75,6 +75,7 @@ def _figures(trial: Trial) -> Dict[str, object]:
         "samples_per_second": _num(trial.samples_per_second),
         "samples_per_second_cv": _num(trial.samples_per_second_cv),
         "throughput_stable": None if trial.throughput_stable is None else bool(trial.throughput_stable),
+        "throughput_emulated": trial.throughput_emulated,
         "peak_memory_bytes": _byte_count(trial.peak_memory_bytes),
         "val_accuracy": _num(trial.val_accuracy),
         "seconds_to_train": _num(seconds_to_train(trial)),
@@ -97,7 +98,7 @@ def _point_figures(point: PointSummary, quality: str = "val_accuracy", level: fl
         "train_loss_interval": _interval(point.loss),
     }
     if quality != "val_accuracy":
-        out["quality_interval"] = _interval(QUALITIES[quality].interval(point, level))
+        out["quality_interval"] = _interval(resolve(quality, point.replicates).interval(point, level))
     t = point.trial
     if t.reached_target is not None:
         out.update(reached_target_seeds=point.reached, time_to_target_seconds=_num(t.time_to_target_seconds),
@@ -147,7 +148,7 @@ def _chosen(rec: Recommendation) -> Dict[str, object]:
 
 
 def _lr_rows(rec: Recommendation) -> List[Dict[str, object]]:
-    rows = lr_table([t for p in rec.points.values() for t in p.replicates], quality=QUALITIES[rec.quality]).values()
+    rows = lr_table([t for p in rec.points.values() for t in p.replicates], quality=judged_by(rec)).values()
     return [{"global_batch_size": int(r.global_batch_size), "multipliers": [float(m) for m in r.multipliers],
              "metric": r.metric, "best_multiplier": _num(r.best_multiplier), "best_value": _num(r.best_value),
              "largest_stable_multiplier": _num(r.largest_stable),
@@ -162,6 +163,8 @@ def recommendation_yaml(
     memory_budget_bytes: Optional[float] = None,
     max_accuracy_drop: Optional[float] = None,
     max_loss_rise: Optional[float] = None,
+    extra: Optional[Dict[str, object]] = None,
+    elastic_predict: Optional[elastic.Predictor] = None,
 ) -> str:
     """A small YAML report of `rec`: the objective and constraints, the confidence level, the chosen
     configuration with its measured figures (means over seeds), seeds and intervals and a Hydra
@@ -170,7 +173,9 @@ def recommendation_yaml(
     of two or more layouts and the console's table of alternatives; when the recommended recipe was
     measured at more than one worker count, its elastic plan (report.elastic). With no
     eligible point, `recommendation: null` and the reason. `objective` defaults to `rec.objective`
-    and must agree with it."""
+    and must agree with it. `extra`: blocks appended as given (report/projection_sections.yaml_blocks: the run,
+    the sweep's cost, the throughput model, goodput, report.target_workers); `elastic_predict`: the elastic plan's
+    predicted rows from the throughput model."""
     objective = rec.objective if objective is None else objective
     if objective != rec.objective:
         raise ValueError(f"objective {objective!r} does not match the recommendation's {rec.objective!r}")
@@ -180,7 +185,7 @@ def recommendation_yaml(
             "min_accuracy": _num(min_accuracy),
             "memory_budget_bytes": _byte_count(memory_budget_bytes),
             # The quality's own margin: report.max_accuracy_drop for accuracy, report.max_loss_rise for a loss.
-            **({"max_accuracy_drop": _num(max_accuracy_drop)} if rec.quality == "val_accuracy"
+            **({"max_accuracy_drop": _num(max_accuracy_drop)} if judged_by(rec).tolerance_key.endswith("drop")
                else {"max_loss_rise": _num(max_loss_rise)}),
         },
         "quality": rec.quality,
@@ -200,7 +205,8 @@ def recommendation_yaml(
     }
     # Ray Train's elastic run: the layout that keeps this global batch at each worker count measured.
     resize = None if rec.best is None else elastic.plan([p.trial for p in rec.points.values()], rec.best,
-                                                        memory_budget_bytes)
+                                                        memory_budget_bytes, elastic_predict)
     if resize is not None:
         doc["elastic_plan"] = resize
+    doc.update(extra or {})
     return yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, width=1000)

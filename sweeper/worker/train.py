@@ -21,7 +21,9 @@ from sweeper.worker import collectives as comm
 from sweeper.worker import divergence, gns, sharding
 from sweeper.worker.deadline import Deadline
 from sweeper.worker.divergence import Diverged
+from sweeper.worker import evaluate as evaluation
 from sweeper.worker.evaluate import Progress
+from sweeper.worker.recipe_figures import emulation, items_figures, recipe_figures
 from sweeper.worker.spec import PointSpec, WorkerContext
 from sweeper.worker.step import Training, setup
 from sweeper.workloads import datasets, models
@@ -107,9 +109,11 @@ def _train_schedule(spec: PointSpec, ctx: WorkerContext, device: Optional[teleme
     from dataclasses import replace as with_
 
     splits = splits or datasets.load(spec.data, spec.model.input_shape)
-    first = with_(spec, later_spans=[], save_state_to=None)
     spans = [(0, spec.point, spec.lr, spec.steps)]
     spans += [(s.start_samples, s.point, s.lr, s.steps) for s in spec.later_spans]
+    # The LR schedule spans the whole schedule's samples, whichever span trains.
+    budget = spec.schedule_samples or spans[-1][0] + spans[-1][3] * spans[-1][1].global_batch_size
+    first = with_(spec, later_spans=[], save_state_to=None, schedule_samples=budget)
     losses: List[float] = []
     seconds = 0.0
     start, result = None, None
@@ -162,7 +166,7 @@ def _train_span(spec: PointSpec, ctx: WorkerContext, device: Optional[telemetry.
     track_memory = cfg.memory_breakdown or run.budget_mode == "simulated"
     roles = timing.step_roles(spec.steps, cfg.warmup_steps, spec.profile_steps, cfg.windows, track_memory)
     clock = Clock(run, sum(role.opens_window is not None for role in roles), deadline)
-    profiler = _Profiling(_profiler(spec, ctx, device))
+    profiler = Profiling(profiler_of(spec, ctx, device))
     progress = Progress.of(spec)
     progress.start_samples, progress.start_steps = run.start_samples, run.steps_before
     progress.start_seconds = run.seconds_before
@@ -180,7 +184,7 @@ def _train_span(spec: PointSpec, ctx: WorkerContext, device: Optional[telemetry.
     # Saved at the step boundary the loop ended on, before the final evaluation draws from torch's RNG.
     saved = _save_state(run, spec.save_state_to, progress, clock) if spec.save_state_to and diverged is None else None
     handed = _capture(run, progress, clock) if hand_over and diverged is None else None
-    result = _result(run, clock, breakdown, train_seconds, loop_started, progress, diverged)
+    result = result_of(run, clock, breakdown, train_seconds, loop_started, progress, diverged)
     _with_final_evaluation(run, progress, result, saved, handed)
     _state_figures(result, run, saved)
     return (result, handed) if hand_over else result
@@ -279,7 +283,7 @@ def _state_figures(result: PointResult, run: Training, saved) -> None:
             result.state.checkpoint_error = "; ".join(errors)
 
 
-def _loop(run: Training, roles: List[timing.StepRole], clock: Clock, profiler: "_Profiling", progress: Progress,
+def _loop(run: Training, roles: List[timing.StepRole], clock: Clock, profiler: "Profiling", progress: Progress,
           since: float) -> Tuple[Any, Optional[Diverged]]:
     """The steps, each in its role; evaluations when due; divergence checked where the device is
     synchronized anyway (the window edges). Returns the memory breakdown and the divergence, if any."""
@@ -342,7 +346,7 @@ def _evaluate(run: Training, progress: Progress, since: float) -> float:
                              spec.seed, run.device.torch_device, run.ctx, run.steps_done, since)
 
 
-class _Profiling:
+class Profiling:
     """The profiler (or none) through the steps: started, stepped over the profiled steps, stopped once."""
 
     def __init__(self, profiler):
@@ -366,7 +370,7 @@ class _Profiling:
             profiler.stop()
 
 
-def _result(run: Training, clock: "Clock", breakdown, train_seconds: float, loop_started: float,
+def result_of(run: Training, clock: "Clock", breakdown, train_seconds: float, loop_started: float,
             progress: Progress, diverged: Optional[Diverged]) -> PointResult:
     """The point's result, section by section: loss, cost, memory, throughput, utilization, recipe,
     accuracy and its progress, divergence."""
@@ -383,10 +387,14 @@ def _result(run: Training, clock: "Clock", breakdown, train_seconds: float, loop
         result.cost.tokens_seen = result.cost.samples_seen * positions
     if clock.first_step_time is not None:
         result.cost.startup_seconds = clock.first_step_time - run.started
+    result.cost.mesh = sharding.mesh_text(run.model) if spec.point.parallelism == "hsdp" else None
+    result.cost.update(sharding.traffic(run.model, spec.point, run.ctx))  # zero1, hsdp: bytes per step (collective)
     _memory(result, run, breakdown)
     _throughput(result, run, clock)
     _utilization(result, run, clock.utilization)
-    _recipe(result, run, clock, loop_started)
+    recipe_figures(result, run, clock.first_step_time, loop_started)
+    items_figures(result, run)
+    emulation(result, run)
     if spec.profile and run.ctx.rank == 0:
         result.profile_trace_dir = _trace_dir(spec)
     if diverged is None or diverged.reason != divergence.NONFINITE:
@@ -447,19 +455,6 @@ def _noise_estimates(run: Training) -> List[gns.Estimate]:
     return [e for e in steps if math.isfinite(e.grad_sq_norm) and math.isfinite(e.trace_sigma)]
 
 
-def _recipe(result: PointResult, run: Training, clock: "Clock", loop_started: float) -> None:
-    figures = result.recipe
-    figures.checkpointed_blocks = run.checkpointed_blocks if run.spec.point.checkpointing != "none" else None
-    if run.scaler is not None and len(run.scales) > 1:
-        # The scale before the first step, then after each: a skipped step halves it (a growth,
-        # after 2000 clean steps, doubles it).
-        scales = run.scale_values()
-        figures.grad_scaler_scale = scales[-1]
-        figures.grad_scaler_skipped_steps = sum(after < before for before, after in zip(scales, scales[1:]))
-    if run.spec.train.compile and clock.first_step_time is not None:
-        figures.compile_step_seconds = clock.first_step_time - loop_started
-
-
 def _memory(result: PointResult, run: Training, breakdown) -> None:
     """Memory: the largest over workers, each figure under a name that says what it measures; the
     headline peak_memory_bytes is the best measure this device has."""
@@ -469,6 +464,9 @@ def _memory(result: PointResult, run: Training, breakdown) -> None:
         # The whole breakdown of the worker with the largest peak, so its parts still add up.
         breakdowns = comm.gather_objects(breakdown.as_metrics(), run.ctx)
         memory.update(max(breakdowns, key=lambda b: b["memory_tracked_peak_bytes"]))
+    if run.ctx.world_size > 1:  # how the layout split the optimizer state (zero1: by whole tensors)
+        held = comm.gather_objects(sharding.optimizer_state_bytes(run.optimizer), run.ctx)
+        memory.memory_optimizer_state_bytes_by_rank = [float(b) for b in held]
     if device.is_cuda:
         memory.peak_memory_bytes = memory.cuda_max_memory_allocated_bytes
         memory.memory_measure = "cuda: torch.cuda.max_memory_allocated over the point, largest worker"
@@ -550,18 +548,7 @@ def _accuracy(result: PointResult, run: Training, progress: Progress, since: flo
         return
     if progress.evaluated_at != run.samples_seen:
         _evaluate(run, progress, since)
-    _, accuracy, loss = progress.curve[-1][:3]
-    result.accuracy.update(dict(val_accuracy=accuracy, val_loss=loss, val_loss_se=progress.loss_se,
-                                val_samples=len(run.splits.val),
-                                num_classes=run.splits.num_classes))
-    if progress.recalibrated:
-        result.accuracy.bn_recalibration_samples = progress.recalibrated
-    if models.is_language_model(run.spec.model):
-        splits = run.splits
-        result.accuracy.update(dict(
-            val_tokens=progress.predictions, val_perplexity=math.exp(min(loss, 700.0)),
-            val_bits_per_byte=loss / math.log(2) if splits.byte_level else None,
-            train_unigram_entropy_bits=splits.unigram_entropy_bits))
+    evaluation.record(result.accuracy, progress, run.splits, models.is_language_model(run.spec.model))
 
 
 def _progress(result: PointResult, progress: Progress) -> None:
@@ -660,7 +647,7 @@ def _divergence(result: PointResult, run: Training, diverged: Optional[Diverged]
         result.divergence.status_detail = why
 
 
-def _profiler(spec: PointSpec, ctx: WorkerContext, device: telemetry.Device):
+def profiler_of(spec: PointSpec, ctx: WorkerContext, device: telemetry.Device):
     """torch.profiler for the untimed steps after warm-up (rank 0; one profiler warm-up step, then
     `profile_steps` recorded), written as a Chrome trace that TensorBoard's profiler plugin and
     Perfetto open. None when not profiling."""

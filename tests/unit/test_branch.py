@@ -316,16 +316,16 @@ def test_the_answers_folder_goes_once_recorded_and_stays_while_its_write_waits_i
     parent = tracker.start_sweep("sweep-branch", {}, "")
     log_answer(SimpleNamespace(tracker=tracker), answer, "sweep-branch")
     assert not list(tmp_path.glob("sweeper-branch-*"))  # recorded: nothing kept in the temporary folder
-    assert [a.path for a in tracker.client.list_artifacts(parent, "branch")] == ["branch/answer.json"]
+    assert [a.path for a in tracker.store.client.list_artifacts(parent, "branch")] == ["branch/answer.json"]
 
     def store_down(*args, **kwargs):  # what a tracking server that went away raises, simulated
         raise ConnectionError("simulated: the tracking server went away")
 
-    real, tracker.client.log_artifacts = tracker.client.log_artifacts, store_down
+    real, tracker.store.client.log_artifacts = tracker.store.client.log_artifacts, store_down
     log_answer(SimpleNamespace(tracker=tracker), answer, "sweep-branch")
     (kept,) = tmp_path.glob("sweeper-branch-*")  # the journal replays the write from it
     assert (kept / "answer.json").exists() and tracker.pending == 1
-    tracker.client.log_artifacts = real
+    tracker.store.client.log_artifacts = real
     assert tracker.replay() == (1, 0)
 
 
@@ -471,7 +471,7 @@ def test_a_branch_sweep_gives_one_answer_and_a_difference_inside_the_noise_is_a_
     the schedule is, with the overrides that run it."""
     from sweeper.report import branched, headline
     from sweeper.report.analysis import recommend
-    from sweeper.report.build import answer_text
+    from sweeper.report.text import answer_text
     from sweeper.report.output import override_line
 
     answer, trials = _branch_sweep(cfg_of, cv)

@@ -17,7 +17,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2] / "sweeper"
 
 # The one package that imports Ray, and the one that imports MLflow (README, "Where things happen"):
-# every module inside it may (sweeper.tracking is a module today, a package by role after its split).
+# every module inside it may (sweeper.tracking is a package by role).
 RAY_HOME = "sweeper.cluster"
 MLFLOW_HOME = "sweeper.tracking"
 
@@ -29,8 +29,10 @@ MLFLOW_HOME = "sweeper.tracking"
 # callable the driver hands it).
 RANKS: Dict[str, int] = {
     # The foundation: the standard library and numpy, no other part of sweeper.
-    "sweeper.errors": 0, "sweeper.units": 0, "sweeper.stats": 0, "sweeper.journal": 0, "sweeper.plan": 0,
-    "sweeper.schema": 0, "sweeper.permutation": 0,
+    "sweeper.errors": 0, "sweeper.units": 0, "sweeper.stats": 0, "sweeper.plan": 0,
+    "sweeper.schema": 0, "sweeper.lr_schedule": 0, "sweeper.permutation": 0,
+    # Below the schema: how a record's figures are declared and flattened (schema names each figure with it).
+    "sweeper.record": -1,
     # The typed config: the schema, each built-in model's own fields, the checks before anything runs.
     "sweeper.config": 1,
     # What is trained: the models and data, which read the config; the sample stream.
@@ -40,12 +42,12 @@ RANKS: Dict[str, int] = {
     "sweeper.measure": 4,
     # In the training workers, and the inference points: beside each other, neither imports the other.
     "sweeper.worker": 5, "sweeper.inference": 5,
-    # The outside systems: Ray, and MLflow.
-    "sweeper.cluster": 6, "sweeper.tracking": 6,
+    # The outside systems: Ray, and MLflow. And the API your own loop calls (loop.fn), over the workers' session.
+    "sweeper.cluster": 6, "sweeper.tracking": 6, "sweeper.loop": 6,
     # How each sweep.strategy decides which points run; pure, called by the driver.
     "sweeper.strategies": 7,
     # A sweep read back: the report, the DataFrame.
-    "sweeper.report": 8, "sweeper.readback": 8,
+    "sweeper.report": 8,
     "sweeper.driver": 9,
     # The entry points, and the package itself (sweeper.results).
     "sweeper.__main__": 10, "sweeper.estimate": 10, "sweeper": 10,
@@ -54,16 +56,20 @@ RANKS: Dict[str, int] = {
 # Pure arithmetic, tested without processes: neither they nor anything they import at module level
 # loads torch or Ray.
 PURE = (
-    "sweeper.plan", "sweeper.permutation", "sweeper.schema", "sweeper.errors", "sweeper.units", "sweeper.journal",
-    "sweeper.stats",
+    "sweeper.plan", "sweeper.permutation", "sweeper.schema", "sweeper.record", "sweeper.lr_schedule",
+    "sweeper.errors", "sweeper.units", "sweeper.tracking.journal", "sweeper.stats",
     "sweeper.config", "sweeper.config.report", "sweeper.config.model_sections", "sweeper.measure.timing",
     "sweeper.measure.frontier", "sweeper.measure.knee", "sweeper.inference.roofline",
-    "sweeper.inference.batching_sim", "sweeper.measure.sharded_memory", "sweeper.cluster.environment",
-    "sweeper.cluster.resources", "sweeper.cluster.records", "sweeper.strategies", "sweeper.strategies.base",
+    "sweeper.inference.batching_sim", "sweeper.measure.sharded_memory", "sweeper.measure.node_traffic",
+    "sweeper.cluster.environment", "sweeper.cluster.resources", "sweeper.cluster.records", "sweeper.strategies",
+    "sweeper.strategies.base",
     "sweeper.strategies.grid", "sweeper.strategies.smart", "sweeper.strategies.branch",
     "sweeper.strategies.branch_reading", "sweeper.report.analysis",
     "sweeper.report.critical_batch", "sweeper.report.snippets", "sweeper.report.folding",
     "sweeper.report.sharded_snippets", "sweeper.report.elastic", "sweeper.report.parallelism",
+    "sweeper.report.throughput_model", "sweeper.report.goodput", "sweeper.report.run_cost",
+    "sweeper.report.target_cluster", "sweeper.report.projection", "sweeper.report.projection_sections",
+    "sweeper.report.recipe_snippets",
 )
 HEAVY = ("torch", "ray")
 

@@ -8,10 +8,10 @@ import yaml
 from sweeper.config import DeviceConfig
 from sweeper.driver import predicted
 from sweeper.measure import frontier, sharded_memory
-from sweeper.plan import GridPoint, expand_grid, gradient_sync, stream_indices, worker_groups
+from sweeper.plan import GridPoint, expand_grid, gradient_sync, mesh_by_node, stream_indices, worker_groups
 from sweeper.report.output import override_line
-from sweeper.report.trials import Trial
 from sweeper.worker.points import implied_oom
+from tests.helpers import trial
 
 MIB = 2 ** 20
 
@@ -20,6 +20,21 @@ def test_a_sharded_point_is_named_after_its_worker_count_and_a_ddp_point_keeps_i
     assert GridPoint(4, 2, 2, parallelism="zero3").key == "mb4-acc2-w2-zero3"
     assert GridPoint(4, 2, 2, "bf16", "blocks", parallelism="zero2", seed=1).key == "mb4-acc2-w2-zero2-bf16-ckpt-s1"
     assert GridPoint(4, 2, 2).key == GridPoint(4, 2, 2, parallelism="ddp").key == "mb4-acc2-w2"
+
+
+def test_zero1_and_hsdp_points_are_named_after_their_worker_count_and_zero1_reduces_as_ddp_does():
+    assert GridPoint(4, 2, 4, parallelism="zero1").key == "mb4-acc2-w4-zero1"
+    assert GridPoint(4, 2, 4, parallelism="hsdp").key == "mb4-acc2-w4-hsdp"
+    assert (gradient_sync("zero1", 4), gradient_sync("zero1", 1)) == ("no_sync", "none")  # its model is DDP's
+    assert gradient_sync("hsdp", 4) == "set_requires_gradient_sync"
+
+
+def test_hsdps_mesh_has_a_row_per_node_in_rank_order_whatever_order_ray_gave_the_ranks():
+    assert mesh_by_node(["a", "a", "b", "b"]) == [[0, 1], [2, 3]]
+    assert mesh_by_node(["b", "a", "b", "a", "b", "a"]) == [[0, 2, 4], [1, 3, 5]]  # arranged by node
+    assert mesh_by_node(["a", "b"]) == [[0], [1]] and mesh_by_node(["a", "a"]) == [[0, 1]]
+    with pytest.raises(ValueError, match=r"hsdp at 3 workers: its nodes hold 2, 1 ranks.*same number on every"):
+        mesh_by_node(["a", "b", "a"])
 
 
 def test_the_grid_crosses_every_point_with_every_parallelism():
@@ -96,15 +111,15 @@ def test_a_skipped_point_is_recorded_once_as_out_of_memory_by_prediction_and_nev
     assert launched == [ZERO3] and skipped == [] and recorded == []
 
 
-def _trial(parallelism):
-    return Trial(key="mb4-acc1-w2-zero3", micro_batch_size=4, accumulation_steps=1, num_workers=2,
-                 global_batch_size=8, status="ok", parallelism=parallelism, precision="fp32")
+def _sharded(parallelism):
+    """The point mb4-acc1-w2-zero3, with `parallelism` as its record has it (None: a record from before the axis)."""
+    return trial(4, 1, 2, suffix="-zero3", parallelism=parallelism, precision="fp32")
 
 
 def test_the_override_line_names_a_sharded_parallelism_and_leaves_the_default_out():
-    assert "sweep.num_workers=[2] sweep.parallelism=[zero3] sweep.precisions=[fp32]" in override_line(_trial("zero3"))
-    assert "sweep.parallelism" not in override_line(_trial("ddp"))  # the headline's 3 lines (test_e2e_answer)
-    assert "sweep.parallelism" not in override_line(_trial(None))
+    assert "sweep.num_workers=[2] sweep.parallelism=[zero3] sweep.precisions=[fp32]" in override_line(_sharded("zero3"))
+    assert "sweep.parallelism" not in override_line(_sharded("ddp"))  # the headline's 3 lines (test_e2e_answer)
+    assert "sweep.parallelism" not in override_line(_sharded(None))
 
 
 def test_the_recommendation_yaml_carries_the_parallelism_absent_meaning_ddp():
@@ -112,7 +127,7 @@ def test_the_recommendation_yaml_carries_the_parallelism_absent_meaning_ddp():
     from sweeper.report.trials import Recommendation
 
     for recorded, named in (("zero3", "zero3"), (None, "ddp")):
-        rec = Recommendation(_trial(recorded), [], "", {}, "throughput")
+        rec = Recommendation(_sharded(recorded), [], "", {}, "throughput")
         assert _chosen(rec)["parallelism"] == named
         assert yaml.safe_load(yaml.safe_dump(_chosen(rec)))["parallelism"] == named
 
@@ -130,3 +145,16 @@ def test_a_point_params_name_its_parallelism_and_gradient_sync(parallelism):
     assert params["parallelism"] == parallelism
     assert params["gradient_sync"] == ("no_sync" if parallelism == "ddp" else "set_requires_gradient_sync")
     assert params["point"] == point.point_key
+
+
+def test_a_sharded_sweep_records_its_models_units_for_the_reports_memory_at_other_worker_counts(cfg_of):
+    from sweeper.report import target_cluster
+
+    cfg = cfg_of("model=mlp", "model.depth=3", "model.width=64", "data=synthetic", "sweep.parallelism=[zero3]",
+                 "gns.enabled=false")
+    units = target_cluster.decode_units(predicted.units_param(cfg, 10)["model_units"])
+    # 3 MLP blocks (1,024 -> 64, then 64 -> 64 twice), the classifier at the root: 64 x 1,024 + 64, then 2 x
+    # (64 x 64 + 64), then 10 x 64 + 10 parameters.
+    assert [u.name for u in units] == ["block0", "block1", "block2", "root"]
+    assert sum(u.numel() for u in units) == 64 * 1024 + 64 + 2 * (64 * 64 + 64) + 10 * 64 + 10
+    assert predicted.units_param(cfg_of("model=mlp", "data=synthetic"), 10) == {}  # DDP: not needed

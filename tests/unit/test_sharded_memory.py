@@ -1,4 +1,4 @@
-"""measure.sharded_memory: the per-worker peak of DDP, ZeRO-2 and ZeRO-3 on fixed numbers worked by hand
+"""measure.sharded_memory: the per-worker peak of DDP, ZeRO-1, ZeRO-2, ZeRO-3 and HSDP on fixed numbers worked by hand
 (no processes), and the units it reads off a model. Its agreement with torch's MemTracker on real gloo
 ranks is scripts/bench_sharding.py's (docs/parallelism.md)."""
 
@@ -68,6 +68,25 @@ def test_sharded_states_shrink_with_workers_and_activations_do_not():
     assert at_two["ddp"] > at_two["zero2"] > at_two["zero3"]
 
 
+def test_zero1_is_ddp_with_the_most_loaded_ranks_share_of_the_optimizer_state():
+    # Tensors of 32, 32, 12, 8 and 8 values over 2 ranks, the largest first, each to the less loaded (the first
+    # on a tie): 32 + 12 | 32 + 8 + 8.
+    assert sm.zero1_shares(UNITS, 2) == [(44, 2), (48, 3)]
+    ddp, zero1 = predict("ddp", 2), predict("zero1", 2)
+    assert zero1.optimizer_state_bytes == 2 * 48 * 4 + 3 * 4  # the second rank's: two moments, a step per tensor
+    assert zero1.total == ddp.total - ddp.optimizer_state_bytes + zero1.optimizer_state_bytes  # the rest is DDP's
+    assert predict("zero1", 1) == predict("ddp", 1)  # one rank holds it all
+    # Four equal layers over four ranks: exactly a quarter each.
+    layers = [sm.Unit(f"block{i}", ((16, 16), (16,))) for i in range(3)] + [sm.Unit("root", ((16, 16), (16,)))]
+    assert sm.zero1_shares(layers, 4) == [(272, 2)] * 4
+
+
+def test_hsdp_is_zero3_over_a_nodes_ranks():
+    assert predict("hsdp", 4, ranks_per_node=2) == predict("zero3", 2)  # 2 nodes of 2: shards of a half
+    assert predict("hsdp", 4) == predict("zero3", 4)  # placement unknown: one node of 4
+    assert predict("hsdp", 4, ranks_per_node=1) == predict("zero3", 1)  # a rank per node: whole, as one rank
+
+
 def test_bf16_gathers_half_the_bytes():
     assert predict("zero2", 2, gather_bytes_per_value=2).gathered_bytes == 96 * 2
 
@@ -82,7 +101,7 @@ def test_a_point_over_budget_is_skipped_with_its_prediction():
 
 def test_bad_layouts_are_refused():
     with pytest.raises(ValueError, match="Should be one of"):
-        predict("zero1", 2)
+        predict("zero4", 2)
     with pytest.raises(ValueError, match="at least 1"):
         predict("zero3", 0)
 
