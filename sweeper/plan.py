@@ -17,6 +17,11 @@ DEFAULT_PRECISION, DEFAULT_CHECKPOINTING = "fp32", "none"
 # them. The default, DDP: a DDP point keeps the key it had before the axis.
 PARALLELISMS = ("ddp", "zero2", "zero3")
 DEFAULT_PARALLELISM = "ddp"
+# How gradient accumulation reduces (sweep.gradient_sync): `final` skips the reduce until the last micro-step
+# (the gradients held unsharded meanwhile), `every` reduces at every micro-step (sharded gradients held, more
+# communication). The default: a point at it keeps the key it had before the axis.
+GRADIENT_SYNCS = ("final", "every")
+DEFAULT_GRADIENT_SYNC = "final"
 
 
 @dataclass(frozen=True)
@@ -25,7 +30,8 @@ class GridPoint:
     micro-batches per optimizer step on each of `num_workers` data-parallel workers, trained in
     `precision` (fp32 | bf16 | fp16 autocast) with activation `checkpointing` (none | blocks), at the
     scaled LR times `lr_multiplier`. `seed`: one replicate of it (None: train.seed, one replicate).
-    `parallelism`: how the workers hold the model (ddp | zero2 | zero3: worker.sharding)."""
+    `parallelism`: how the workers hold the model (ddp | zero2 | zero3: worker.sharding); `gradient_sync`: how
+    accumulation reduces the gradients (final | every: worker.sharding.accumulation_context)."""
 
     micro_batch_size: int
     accumulation_steps: int
@@ -39,6 +45,7 @@ class GridPoint:
     # (key -from<samples>); None for every grid point
     branch_from: Optional[int] = None
     parallelism: str = DEFAULT_PARALLELISM
+    gradient_sync: str = DEFAULT_GRADIENT_SYNC
 
     @property
     def global_batch_size(self) -> int:
@@ -48,7 +55,7 @@ class GridPoint:
     @property
     def key(self) -> str:
         """A stable name for the point, used for Ray trial names and to avoid duplicate MLflow runs:
-        mb64-acc2-w1, then -zero2 / -zero3 for a sharded layout, -bf16 / -ckpt for a recipe other than fp32
+        mb64-acc2-w1, then -zero2 / -zero3 for a sharded layout, -every for gradient_sync every, -bf16 / -ckpt for a recipe other than fp32
         without checkpointing, -lrx2
         for an LR multiplier other than 1, -ctx256 for a context from sweep.context_lengths, -s1 for
         one seed of several."""
@@ -61,6 +68,8 @@ class GridPoint:
         key = f"mb{self.micro_batch_size}-acc{self.accumulation_steps}-w{self.num_workers}"
         if self.parallelism != DEFAULT_PARALLELISM:
             key += f"-{self.parallelism}"
+        if self.gradient_sync != DEFAULT_GRADIENT_SYNC:
+            key += f"-{self.gradient_sync}"
         if self.precision != DEFAULT_PRECISION:
             key += f"-{self.precision}"
         if self.checkpointing != DEFAULT_CHECKPOINTING:
@@ -87,13 +96,12 @@ def frontier_label(search: GridPoint) -> str:
     return search.key.split("-", 2)[2]
 
 
-def gradient_sync(parallelism: str, num_workers: int) -> str:
-    """How the micro-steps before the last of an optimizer step skip the gradient reduce (worker.sharding's
-    Sharding.sync_mode, recorded as param gradient_sync): DDP's no_sync, FSDP2's
-    set_requires_gradient_sync(False), or none (one DDP worker reduces nothing)."""
-    if parallelism == DEFAULT_PARALLELISM:
-        return "no_sync" if num_workers > 1 else "none"
-    return "set_requires_gradient_sync"
+def gradient_sync(parallelism: str, num_workers: int, accumulation_steps: int, asked: str) -> str:
+    """The gradient sync a point runs: `asked`, except where both modes are one and the same (one micro-step
+    reduces once either way; one DDP worker reduces nothing), which is `final`, so no point is measured twice."""
+    if accumulation_steps == 1 or (parallelism == DEFAULT_PARALLELISM and num_workers == 1):
+        return DEFAULT_GRADIENT_SYNC
+    return asked
 
 
 def expand_grid(
@@ -107,6 +115,7 @@ def expand_grid(
     seeds: Optional[Sequence[int]] = None,
     contexts: Optional[Sequence[int]] = None,
     parallelisms: Sequence[str] = (DEFAULT_PARALLELISM,),
+    gradient_syncs: Sequence[str] = (DEFAULT_GRADIENT_SYNC,),
 ) -> List[GridPoint]:
     """The product of the axes (duplicates removed, order kept), optionally filtered to the points
     whose global batch size (in sequences) is one of `global_batch_sizes` (in every recipe and
@@ -195,6 +204,14 @@ def stream_indices(
     return out
 
 
+def with_gradient_syncs(points: Sequence[GridPoint], syncs: Sequence[str]) -> List[GridPoint]:
+    """Each point in every gradient sync of `syncs` where the modes differ (gradient_sync), duplicates removed,
+    order kept (the frontier search's grid, built without the axis)."""
+    out = [replace(p, gradient_sync=gradient_sync(p.parallelism, p.num_workers, p.accumulation_steps, s))
+           for p in points for s in syncs]
+    return list(dict.fromkeys(out))
+
+
 def replicate(points: Sequence[GridPoint], lr_multipliers: Sequence[float] = (1.0,),
               seeds: Optional[Sequence[int]] = None) -> List[GridPoint]:
     """Each point at every LR multiplier and, with `seeds`, once per seed (what the frontier search's
@@ -210,7 +227,8 @@ def worker_groups(points: Sequence[GridPoint], points_per_group: Optional[int] =
     groups are as uniform as they can be. Worker start-up is then paid once per group. Within a
     worker count, smaller micro-batches (then fewer accumulation steps) come first, so a point
     that runs out of memory marks the larger ones after it as out of memory without running them."""
-    ordered = sorted(points, key=lambda p: (p.num_workers, p.parallelism, p.recipe, p.context or 0, p.micro_batch_size,
-                                            p.accumulation_steps, p.lr_multiplier, -1 if p.seed is None else p.seed))
+    ordered = sorted(points, key=lambda p: (p.num_workers, p.parallelism, p.gradient_sync, p.recipe, p.context or 0,
+                                            p.micro_batch_size, p.accumulation_steps, p.lr_multiplier,
+                                            -1 if p.seed is None else p.seed))
     size = points_per_group or max(len(ordered), 1)
     return [ordered[i : i + size] for i in range(0, len(ordered), size)]

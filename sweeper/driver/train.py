@@ -53,6 +53,10 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
         if not cfg.sweep.resume and cfg.sweep.strategy != "smart":  # smart records it with its classes
             # The report's accuracy classes: which layouts train the same model (report/classes.py).
             s.tracker.log_sweep_params({"batch_coupled_layers": ", ".join(prepared.batch_coupled) or "none"})
+        if prepared.beyond_data_parallelism:  # said now and in the answer (report/build.py reads the param)
+            console.warn(prepared.beyond_data_parallelism)
+            if not cfg.sweep.resume:
+                s.tracker.log_sweep_params({"data_parallel_limit": prepared.beyond_data_parallelism})
         phases("tracking")
         console.print_where(s.uri, s.cluster.dashboard_url, s.cluster.token_path, s.cluster.results_dir)
         points, specs, frontier_failed = prepared.points, specs, False
@@ -64,7 +68,8 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
                 s.end(summary([], phases, Counter()), "FAILED")
                 return EXIT_POINT_FAILED
         points, skipped = predicted.skip(cfg, points, prepared.over_budget, done_keys, lambda p, r: s.tracker.log_point(
-            p, point_params(cfg, specs[p]), r, replace_failed=cfg.sweep.retry_failed))
+            p, point_params(cfg, specs[p], r), r, replace_failed=cfg.sweep.retry_failed),
+            {p: specs[p].memory_predicted_bytes for p in points})
         answer = None
         if cfg.sweep.strategy == "smart":
             rows, ledger = measure_smart(cfg, s, name, points, specs, done_keys, prepared)
@@ -136,7 +141,8 @@ def grid_from_frontier(
                  if (search.parallelism, search.recipe) == (layout, recipe)}
         made, skipped = frontier.grid_from_frontiers(found, cfg.sweep.accumulation_steps,
                                                      cfg.sweep.global_batch_sizes, recipe, layout)
-        points += plan.replicate(made, cfg.sweep.lr_multipliers, cfg.sweep.seeds)
+        points += plan.replicate(plan.with_gradient_syncs(made, cfg.sweep.gradient_sync), cfg.sweep.lr_multipliers,
+                                 cfg.sweep.seeds)
         for line in skipped:
             console.warn(f"not measured ({', '.join((layout, *recipe))}): {line}")
     if not points:
@@ -170,7 +176,7 @@ def measure_grid(
 
         def done(point: GridPoint, result: PointResult) -> None:
             result.accuracy.accuracy_note = accuracy_note(cfg)
-            s.tracker.log_point(point, point_params(cfg, specs[point]), result, replace_failed=cfg.sweep.retry_failed)
+            s.tracker.log_point(point, point_params(cfg, specs[point], result), result, replace_failed=cfg.sweep.retry_failed)
             rows.append((point, result))
             recorded.add(point.key)
             if result.state.continued_from and cfg.cluster.checkpoint_every_steps:
@@ -246,7 +252,7 @@ def measure_smart(
 
     def record(point: GridPoint, result: PointResult) -> None:
         result.accuracy.accuracy_note = accuracy_note(cfg)
-        s.tracker.log_point(point, point_params(cfg, specs[point]), result, replace_failed=cfg.sweep.retry_failed)
+        s.tracker.log_point(point, point_params(cfg, specs[point], result), result, replace_failed=cfg.sweep.retry_failed)
         rows.append((point, result))
 
     ledger = smart_driver.measure(cfg, s, name, points, specs, done_keys, bool(coupled), prepared.num_classes, record)
@@ -266,7 +272,7 @@ def measure_branch(
     rows: Rows = []
 
     def record(point: GridPoint, result: PointResult) -> None:
-        s.tracker.log_point(point, point_params(cfg, specs[point]), result, replace_failed=cfg.sweep.retry_failed)
+        s.tracker.log_point(point, point_params(cfg, specs[point], result), result, replace_failed=cfg.sweep.retry_failed)
         rows.append((point, result))
 
     ledger, answer = branch_driver.measure(cfg, s, name, points, specs, done_keys, record)
@@ -284,8 +290,12 @@ def accuracy_note(cfg: SweeperConfig):
     return SYNTHETIC_NOTE if cfg.data.name == "synthetic" and not cfg.data._target_ else None
 
 
-def point_params(cfg: SweeperConfig, spec: PointSpec) -> Dict[str, Any]:
+def point_params(cfg: SweeperConfig, spec: PointSpec, result: Optional[PointResult] = None) -> Dict[str, Any]:
+    """The point's MLflow params: what it is, and (`result`) how its worker trained it."""
     point = spec.point
+    # How accumulation reduced, as the worker read it back from its model (final | every | none); absent for a
+    # point no worker trained (skipped by prediction, failed before its first step).
+    done = {"gradient_sync": result.gradient_sync} if result is not None and result.gradient_sync else {}
     return {
         # the point its replicates share (every axis but the seed): group runs by it to compare points
         "point": point.point_key,
@@ -294,9 +304,9 @@ def point_params(cfg: SweeperConfig, spec: PointSpec) -> Dict[str, Any]:
         "micro_batch_size": point.micro_batch_size,
         "accumulation_steps": point.accumulation_steps,
         "num_workers": point.num_workers,
-        # how the workers hold the model (absent in older records: ddp) and how accumulation skips the reduce
+        # how the workers hold the model (absent in older records: ddp) and how accumulation reduced
         "parallelism": point.parallelism,
-        "gradient_sync": plan.gradient_sync(point.parallelism, point.num_workers),
+        **done,
         "global_batch_size": point.global_batch_size,
         "lr": spec.lr,
         "lr_scaling": cfg.train.lr_scaling,
@@ -335,6 +345,7 @@ def sweep_params(cfg: SweeperConfig, auto: bool, resources: Resources) -> Dict[s
         "accumulation_steps": list(cfg.sweep.accumulation_steps),
         "num_workers": list(cfg.sweep.num_workers),
         "parallelism": list(cfg.sweep.parallelism),
+        "gradient_sync": list(cfg.sweep.gradient_sync),
         "global_batch_sizes": cfg.sweep.global_batch_sizes,
         "points_per_worker_group": cfg.sweep.points_per_worker_group,
         "profile": cfg.profile,

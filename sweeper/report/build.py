@@ -96,6 +96,9 @@ def build(
         rec, cfg.objective, cfg.min_accuracy, budget, cfg.max_accuracy_drop, cfg.max_loss_rise))
     images = _draw_plots(folder, trials, cfg, sweep.params, budget, rec, found)
     images.update(by_parallelism.draw(folder, trials, budget))  # only when it measured several parallelisms
+    limit = sweep.params.get("data_parallel_limit")  # driver.predicted.beyond_data_parallelism's line
+    if limit:
+        _append_limit(yaml_path, limit)
     why = recommendation_text(rec, line, found, folding.single_context(trials))
     glance = branched.glance(answer, rec.best, trials, line) if answer is not None and rec.best else None
     word = branched.chosen_word(answer, glance)  # the recommended point's verdict in the alternatives
@@ -105,6 +108,9 @@ def build(
     if answer is not None:
         extra += _branch_sections(answer, folder, trials, found, images)
         text += "\n" + branched.headline(answer).strip()
+    if limit:
+        extra.insert(0, ("Beyond data parallelism", f"Data parallelism is not enough: {limit}."))
+        text += f"\nData parallelism is not enough: {limit}."
     # The parent's own figures: the frontier searches' (sweep.micro_batch_sizes=auto) and the smart
     # strategy's compute ledger.
     sweep_figures = tracker.sweep_metrics(parent_run_id)
@@ -122,6 +128,15 @@ def build(
         if variant_name is None:
             _log_critical_batch(tracker, parent_run_id, trials, found, sweep.params)
     return report
+
+
+def _append_limit(yaml_path: str, limit: str) -> None:
+    """recommendation.yaml gets `beyond_data_parallelism`: why even ZeRO-3 at the most workers cannot hold the
+    model (tensor or pipeline parallelism are outside sweeper's scope)."""
+    import yaml
+
+    with open(yaml_path, "a") as f:
+        f.write(yaml.safe_dump({"beyond_data_parallelism": limit}, width=10_000))
 
 
 def _recommend(trials: List[Trial], cfg: ReportConfig, budget: Optional[float], found: Optional[CriticalBatch],
@@ -377,6 +392,9 @@ def _trial(row: Dict[str, Any]) -> Trial:
         lr_multiplier=number("lr_multiplier"),
         precision=text("precision"),
         parallelism=text("parallelism"),
+        gradient_sync=text("gradient_sync"),
+        memory_predicted_bytes=number("memory_predicted_bytes"),
+        communication_bytes_per_step=number("communication_bytes_per_step"),
         activation_checkpointing=text("activation_checkpointing"),
         optimizer=text("optimizer"),
         compiled=None if compiled is None else compiled.lower() == "true",
@@ -419,6 +437,8 @@ def _row(t: Trial) -> Dict[str, str]:
         "status": t.status + (f" ({t.diverged_reason})" if t.status == "diverged" and t.diverged_reason else ""),
         "samples/s": fmt(t.samples_per_second, "{:.1f}") + ("" if t.throughput_stable is not False else " (unstable)"),
         "cv": fmt(t.samples_per_second_cv, "{:.1%}"),
+        "comm MiB/step": fmt(None if t.communication_bytes_per_step is None
+                             else t.communication_bytes_per_step / MiB, "{:.1f}"),
         "peak MiB": fmt(None if t.peak_memory_bytes is None else t.peak_memory_bytes / MiB, "{:.0f}"),
         "val acc": fmt(t.val_accuracy, "{:.3f}"),
         "lr": fmt(t.lr, "{:.4g}"),

@@ -62,6 +62,11 @@ class Trial:
     train_unigram_entropy_bits: Optional[float] = None
     context: Optional[int] = None
     memory_activations_bytes: Optional[float] = None  # the micro-batch's activations at the peak
+    # How accumulation reduced, as the worker did it (final | every | none: param gradient_sync), the peak per
+    # worker measure.sharded_memory predicted (a skipped point's too), the bytes a worker sent per step.
+    gradient_sync: Optional[str] = None
+    memory_predicted_bytes: Optional[float] = None
+    communication_bytes_per_step: Optional[float] = None
 
     @property
     def activation_bytes_per_token(self) -> Optional[float]:

@@ -133,13 +133,16 @@ def freeze_long_lived_objects() -> None:
 
 def implied_oom(point: GridPoint, out_of_memory: Sequence[GridPoint]) -> Optional[GridPoint]:
     """The point already out of memory that implies `point` is too: same workers, parallelism and recipe
-    (precision, checkpointing), a context at least as long, a micro-batch at least as large, and
+    (precision, checkpointing), the same gradient sync or `every` for a `final` point (holding unsharded
+    gradients never takes less memory than holding sharded ones), a context at least as long, a micro-batch at least as large, and
     accumulation if it accumulated
     (from the second micro-step on, the accumulated gradients are alive beside the next
     micro-batch's activations)."""
     for seen in out_of_memory:
         if (seen.num_workers, seen.parallelism, seen.recipe) != (point.num_workers, point.parallelism, point.recipe) \
                 or seen == point:
+            continue
+        if seen.gradient_sync != point.gradient_sync and (seen.gradient_sync, point.gradient_sync) != ("every", "final"):
             continue
         if (point.context or 0) < (seen.context or 0):
             continue
@@ -223,6 +226,11 @@ def run_point(
             result.memory.memory_predicted_bytes = spec.memory_predicted_bytes
             if tracked:
                 result.memory.memory_prediction_error = spec.memory_predicted_bytes / tracked - 1.0
+        sent, predicted = result.communication.communication_bytes_per_step, spec.communication_predicted_bytes
+        if predicted is not None:
+            result.communication.communication_predicted_bytes_per_step = predicted
+            if sent:
+                result.communication.communication_prediction_error = predicted / sent - 1.0
     result.trial_key = spec.point.key
     result.started_at = start  # epoch seconds: the MLflow run's start, so its duration is the point's
     result.cost.trial_seconds = time.time() - start

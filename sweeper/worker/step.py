@@ -66,6 +66,11 @@ class Training:
     history: Any = None
     # spec.save_states_at: (samples seen, the Snapshot written, or why it was not) for each one saved so far
     saved_on_the_way: List[Any] = field(default_factory=list)
+    # How accumulation reduced, read back from the wrapped model at the first step (sharding.observed_sync):
+    # final | every | none; what the point's param gradient_sync records.
+    gradient_sync: Optional[str] = None
+    # The collectives of the last warm-up step, (kind, payload bytes) each (measure.collective_count).
+    collectives: Optional[List[Any]] = None
 
     @property
     def samples_seen(self) -> int:
@@ -90,7 +95,10 @@ class Training:
             targets = targets.to(target, non_blocking=True, copy=copy)
             if marks is not None:
                 marks.append(self.device.mark())
-            with accumulation_context(self.model, micro_step, point.accumulation_steps):
+            with accumulation_context(self.model, micro_step, point.accumulation_steps, point.gradient_sync,
+                                      point.parallelism):
+                if micro_step == 0 and self.gradient_sync is None:
+                    self.gradient_sync = sharding.observed_sync(self.model, micro_step, point.accumulation_steps)
                 with recipe.autocast(target, point.precision):
                     loss = self.loss_fn(self.model(inputs), targets)
                 # Each micro-batch loss is a mean over its samples; dividing by the accumulation

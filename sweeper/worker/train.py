@@ -7,6 +7,7 @@ Knows torch only, like the rest of worker/.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -15,7 +16,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from sweeper.measure import telemetry, timing
+from sweeper.measure import collective_count, communication, telemetry, timing
 from sweeper.schema import PointResult
 from sweeper.worker import collectives as comm
 from sweeper.worker import divergence, gns, sharding
@@ -295,12 +296,17 @@ def _loop(run: Training, roles: List[timing.StepRole], clock: Clock, profiler: "
         began = time.perf_counter()
         if role.starts_profiler:
             profiler.start()
-        if role.kind == timing.TRACKED:
-            breakdown = run.tracked_step(step)
-        elif role.kind == timing.TIMED:
-            clock.timed_step(step)
-        else:
-            run.step(step)
+        # The last warm-up step's collectives, counted where they reach the process group (untimed).
+        counter = collective_count.CollectiveCounter() if step == run.spec.measure.warmup_steps - 1 else None
+        with counter if counter is not None else contextlib.nullcontext():
+            if role.kind == timing.TRACKED:
+                breakdown = run.tracked_step(step)
+            elif role.kind == timing.TIMED:
+                clock.timed_step(step)
+            else:
+                run.step(step)
+        if counter is not None:
+            run.collectives = counter.calls
         profiler.after(role)
         if instrumented:
             progress.instrumented_seconds += time.perf_counter() - began
@@ -387,6 +393,7 @@ def _result(run: Training, clock: "Clock", breakdown, train_seconds: float, loop
     _throughput(result, run, clock)
     _utilization(result, run, clock.utilization)
     _recipe(result, run, clock, loop_started)
+    _communication(result, run)
     if spec.profile and run.ctx.rank == 0:
         result.profile_trace_dir = _trace_dir(spec)
     if diverged is None or diverged.reason != divergence.NONFINITE:
@@ -447,8 +454,19 @@ def _noise_estimates(run: Training) -> List[gns.Estimate]:
     return [e for e in steps if math.isfinite(e.grad_sq_norm) and math.isfinite(e.trace_sigma)]
 
 
+def _communication(result: PointResult, run: Training) -> None:
+    """The collectives of one optimizer step (the last warm-up step's, the same on every rank) and the bytes
+    each worker sent for them (measure.communication's ring arithmetic)."""
+    if run.collectives is None:
+        return
+    sent = communication.traffic(run.collectives, run.spec.point.num_workers)
+    result.communication.communication_bytes_per_step = sent.bytes
+    result.communication.communication_collectives_per_step = sent.collectives
+
+
 def _recipe(result: PointResult, run: Training, clock: "Clock", loop_started: float) -> None:
     figures = result.recipe
+    result.gradient_sync = run.gradient_sync  # what the worker did, for the point's param (driver.train)
     figures.checkpointed_blocks = run.checkpointed_blocks if run.spec.point.checkpointing != "none" else None
     if run.scaler is not None and len(run.scales) > 1:
         # The scale before the first step, then after each: a skipped step halves it (a growth,
