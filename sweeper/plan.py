@@ -120,16 +120,19 @@ def expand_grid(
     """The product of the axes (duplicates removed, order kept), optionally filtered to the points
     whose global batch size (in sequences) is one of `global_batch_sizes` (in every recipe and
     context). `seeds` None: one replicate per point (train.seed); else one per seed. `contexts` None:
-    the model's own; else one point per context."""
+    the model's own; else one point per context. `gradient_syncs`: per point where the modes differ
+    (gradient_sync), else `final` once."""
     keep = None if global_batch_sizes is None else set(global_batch_sizes)
     points: List[GridPoint] = []
-    for context, micro, accum, workers, parallelism, precision, ckpt, multiplier, seed in itertools.product(
+    for context, micro, accum, workers, parallelism, sync, precision, ckpt, multiplier, seed in itertools.product(
         contexts if contexts is not None else [None], micro_batch_sizes, accumulation_steps, num_workers,
-        parallelisms, precisions, checkpointing, lr_multipliers, seeds if seeds is not None else [None],
+        parallelisms, gradient_syncs, precisions, checkpointing, lr_multipliers,
+        seeds if seeds is not None else [None],
     ):
         point = GridPoint(int(micro), int(accum), int(workers), str(precision), str(ckpt), float(multiplier),
                           None if seed is None else int(seed), None if context is None else int(context),
-                          parallelism=str(parallelism))
+                          parallelism=str(parallelism),
+                          gradient_sync=gradient_sync(str(parallelism), int(workers), int(accum), str(sync)))
         if point in points:
             continue
         if keep is not None and point.global_batch_size not in keep:

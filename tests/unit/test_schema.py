@@ -32,6 +32,7 @@ NOT_ON_ONE_CPU_POINT = LANGUAGE_MODEL_ONLY | {
     "memory_estimated_peak_bytes", "memory_estimate_error",
     # a sweep with a sharded parallelism's prediction (test_parallelism, test_e2e_parallelism)
     "memory_predicted_bytes", "memory_prediction_error",
+    "communication_predicted_bytes_per_step", "communication_prediction_error",
     # the recipe's: fp16's loss scaling, checkpointing and compilation (not asked for here)
     "grad_scaler_scale", "grad_scaler_skipped_steps", "checkpointed_blocks", "compile_step_seconds",
     # a target's and a divergence's (none here)
