@@ -167,3 +167,19 @@ def test_a_point_params_record_the_gradient_sync_its_worker_did_not_the_one_aske
     assert params["point"] == point.point_key
     assert "gradient_sync" not in point_params(cfg, spec, PointResult(status="oom", oom_predicted=True))
     assert "gradient_sync" not in point_params(cfg, spec)
+
+
+def test_when_even_zero3_at_the_most_workers_is_over_the_budget_the_sweep_says_data_parallelism_is_not_enough():
+    from sweeper import config
+    from tests.harness import compose_cfg
+
+    sweep = ["model=gpt", "data=text", "model.d_model=32", "model.n_layer=2", "model.n_head=2", "model.context=16",
+             "gns.enabled=false", "sweep.parallelism=[ddp,zero2]", "sweep.num_workers=[1,2]"]
+    points = [GridPoint(2, 1, 2, parallelism="zero2"), GridPoint(4, 2, 1)]
+    tight = config.load(compose_cfg(*sweep, "device.memory_budget_gb=0.00001"))  # 10 KiB a worker
+    line = predicted.beyond_data_parallelism(tight, points, 256)
+    assert line.startswith("even ZeRO-3 at 2 workers (mb2-acc1-w2-zero3, the smallest layout swept) is predicted")
+    assert "tensor or pipeline parallelism" in line and "outside sweeper's scope" in line
+    roomy = config.load(compose_cfg(*sweep, "device.memory_budget_gb=1"))
+    assert predicted.beyond_data_parallelism(roomy, points, 256) is None
+    assert predicted.beyond_data_parallelism(config.load(compose_cfg(*sweep)), points, 256) is None  # no budget
