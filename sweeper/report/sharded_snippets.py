@@ -63,7 +63,7 @@ def lightning(layout: Any, accelerator: str, precision: str) -> str:
         f"    accelerator={accelerator!r},\n",
         f"    devices={layout.num_workers},  # over several nodes: devices per node and num_nodes=N\n",
         "    strategy=strategy,\n",
-        f"    accumulate_grad_batches={layout.accumulation_steps},\n",
+        f"    accumulate_grad_batches={layout.accumulation_steps},{_lightning_sync(layout)}\n",
         f"    precision={precision!r},\n",
         ")\n\n\n",
         "# A method of your LightningModule: each repeated block (transformer layer, residual block), then the root.\n",
@@ -78,6 +78,17 @@ def lightning(layout: Any, accelerator: str, precision: str) -> str:
     if layout.activation_checkpointing == "blocks":
         lines.append("# Activation checkpointing (measured with it): checkpoint each block before fully_shard.\n")
     return "".join(lines)
+
+
+def _lightning_sync(layout: Any) -> str:
+    """A comment on accumulate_grad_batches: under ModelParallelStrategy Lightning reduces at every micro-batch,
+    which is sweeper's `every` sync; a layout measured in `final` held more memory and sent less."""
+    if layout.accumulation_steps == 1:
+        return ""
+    if getattr(layout, "gradient_sync", "final") == "every":
+        return "  # reduces every micro-batch: as measured (gradient_sync=every)"
+    return ("  # Lightning reduces every micro-batch (sweeper's gradient_sync=every); measured: final, one reduce "
+            "per step")
 
 
 def _fsdp1(parallelism: str) -> str:
@@ -127,15 +138,26 @@ def ray_train_shard(layout: Any) -> str:
         f"    \"\"\"{layout.parallelism} as sweeper measured it. In train_loop_per_worker, after building the model "
         "(Ray Train\n    has set up the process group) and before building the optimizer; instead of "
         "prepare_model.\"\"\"\n",
+        "    if torch.cuda.is_available():  # FSDP2 builds its mesh on the current device: this worker's GPU\n",
+        "        import ray.train.torch\n\n",
+        "        torch.cuda.set_device(ray.train.torch.get_device())\n",
         *_policy_lines(layout.precision, "    "),
         "    for block in blocks:  # your model's repeated blocks (transformer layers, residual blocks)\n",
         f"        fully_shard(block, reshard_after_forward={blocks}, mp_policy=policy)\n",
         "    fully_shard(model, reshard_after_forward=False, mp_policy=policy)\n",
         "    return model\n\n\n",
-        "# Accumulation: before each micro-batch,\n",
-        "# model.set_requires_gradient_sync(micro_step == accumulation_steps - 1): one reduce-scatter per optimizer\n",
-        "# step, the unsharded gradients held until then.\n",
+        *_ray_train_sync(layout),
     ])
+
+
+def _ray_train_sync(layout: Any) -> List[str]:
+    """How the loop accumulates, as the worker did it (gradient_sync)."""
+    if getattr(layout, "gradient_sync", "final") == "every":
+        return ["# Accumulation as measured (gradient_sync=every): leave the gradient sync on; each micro-batch's\n",
+                "# backward reduce-scatters, only the gradient shards are held.\n"]
+    return ["# Accumulation as measured (gradient_sync=final): before each micro-batch,\n",
+            "# model.set_requires_gradient_sync(micro_step == accumulation_steps - 1): one reduce-scatter per\n",
+            "# optimizer step, the unsharded gradients held until then.\n"]
 
 
 RAY_TRAIN_IMPORTS = "import torch\nfrom torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard\n"

@@ -41,6 +41,7 @@ class Layout:
     device: str = "gpu"
     key: Optional[str] = None  # the point's key, e.g. mb64-acc2-w2, named in each file's header
     parallelism: str = "ddp"  # ddp | zero2 | zero3 (FSDP2), as measured
+    gradient_sync: str = "final"  # final | every: how accumulation reduced, as the worker did it
 
     def __post_init__(self) -> None:
         for name, allowed in (("precision", PRECISIONS), ("activation_checkpointing", CHECKPOINTING),
@@ -75,6 +76,8 @@ class Layout:
             key=params.get("key") or params.get("trial_key"),
             # A sweep from before the parallelism axis recorded none: it measured DDP.
             parallelism=given("parallelism", "ddp"),
+            # `none` (one DDP worker reduces nothing) and records before the axis: final
+            gradient_sync="every" if params.get("gradient_sync") == "every" else "final",
         )
 
 
@@ -128,6 +131,8 @@ def _layout_yaml(layout: Layout) -> str:
     fields = asdict(layout)
     if not layout.sharded:
         del fields["parallelism"]  # a DDP layout's file as before the axis
+    if layout.gradient_sync == "final":
+        del fields["gradient_sync"]  # the default: the file as before the axis
     return yaml.safe_dump({**fields, "global_batch_size": layout.global_batch_size}, sort_keys=False)
 
 
@@ -201,6 +206,10 @@ def deepspeed_config(layout: Layout) -> Dict[str, Any]:
         config["optimizer"] = {"type": DEEPSPEED_OPTIMIZER[layout.optimizer], "params": {"lr": layout.lr}}
     if layout.sharded:
         config["zero_optimization"] = sharded.deepspeed_zero(layout)
+        if layout.optimizer not in DEEPSPEED_OPTIMIZER:
+            # deepspeed.initialize refuses a ZeRO stage with torch's SGD ("an untested ZeRO Optimizer")
+            # unless told; sweeper measured exactly that optimizer on the shards.
+            config["zero_allow_untested_optimizer"] = True
     return config
 
 
