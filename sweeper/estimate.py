@@ -1,5 +1,6 @@
 """`python -m sweeper.estimate [overrides]`: the memory of the sweep's config predicted on fake tensors,
-printed before anything runs (the frontier under device.memory_budget_gb and each grid point's peak).
+printed before anything runs (the frontier under device.memory_budget_gb, each grid point's peak, and whether
+even ZeRO-3 at the most workers is over the budget: data parallelism not enough).
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ def report_lines(cfg: SweeperConfig, num_classes: int) -> List[str]:
     points = plan.expand_grid(sizes, cfg.sweep.accumulation_steps, cfg.sweep.num_workers,
                               precisions=cfg.sweep.precisions, checkpointing=cfg.sweep.activation_checkpointing,
                               parallelisms=cfg.sweep.parallelism, gradient_syncs=cfg.sweep.gradient_sync)
-    return lines + _point_lines(cfg, num_classes, points, budget)
+    lines += _point_lines(cfg, num_classes, points, budget)
+    limit = predicted.beyond_data_parallelism(cfg, points, num_classes, device=predicted.device_type(cfg))
+    return lines + ([f"Data parallelism is not enough: {limit}."] if limit else [])
 
 
 def _point_lines(cfg: SweeperConfig, num_classes: int, points: List[plan.GridPoint], budget: Optional[int]

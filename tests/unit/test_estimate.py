@@ -36,3 +36,12 @@ def test_an_optimizer_of_your_own_is_predicted_from_its_measured_state():
     cfg = config.load(compose_cfg(*SMALL, "optim=custom", "optim._target_=torch.optim.RMSprop"))
     rows = _rows(report_lines(cfg, cfg.data.num_classes))
     assert rows["mb2-acc1-w2-zero3"][0] != "not" and float(rows["mb2-acc1-w2-zero3"][0]) > 0
+
+
+def test_it_says_when_data_parallelism_is_not_enough():
+    tight = config.load(compose_cfg(*SMALL, "optim=adamw", "device.memory_budget_gb=0.00001"))  # 10 KiB a worker
+    said = [line for line in report_lines(tight, tight.data.num_classes) if "not enough" in line]
+    assert len(said) == 1 and said[0].startswith("Data parallelism is not enough: even ZeRO-3 at 2 workers")
+    assert "tensor or pipeline parallelism" in said[0]
+    roomy = config.load(compose_cfg(*SMALL, "optim=adamw", "device.memory_budget_gb=1"))
+    assert not any("not enough" in line for line in report_lines(roomy, roomy.data.num_classes))
