@@ -55,8 +55,8 @@ class GridPoint:
     @property
     def key(self) -> str:
         """A stable name for the point, used for Ray trial names and to avoid duplicate MLflow runs:
-        mb64-acc2-w1, then -zero2 / -zero3 for a sharded layout, -every for gradient_sync every, -bf16 / -ckpt for a recipe other than fp32
-        without checkpointing, -lrx2
+        mb64-acc2-w1, then -zero2 / -zero3 for a sharded layout, -every for gradient_sync every, -bf16 / -ckpt for
+        a recipe other than fp32 without checkpointing, -lrx2
         for an LR multiplier other than 1, -ctx256 for a context from sweep.context_lengths, -s1 for
         one seed of several."""
         key = self.point_key

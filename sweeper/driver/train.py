@@ -176,7 +176,8 @@ def measure_grid(
 
         def done(point: GridPoint, result: PointResult) -> None:
             result.accuracy.accuracy_note = accuracy_note(cfg)
-            s.tracker.log_point(point, point_params(cfg, specs[point], result), result, replace_failed=cfg.sweep.retry_failed)
+            s.tracker.log_point(point, point_params(cfg, specs[point], result), result,
+                                replace_failed=cfg.sweep.retry_failed)
             rows.append((point, result))
             recorded.add(point.key)
             if result.state.continued_from and cfg.cluster.checkpoint_every_steps:
@@ -252,7 +253,8 @@ def measure_smart(
 
     def record(point: GridPoint, result: PointResult) -> None:
         result.accuracy.accuracy_note = accuracy_note(cfg)
-        s.tracker.log_point(point, point_params(cfg, specs[point], result), result, replace_failed=cfg.sweep.retry_failed)
+        s.tracker.log_point(point, point_params(cfg, specs[point], result), result,
+                            replace_failed=cfg.sweep.retry_failed)
         rows.append((point, result))
 
     ledger = smart_driver.measure(cfg, s, name, points, specs, done_keys, bool(coupled), prepared.num_classes, record)
@@ -272,7 +274,8 @@ def measure_branch(
     rows: Rows = []
 
     def record(point: GridPoint, result: PointResult) -> None:
-        s.tracker.log_point(point, point_params(cfg, specs[point], result), result, replace_failed=cfg.sweep.retry_failed)
+        s.tracker.log_point(point, point_params(cfg, specs[point], result), result,
+                            replace_failed=cfg.sweep.retry_failed)
         rows.append((point, result))
 
     ledger, answer = branch_driver.measure(cfg, s, name, points, specs, done_keys, record)

@@ -83,8 +83,8 @@ class MemoryBreakdown:
     highest tracked total while the step was in each phase (forward: from a top-level forward's
     start, the loss included; backward: from autograd's first op (the gradient reduce FSDP2 and
     DDP issue there included) until the next forward or the optimizer step, so backward's end
-    is backward's; optimizer: from `optimizer.step()` to the step's end, zero_grad included). peak_bytes is the largest of the three; which one it is says
-    where the step's peak is (measure.sharded_memory predicts each).
+    is backward's; optimizer: from `optimizer.step()` to the step's end, zero_grad included). peak_bytes is the
+    largest of the three; which one it is says where the step's peak is (measure.sharded_memory predicts each).
     """
 
     parameters_bytes: int

@@ -27,7 +27,7 @@ AUTOCAST_COPY_BYTES_PER_PARAMETER = 2
 # The prediction's error against the largest rank's tracked peak, (lowest, highest) over every layout of
 # scripts/bench_sharding.py (docs/parallelism.md): a point predicted over the budget by less than the highest
 # over-prediction may fit, so it runs (its budget then enforced on the device or simulated on the tracked step).
-PREDICTION_ERROR_BAND = (-0.06, 0.07)
+PREDICTION_ERROR_BAND = (-0.07, 0.07)  # measured -6.4 % to +5.1 % over 78 layouts
 
 
 @dataclass(frozen=True)

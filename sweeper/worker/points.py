@@ -134,15 +134,16 @@ def freeze_long_lived_objects() -> None:
 def implied_oom(point: GridPoint, out_of_memory: Sequence[GridPoint]) -> Optional[GridPoint]:
     """The point already out of memory that implies `point` is too: same workers, parallelism and recipe
     (precision, checkpointing), the same gradient sync or `every` for a `final` point (holding unsharded
-    gradients never takes less memory than holding sharded ones), a context at least as long, a micro-batch at least as large, and
-    accumulation if it accumulated
+    gradients never takes less memory than holding sharded ones), a context at least as long, a micro-batch at
+    least as large, and accumulation if it accumulated
     (from the second micro-step on, the accumulated gradients are alive beside the next
     micro-batch's activations)."""
     for seen in out_of_memory:
         if (seen.num_workers, seen.parallelism, seen.recipe) != (point.num_workers, point.parallelism, point.recipe) \
                 or seen == point:
             continue
-        if seen.gradient_sync != point.gradient_sync and (seen.gradient_sync, point.gradient_sync) != ("every", "final"):
+        if (seen.gradient_sync != point.gradient_sync
+                and (seen.gradient_sync, point.gradient_sync) != ("every", "final")):
             continue
         if (point.context or 0) < (seen.context or 0):
             continue

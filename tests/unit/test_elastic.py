@@ -18,8 +18,8 @@ MIB = 2 ** 20
 def trial(mb, acc=1, w=1, sps=100.0, peak=100, status="ok", suffix="", **more):
     return Trial(key=f"mb{mb}-acc{acc}-w{w}{suffix}", micro_batch_size=mb, accumulation_steps=acc, num_workers=w,
                  global_batch_size=mb * acc * w, status=status, samples_per_second=sps,
-                 peak_memory_bytes=None if peak is None else peak * MIB, lr=0.01, precision="fp32", activation_checkpointing="none",
-                 optimizer="sgd", **more)
+                 peak_memory_bytes=None if peak is None else peak * MIB, lr=0.01, precision="fp32",
+                 activation_checkpointing="none", optimizer="sgd", **more)
 
 
 def test_every_measured_worker_count_gets_its_fastest_measured_layout_of_the_global_batch():

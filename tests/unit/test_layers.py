@@ -70,6 +70,7 @@ PURE = (
     "sweeper.strategies.smart", "sweeper.strategies.branch", "sweeper.report.analysis",
     "sweeper.report.critical_batch", "sweeper.report.snippets", "sweeper.report.folding",
     "sweeper.report.sharded_snippets", "sweeper.report.elastic", "sweeper.report.parallelism",
+    "sweeper.measure.layouts", "sweeper.measure.communication",
 )
 HEAVY = ("torch", "ray")
 

@@ -146,7 +146,7 @@ def _count_reduce_scatters(rank: int, world: int):
         per_micro = []
         dist.reduce_scatter_single, calls[0] = counting, 0
         try:
-            _train(model, _optimizer(model), range(1), rank, world, on_micro_step=lambda m: note(per_micro),
+            _train(model, _optimizer(model), range(1), rank, world, on_micro_step=lambda m, seen=per_micro: note(seen),
                    skip_reduce=skip)
         finally:
             dist.reduce_scatter_single = real
