@@ -101,7 +101,8 @@ def _at_measured(same: Sequence[Trial], workers: int, batch: int, budget: Option
         t = max(runs, key=lambda t: ((t.accumulation_steps > 1) == accumulates, t.samples_per_second))
         said = f"; memory {how} on {basis[0]}" if basis and basis[0] != t.key else ""
         return _row(workers, micro, batch, t.samples_per_second, peak, "predicted",
-                    list(dict.fromkeys([t.key, *basis])), f"not run: micro-batch {micro}'s throughput from {t.key}{said}")
+                    list(dict.fromkeys([t.key, *basis])),
+                    f"not run: micro-batch {micro}'s throughput from {t.key}{said}")
     return _none(workers, batch, f"no micro-batch measured at {workers} workers divides {share} and fits"
                  + (" (a layout's memory neither measured nor predicted does not)" if budget is not None else ""))
 
