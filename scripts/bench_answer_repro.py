@@ -87,10 +87,9 @@ def show(folder: Path) -> Tuple[str, bool]:
     certify within the tolerance, as opposed to the most accurate point itself)."""
     from sweeper import tracking
     from sweeper.report import analysis, noninferiority
-    from sweeper.report.build import recorded_settings, trials_of
+    from sweeper.report.recorded import recorded_settings, trials_of
 
-    tracker, parent = tracking.Tracker.for_sweep(f"sqlite:///{folder / 'mlflow.db'}", "sweeper")
-    sweep = tracker.load_sweep(parent)
+    sweep = tracking.SweepReader.of(f"sqlite:///{folder / 'mlflow.db'}", "sweeper").load()
     cfg = recorded_settings(sweep.params)
     trials = trials_of(sweep)
     rec = analysis.recommend(trials, cfg.objective, cfg.min_accuracy, None, cfg.max_accuracy_drop,

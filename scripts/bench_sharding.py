@@ -150,8 +150,8 @@ def rows_of(shape: Shape, world: int, verbose: bool) -> List[Tuple]:
                      prediction.phase, f"{largest.peak_bytes / MIB:.2f}", _measured_phase(largest),
                      f"{error * 100:+.1f}", f"{sent / MIB:.2f}", f"{counted / MIB:.2f}"))
         if verbose:
-            print(f"  {shape.name} {layout} x{world}: measured {largest}\n  predicted {sharded_memory.by_phase(prediction)}"
-                  f" {prediction.parts}", file=sys.stderr)
+            print(f"  {shape.name} {layout} x{world}: measured {largest}\n"
+                  f"  predicted {sharded_memory.by_phase(prediction)} {prediction.parts}", file=sys.stderr)
     return rows
 
 

@@ -9,7 +9,7 @@ __all__ = ["results"]
 def __getattr__(name: str):
     # Lazy: `import sweeper` happens in every Ray worker, which needs neither MLflow nor pandas.
     if name == "results":
-        from sweeper.readback import results
+        from sweeper.tracking.results import results
 
         return results
     raise AttributeError(f"module 'sweeper' has no attribute {name!r}")

@@ -59,7 +59,7 @@ def run_task(cfg: DictConfig) -> int:
         if typed.task == "inference":
             from sweeper.driver import inference as task
         else:
-            from sweeper.driver import train as task
+            from sweeper.driver import train_sweep as task
         return task.run(typed, resolved)
     except ConfigError as exc:
         for problem in exc.problems:

@@ -8,7 +8,8 @@ estimated, counted and measured is one recipe.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterable, List, Optional, Sequence
+import inspect
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 from hydra.utils import get_method
@@ -27,20 +28,86 @@ BLOCK_TYPES = ("BasicBlock", "Bottleneck", "InvertedResidual", "EncoderBlock", "
                "MLPBlock", "GPTBlock")
 
 
-def build_optimizer(cfg: OptimConfig, params: Iterable[nn.Parameter], lr: float) -> torch.optim.Optimizer:
-    """optim=sgd | adamw, or a `_target_` factory called with the parameters (Hydra's `_partial_`
-    style: `factory(params, lr=..., **kwargs)`); `lr` is optim.lr after the LR-scaling rule."""
+# The keywords a custom optimizer factory may declare to be given the model's named parameters instead.
+NAMED_KEYWORDS = ("named_params", "named_parameters")
+
+
+def build_optimizer(cfg: OptimConfig, model: Union[nn.Module, Iterable[nn.Parameter]], lr: float
+                    ) -> torch.optim.Optimizer:
+    """optim=sgd | adamw, or a `_target_` factory (Hydra's `_partial_` style: `factory(params, lr=..., **kwargs)`,
+    or `factory(named_parameters=[(name, parameter), ...], lr=..., **kwargs)` when it declares one of
+    NAMED_KEYWORDS); `lr` is optim.lr after the LR-scaling rule. Given the model, the built-in optimizers spare
+    optim.no_decay's parameters from weight decay (a second parameter group); given bare parameters, one group."""
     if cfg._target_:
-        factory: Callable[..., Any] = get_method(cfg._target_)
-        optimizer = factory(params, lr=lr, **dict(cfg.kwargs))
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"optim._target_={cfg._target_!r} returned {type(optimizer).__name__}, not a "
-                            "torch.optim.Optimizer")
-        return optimizer
+        return _custom_optimizer(cfg, model, lr)
+    params: Any = model.parameters() if isinstance(model, nn.Module) else model
+    if isinstance(model, nn.Module) and cfg.weight_decay and cfg.no_decay:
+        params = parameter_groups(model, cfg.no_decay)
     if cfg.name == "adamw":
         return torch.optim.AdamW(params, lr=lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
     return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
                            nesterov=cfg.nesterov)
+
+
+def _custom_optimizer(cfg: OptimConfig, model: Union[nn.Module, Iterable[nn.Parameter]], lr: float
+                      ) -> torch.optim.Optimizer:
+    factory: Callable[..., Any] = get_method(cfg._target_)
+    named = _named_keyword(factory)
+    if named and isinstance(model, nn.Module):
+        optimizer = factory(**{named: list(named_parameters(model))}, lr=lr, **dict(cfg.kwargs))
+    else:
+        optimizer = factory(model.parameters() if isinstance(model, nn.Module) else model, lr=lr, **dict(cfg.kwargs))
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optim._target_={cfg._target_!r} returned {type(optimizer).__name__}, not a "
+                        "torch.optim.Optimizer")
+    return optimizer
+
+
+def _named_keyword(factory: Callable) -> Optional[str]:
+    try:
+        declared = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: takes params
+        return None
+    return next((name for name in NAMED_KEYWORDS if name in declared), None)
+
+
+def parameter_groups(model: nn.Module, no_decay: Sequence[str]) -> List[Dict[str, Any]]:
+    """The model's parameters in two groups: those weight decay falls on, then those `no_decay` spares
+    (weight_decay 0): a parameter whose dotted name (as the bare model names it) or whose module's class name
+    holds an entry, case-insensitive. An empty group is left out."""
+    wanted = [entry.lower() for entry in no_decay]
+    owners = {id(p): type(m).__name__.lower() for m in model.modules() for p in m.parameters(recurse=False)}
+    decayed: List[nn.Parameter] = []
+    spared: List[nn.Parameter] = []
+    for name, p in named_parameters(model):
+        hit = any(entry in name.lower() or entry in owners.get(id(p), "") for entry in wanted)
+        (spared if hit else decayed).append(p)
+    groups: List[Dict[str, Any]] = [{"params": decayed}] if decayed else []
+    return groups + ([{"params": spared, "weight_decay": 0.0}] if spared else [])
+
+
+def named_parameters(model: nn.Module) -> Iterator[Tuple[str, nn.Parameter]]:
+    """The model's parameters by the bare model's names: without DDP's `module.` prefix or activation
+    checkpointing's `block.` segments (a sharded model keeps its names)."""
+    inner = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+    canonical = canonical_key(inner)
+    for name, p in inner.named_parameters():
+        yield canonical(name), p
+
+
+def canonical_key(model: nn.Module) -> Callable[[str], str]:
+    """A function from a key of `model`'s state dict or parameter names (the bare model's, or a sharded one's:
+    FSDP2 keeps the names) to the bare model's name for it: each activation checkpointing wrapper's `block.`
+    segment removed."""
+    wrapped = sorted((name for name, m in model.named_modules() if isinstance(m, Checkpointed)), key=len, reverse=True)
+
+    def canonical(key: str) -> str:
+        for name in wrapped:
+            prefix = f"{name}.block." if name else "block."
+            if key.startswith(prefix):
+                key = (f"{name}." if name else "") + key[len(prefix):]
+        return key
+    return canonical
 
 
 def build_loss(cfg: LossConfig) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -64,6 +131,44 @@ def autocast(device: torch.device, precision: str):
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+# CPU features (Linux's /proc/cpuinfo `flags`, an Arm's `Features`) under which autocast's matmuls and
+# convolutions run in the precision itself; without one, oneDNN emulates it through fp32 (bf16 autocast ran a
+# 3x3 convolution 48x slower than fp32 on such a CPU, issue 54).
+NATIVE_CPU_FLAGS = {"bf16": ("avx512_bf16", "amx_bf16", "bf16"), "fp16": ("avx512_fp16", "amx_fp16", "fphp")}
+NATIVE_CPU_NAMES = {"bf16": "AVX512-BF16 or AMX", "fp16": "AVX512-FP16 or AMX-FP16"}
+
+
+def emulated_precision(precision: str, device: torch.device, flags: Optional[Sequence[str]] = None) -> Optional[str]:
+    """Why `precision` is only emulated on `device`, in words (its throughput is then not the recipe's), or None
+    (fp32, native, or not known: a CPU whose features cannot be read). `flags`: the CPU's features (read from
+    /proc/cpuinfo when None)."""
+    if precision not in NATIVE_CPU_FLAGS:
+        return None
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        if precision == "bf16" and major < 8:  # bf16 arithmetic came with Ampere
+            return (f"bf16 on {torch.cuda.get_device_name(device)} (compute capability {major}.{minor}, below "
+                    "Ampere's 8.0) is emulated: its throughput is not bf16's")
+        return None
+    if device.type != "cpu":
+        return None
+    found = set(flags) if flags is not None else cpu_flags()
+    if found is None or found & set(NATIVE_CPU_FLAGS[precision]):
+        return None
+    return (f"{precision} autocast on a CPU without {NATIVE_CPU_NAMES[precision]} is emulated through fp32 (up to "
+            f"48x slower): its throughput is not {precision}'s")
+
+
+def cpu_flags() -> Optional[set]:
+    """This machine's CPU features, from /proc/cpuinfo (None where it cannot be read: not Linux)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = [line for line in f if line.split(":")[0].strip() in ("flags", "Features")]
+    except OSError:
+        return None
+    return {flag for line in lines for flag in line.split(":", 1)[1].split()} if lines else None
 
 
 def grad_scaler(device: torch.device, precision: str) -> Optional[torch.amp.GradScaler]:

@@ -2,170 +2,26 @@
 
 One home for the recorded schema (docs/mlflow.md): a field's name IS its MLflow metric name, and its
 metadata says how it is recorded (a metric, a per-step series, a tag, or a note that travels with the
-result but is not a figure). A worker fills a result; it crosses to the driver as a flat dict (Ray
-reports numbers by name) and is rebuilt there with `from_flat`, which refuses a name it does not know:
-a figure the code produces but the schema lacks fails loudly instead of vanishing on its way to MLflow.
-Standard library only.
+result but is not a figure; those kinds and the Record base are sweeper/record.py's). A worker fills a
+result; it crosses to the driver as a flat dict (Ray reports numbers by name) and is rebuilt there with
+`from_flat`, which refuses a name it does not know: a figure the code produces but the schema lacks
+fails loudly instead of vanishing on its way to MLflow. Standard library only.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import Field, dataclass, field, fields
+from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
-METRIC, SERIES, CURVE, TAG, NOTE = "metric", "series", "curve", "tag", "note"
+# The record machinery (sweeper/record.py), re-exported: `from sweeper.schema import METRIC` as before.
+from sweeper.record import (  # noqa: F401 - re-exported
+    CURVE, MAP, METRIC, NOTE, SERIES, TAG, Record, curve, metric, metric_map, note, section, series, tag,
+)
+
 # How a point ends, best to worst: the worst over a point's ranks is its status.
 # `stopped` (sweep.strategy=smart: its class was stopped early by successive halving) is set by the
 # driver only, never by a worker.
 STATUSES = ("ok", "stopped", "did_not_learn", "diverged", "oom", "failed")
-
-
-def metric() -> Any:
-    """A number, one MLflow metric under the field's name."""
-    return field(default=None, metadata={"kind": METRIC})
-
-
-def series() -> Any:
-    """A list of numbers, one MLflow metric under the field's name with the index as its step."""
-    return field(default=None, metadata={"kind": SERIES})
-
-
-def curve() -> Any:
-    """(step, value) pairs, one MLflow metric under the field's name at those steps (e.g. samples seen)."""
-    return field(default=None, metadata={"kind": CURVE})
-
-
-def tag(name: str) -> Any:
-    """Text (or a bool, as "true"/"false"), the run tag `name`."""
-    return field(default=None, metadata={"kind": TAG, "tag": name})
-
-
-def note(default: Any = None) -> Any:
-    """Travels with the result (identity, clocks, paths) but is not a recorded figure."""
-    return field(default=default, metadata={"kind": NOTE})
-
-
-class Record:
-    """A dataclass of schema fields, some of them nested Records (the sections)."""
-
-    def leaves(self) -> Iterator[Tuple[Field, Any]]:
-        """(field, value) of every non-section field, sections flattened in order."""
-        for f in fields(self):  # type: ignore[arg-type]
-            value = getattr(self, f.name)
-            if _is_section(f):
-                if value is not None:
-                    yield from value.leaves()
-            else:
-                yield f, value
-
-    def to_flat(self) -> Dict[str, Any]:
-        """Every set field by name (None left out): what a worker reports."""
-        return {f.name: value for f, value in self.leaves() if value is not None}
-
-    @classmethod
-    def from_flat(cls, values: Mapping[str, Any]) -> "Record":
-        """The record of a flat dict; ValueError naming any key the schema does not know."""
-        unknown = set(values) - set(cls.names())
-        if unknown:
-            raise ValueError(f"{cls.__name__} has no field for {sorted(unknown)}: add it to sweeper/schema.py")
-        return cls._build(values)
-
-    @classmethod
-    def _build(cls, values: Mapping[str, Any]) -> "Record":
-        kwargs: Dict[str, Any] = {}
-        for f in fields(cls):  # type: ignore[arg-type]
-            if _is_section(f):
-                kwargs[f.name] = f.metadata["section"]._build(values)
-            elif f.name in values:
-                kwargs[f.name] = values[f.name]
-        return cls(**kwargs)
-
-    @classmethod
-    def names(cls, kind: Optional[str] = None) -> List[str]:
-        """Field names (all, or of one kind), sections flattened: the recorded names of the schema."""
-        out: List[str] = []
-        for f in fields(cls):  # type: ignore[arg-type]
-            if _is_section(f):
-                out += f.metadata["section"].names(kind)
-            elif kind is None or f.metadata.get("kind") == kind:
-                out.append(f.name)
-        return out
-
-    def update(self, values: Mapping[str, Any]) -> None:
-        """Set fields of this record or its sections by name; ValueError for an unknown one."""
-        owners = {f.name: owner for owner, f in self._owners()}
-        unknown = set(values) - set(owners)
-        if unknown:
-            raise ValueError(f"{type(self).__name__} has no field for {sorted(unknown)}: add it to sweeper/schema.py")
-        for name, value in values.items():
-            setattr(owners[name], name, value)
-
-    def get(self, name: str, default: Any = None) -> Any:
-        """A field by its recorded name, wherever its section is; `default` when unset. KeyError for a
-        name the schema does not have (a typo, not an absent figure)."""
-        for owner, f in self._owners():
-            if f.name == name:
-                value = getattr(owner, name)
-                return default if value is None else value
-        raise KeyError(f"{type(self).__name__} has no field {name!r}")
-
-    # The flat view by recorded name, as MLflow holds it: result["val_accuracy"], "mfu" in result.
-    def __getitem__(self, name: str) -> Any:
-        value = self.get(name)
-        if value is None:
-            raise KeyError(f"{name!r} is not set")
-        return value
-
-    def __contains__(self, name: str) -> bool:
-        try:
-            return self.get(name) is not None
-        except KeyError:
-            return False
-
-    def metrics(self) -> Dict[str, float]:
-        """The MLflow metrics: every set number that is finite (MLflow stores NaN, but a NaN figure
-        is a measurement that did not happen; the status says why)."""
-        return {
-            f.name: float(v)
-            for f, v in self.leaves()
-            if f.metadata.get("kind") == METRIC and v is not None and math.isfinite(float(v))
-        }
-
-    def series(self) -> Dict[str, List[float]]:
-        return {f.name: [float(x) for x in v] for f, v in self.leaves() if f.metadata.get("kind") == SERIES and v}
-
-    def curves(self) -> Dict[str, List[Tuple[int, float]]]:
-        """Each curve's finite (step, value) pairs."""
-        return {
-            f.name: [(int(s), float(x)) for s, x in v if math.isfinite(float(x))]
-            for f, v in self.leaves() if f.metadata.get("kind") == CURVE and v
-        }
-
-    def tags(self) -> Dict[str, str]:
-        out: Dict[str, str] = {}
-        for f, value in self.leaves():
-            if f.metadata.get("kind") != TAG or value is None or value == "":
-                continue
-            out[f.metadata["tag"]] = str(value).lower() if isinstance(value, bool) else str(value)[:5000]
-        return out
-
-    def _owners(self) -> Iterator[Tuple["Record", Field]]:
-        for f in fields(self):  # type: ignore[arg-type]
-            value = getattr(self, f.name)
-            if _is_section(f):
-                yield from value._owners()
-            else:
-                yield self, f
-
-
-def section(cls: type) -> Any:
-    """A nested record, always present (its fields None until measured)."""
-    return field(default_factory=cls, metadata={"kind": "section", "section": cls})
-
-
-def _is_section(f: Field) -> bool:
-    return f.metadata.get("kind") == "section"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -179,6 +35,11 @@ class Throughput(Record):
     samples_per_second: Optional[float] = metric()
     samples_per_second_cv: Optional[float] = metric()
     tokens_per_second: Optional[float] = metric()  # a language model's: samples/s x its context
+    # a loss that counts items (tokens that are not padding): samples/s x the items per sample of the timed steps
+    items_per_second: Optional[float] = metric()
+    # why the throughput is not the recipe's: a precision this device only emulates (e.g. bf16 on a CPU without
+    # AVX512-BF16 or AMX): never compared with the others as if it were
+    throughput_emulated: Optional[str] = tag("sweeper.throughput_emulated")
     step_time_seconds: Optional[float] = metric()
     window_samples_per_second: Optional[List[float]] = series()
     timing_windows: Optional[int] = metric()
@@ -286,6 +147,15 @@ class Accuracy(Record):
     bn_recalibration_samples: Optional[int] = metric()
     # why there is no accuracy (e.g. synthetic data), set by the driver
     accuracy_note: Optional[str] = tag("sweeper.accuracy")
+    eval_batch_size: Optional[int] = metric()  # validation samples per forward on each worker (eval.batch_size)
+    # eval.metrics_fn's metrics over the whole validation split, their bootstrap standard errors, and which
+    # way each is better ("f1=higher,wer=lower", as its class declares)
+    val_metrics: Optional[Dict[str, float]] = metric_map("val_metric/")
+    val_metrics_se: Optional[Dict[str, float]] = metric_map("val_metric_se/")
+    val_metric_directions: Optional[str] = tag("sweeper.metric_directions")
+    # an evaluation that ran out of memory: why (the point keeps its throughput and memory, and has no quality)
+    eval_error: Optional[str] = tag("sweeper.eval_error")
+    eval_oom: Optional[bool] = tag("sweeper.eval_oom")
 
 
 @dataclass
@@ -419,6 +289,13 @@ class Recipe(Record):
     # gradient was not finite (each halves the scale).
     grad_scaler_scale: Optional[float] = metric()
     grad_scaler_skipped_steps: Optional[int] = metric()
+    # train.grad_clip_norm: the steps whose whole gradient (series grad_norm: before clipping) was over it and
+    # clipped, and their share of the run's steps
+    grad_clipped_steps: Optional[int] = metric()
+    grad_clipped_fraction: Optional[float] = metric()
+    # the figures your step (train.step_fn) returned beside its loss, averaged over the timed steps' micro-batches
+    # and the ranks: MLflow metric step_metric_<name>
+    step_metrics: Optional[Dict[str, float]] = metric_map("step_metric_")
     checkpointed_blocks: Optional[int] = metric()  # blocks recomputed in backward (activation_checkpointing)
     # train.compile: the first (untimed) optimizer step's wall time, compilation included.
     compile_step_seconds: Optional[float] = metric()
@@ -434,6 +311,7 @@ class Cost(Record):
     optimizer_steps: Optional[int] = metric()
     samples_seen: Optional[int] = metric()
     tokens_seen: Optional[int] = metric()  # a language model's: samples x its context
+    items_seen: Optional[int] = metric()  # a loss that counts items: the items of every step (e.g. tokens not padding)
     # paid once per worker group, logged on its first point (worker.points.startup_split)
     worker_group_startup_seconds: Optional[float] = metric()
     worker_group_launch_seconds: Optional[float] = metric()
@@ -537,7 +415,8 @@ class Decode(Record):
     prefill_p50_seconds: Optional[float] = metric()
     prefill_tokens_per_second: Optional[float] = metric()
     prefill_peak_memory_bytes: Optional[int] = metric()  # a whole prompt at once (the point's peak is decoding's)
-    kv_cache_bytes: Optional[int] = metric()  # measured from the cache's tensors (each storage once), `context` positions
+    # measured from the cache's tensors (each storage once), `context` positions
+    kv_cache_bytes: Optional[int] = metric()
     # the decode step's own peak beyond the weights and the cache: its activations and temporaries
     decode_activation_peak_bytes: Optional[int] = metric()
     kv_cache_bytes_per_sequence: Optional[float] = metric()

@@ -492,7 +492,7 @@ class ZygoteChild:
 ZYGOTE_SCRIPT = """
 import json, os, sys, traceback
 import sweeper.__main__ as cli
-import sweeper.driver.train, sweeper.driver.inference  # noqa: F401 - what every run imports
+import sweeper.driver.train_sweep, sweeper.driver.inference  # noqa: F401 - what every run imports
 import mlflow  # noqa: F401
 base_path = [p for p in sys.path if p not in ("", os.getcwd())]
 for line in sys.stdin:
@@ -570,3 +570,86 @@ def interrupt_once_recorded(args, cwd: Path, prefix: str, timeout: float = 300) 
     assert proc.returncode == 130, out[-3000:]
     return out
 
+
+
+# -- a sweep as a process of its own, to signal or kill, and its record read back ----------------------
+
+
+def start_sweep(cwd: Path, *overrides: str, own_ray: bool = True, env=None):
+    """`python -m sweeper *overrides` in `cwd` as a process to signal or kill (stdout and stderr
+    together): with a Ray of its own by default (a driver that must also stop the Ray it started),
+    or joining the session's (`own_ray=False`). `env` adds to the environment (default: this
+    repository on PYTHONPATH, where Ray's workers import the tests' models)."""
+    env = env or {"PYTHONPATH": str(REPO)}
+    if not own_ray:
+        return joined_process(list(overrides), cwd, env)
+    seed_default_store(overrides, cwd)
+    return subprocess.Popen([sys.executable, "-m", "sweeper", *overrides], cwd=cwd, env={**os.environ, **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_while_running(proc, done, what: str, timeout: float = 300, every: float = 1.0) -> None:
+    """Until done() is true; fails if the sweep `proc` ends first or `timeout` passes."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if done():
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"the sweep ended early:\n{proc.stdout.read()[-3000:]}")
+        time.sleep(every)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def sweep_runs(folder: Path, uri: Optional[str] = None) -> tuple:
+    """The sweeps (parent runs) and complete points (a half-written run is not one) of experiment
+    `sweeper` in the store at `uri`, else folder/mlflow.db; ([], []) while there is none."""
+    from mlflow.tracking import MlflowClient
+
+    db = Path(folder) / "mlflow.db"
+    if uri is None and not db.exists():
+        return [], []
+    client = MlflowClient(uri or f"sqlite:///{db}")
+    exp = client.get_experiment_by_name("sweeper")
+    if exp is None:
+        return [], []
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    parents = [r for r in runs if r.data.tags.get("sweeper.role") == "sweep"]
+    points = [r for r in runs if r.data.tags.get("sweeper.role") == "trial" and "sweeper.trial_key" in r.data.tags]
+    return parents, points
+
+
+def nothing_running(folder: Path, uri: Optional[str] = None) -> bool:
+    """No run of experiment `sweeper` is left RUNNING in the store (as sweep_runs finds it)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri or f"sqlite:///{Path(folder) / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("sweeper")
+    return [r.info.run_name for r in client.search_runs([exp.experiment_id], max_results=1000)
+            if r.info.status == "RUNNING"] == []
+
+
+def end_processes_in(folder: Path) -> None:
+    """End what a killed driver left running (Ray's agents, which outlive their raylet for a while):
+    the processes whose working folder is `folder` or below, by id, never `ray stop` (it would end
+    every Ray on the machine)."""
+    import psutil
+
+    mine = []
+    for process in psutil.process_iter(["pid", "cwd"]):
+        cwd = process.info.get("cwd") or ""
+        if process.pid != os.getpid() and (cwd == str(folder) or cwd.startswith(f"{folder}{os.sep}")):
+            mine.append(process)
+    for process in mine:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(mine, timeout=10)
+
+
+def sleepy_model(started: Optional[Path] = None) -> list:
+    """The overrides of tests.unit.test_training.Sleepy, a forward of 20 ms per micro-batch, so a point
+    lasts seconds: long enough to be interrupted in the middle. With `started`, the first training
+    forward of a point creates that file (wait for it to know a point is training)."""
+    model = ["model=custom", "model._target_=tests.unit.test_training.Sleepy", "model.input_shape=[1,8,8]"]
+    return model + ([f"+model.kwargs.started={started}"] if started is not None else [])

@@ -16,19 +16,21 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 # Files whose tests one xdist worker runs together: each builds a costly module-scoped fixture
-# (an MLflow server with a sweep recorded through it, a batch of CLI runs in one process, a ResNet
-# measured once) that a second worker would build again. (xdist's own xdist_group mark does not
-# group under pytest 9: it rewrites item._nodeid, which pytest 9 no longer reads.)
+# (an MLflow server with a sweep recorded through it, one sweep stopped and resumed three ways, a batch
+# of CLI runs in one process, a ResNet measured once) that a second worker would build again. (xdist's
+# own xdist_group mark does not group under pytest 9: it rewrites item._nodeid, which pytest 9 no
+# longer reads.)
 ONE_WORKER_FILES = frozenset({
-    "tests/e2e/test_ui.py", "tests/unit/test_bad_input.py", "tests/unit/test_config.py", "tests/unit/test_recipe.py",
-    "tests/unit/test_roofline.py",
+    "tests/e2e/test_resume.py", "tests/e2e/test_ui.py", "tests/unit/test_bad_input.py", "tests/unit/test_config.py",
+    "tests/unit/test_recipe.py", "tests/unit/test_roofline.py",
 })
 
 
-# Tests that time a known duration (a sleep, a step of known length) against tight bounds are marked
-# `@pytest.mark.solo`: under `-n 2` they run first, together on one worker, while the other worker waits
-# (`_Turns`). The scheduler runs in xdist's controller, which sees node ids only, so it reads the mark
-# from the test's source (`solo_marked`): a renamed test keeps its mark.
+# Tests that time the real clock against real work (a sleep, a busy thread) with tight bounds are marked
+# `@pytest.mark.solo` (a figure's arithmetic is tested on a clock only forwards move, tests.helpers):
+# under `-n 2` they run first, together on one worker, while the other worker waits (`_Turns`). The
+# scheduler runs in xdist's controller, which sees node ids only, so it reads the mark from the test's
+# source (`solo_marked`): a renamed test keeps its mark.
 SOLO = "solo"
 
 

@@ -33,7 +33,7 @@ from sweeper.config.sweep import (
 from sweeper.config.training import (
     OPTIMIZERS, PRECISIONS, CHECKPOINTING, OptimConfig, LossConfig, TrainConfig, EvalConfig, DivergenceConfig,
     GnsConfig, MeasureConfig, check_optim, check_loss, check_train, check_eval, check_gns, check_divergence,
-    check_measure,
+    check_measure, metrics_problems,
 )
 from sweeper.config.workload import (
     BYTE_VOCAB, LANGUAGE_MODELS, TOKEN_DATA, MAX_SAMPLE_BYTES, DIGITS_SAMPLES, ModelConfig, DataConfig,
@@ -235,11 +235,29 @@ def check_combinations(cfg: SweeperConfig) -> List[str]:
     if cfg.train.batch_schedule and cfg.train.start_from:
         problems.append("train.batch_schedule with train.start_from: a schedule starts from sample 0; drop one of them")
     problems += _saves_on_the_way_problems(cfg)
-    if cfg.report.quality == "val_bits_per_byte" and not (is_token_data(cfg.data) and cfg.data.name == "text"):
-        problems.append(f"report.quality=val_bits_per_byte needs byte-level text (data=text), not "
-                        f"data={cfg.data.name}: "
-                        "use report.quality=val_loss (nats per token) or auto")
-    return problems + check_model_data(cfg.model, cfg.data)
+    judged, other = ("quality_metric", "null") if cfg.report.quality_metric else ("quality", "auto")
+    if getattr(cfg.report, judged) == "val_bits_per_byte" and not (is_token_data(cfg.data) and cfg.data.name == "text"):
+        problems.append(f"report.{judged}=val_bits_per_byte needs byte-level text (data=text), not "
+                        f"data={cfg.data.name}: use report.{judged}=val_loss (nats per token) or {other}")
+    return problems + _quality_metric_problems(cfg) + check_model_data(cfg.model, cfg.data)
+
+
+def _quality_metric_problems(cfg: SweeperConfig) -> List[str]:
+    """report.quality_metric must name a metric the sweep records: a built-in quality, or one that
+    eval.metrics_fn declares (its class is made once to read them; its own problems are eval's)."""
+    named = cfg.report.quality_metric
+    if not isinstance(named, str) or not named.strip() or named in settings.QUALITY_CHOICES[1:]:
+        return []
+    recorded = ", ".join(settings.QUALITY_CHOICES[1:])
+    if not cfg.eval.metrics_fn:
+        return [f"report.quality_metric={named} is not a metric this sweep records (eval.metrics_fn is null, so it "
+                f"records {recorded}): set eval.metrics_fn to a metrics class that computes {named}, or "
+                "report.quality_metric=null"]
+    declared, problems = metrics_problems(cfg.eval.metrics_fn)
+    if problems or named in declared:
+        return []
+    return [f"report.quality_metric={named} is not a metric eval.metrics_fn={cfg.eval.metrics_fn} declares "
+            f"(its higher_is_better has {', '.join(sorted(declared))}; built-in: {recorded}): name one of them"]
 
 
 def _branch_problems(cfg: SweeperConfig) -> List[str]:

@@ -44,6 +44,11 @@ class ReportConfig:
     # 0.02 bits is 0.0139 nats): a faster point's loss must be certified no more than this above the best's.
     # report.max_accuracy_drop is the margin for val_accuracy; null: the objective alone decides.
     max_loss_rise: Optional[float] = 0.02
+    # Judge by this recorded metric instead: the name of one that eval.metrics_fn computes (e.g. f1, its
+    # direction the one the metrics class declares), or a built-in quality (val_accuracy, val_loss,
+    # val_bits_per_byte). Its margin is report.max_accuracy_drop when higher is better, report.max_loss_rise
+    # when lower is. null: report.quality decides (today's choice: val_accuracy, or a language model's loss).
+    quality_metric: Optional[str] = None
 
 
 def invalid_choice(key: str, value: Any, choices: Sequence[str]) -> Optional[str]:
@@ -76,6 +81,12 @@ def check(report: ReportConfig, key: Callable[[str], str] = lambda name: f"repor
         )
     if report.quality not in QUALITY_CHOICES:
         problems.append(invalid_choice(key("quality"), report.quality, QUALITY_CHOICES))
+    named = report.quality_metric
+    if named is not None and (not isinstance(named, str) or not named.strip()):
+        problems.append(f"{key('quality_metric')}={named!r}: give the name of a recorded metric (e.g. f1), or null")
+    elif named is not None and report.quality != "auto":
+        problems.append(f"{key('quality_metric')}={named} with {key('quality')}={report.quality}: both name what "
+                        f"the recommendation judges by; set one of them (the other null or auto)")
     rise = report.max_loss_rise
     if rise is not None and not (math.isfinite(rise) and rise >= 0):
         problems.append(f"{key('max_loss_rise')}={rise}: must be a loss difference >= 0 in the quality's units "

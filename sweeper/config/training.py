@@ -5,11 +5,13 @@ once, and each section's checks.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from sweeper.config.report import LR_SCALING_RULES, invalid_choice
 from sweeper.config.rules import check_rule, is_not_negative, is_positive
 from sweeper.config.workload import check_factory
+from sweeper.errors import first_line
+from sweeper.lr_schedule import SCHEDULES
 
 
 # The recipe's choices (sweeper.recipe maps each to what torch runs).
@@ -40,6 +42,10 @@ class OptimConfig:
     # adamw: the moving averages' decay rates (each in [0, 1)) and the denominator's epsilon.
     betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1e-8
+    # Parameters that get no weight decay (sgd, adamw: a second parameter group with weight_decay 0): one whose
+    # dotted name or whose module's class name holds an entry, case-insensitive. The default spares biases and
+    # normalization weights (LayerNorm, BatchNorm2d, RMSNorm, ...), as most recipes do; [] decays every one.
+    no_decay: List[str] = field(default_factory=lambda: ["bias", "norm"])
 
 
 @dataclass
@@ -64,8 +70,24 @@ class TrainConfig:
     lr_scaling: str = "none"
     base_batch_size: int = 32
     # The LR rises linearly from 0 over this many optimizer steps (Goyal et al. 2017's warmup), then
-    # stays at the point's LR. 0: no warmup.
+    # follows lr_schedule. 0: no warmup. Counted in samples: warmup_steps x the point's global batch.
     warmup_steps: int = 0
+    # After the warmup: constant (the point's LR), linear or cosine (down to min_lr_ratio x the LR at the end
+    # of the point's sample budget), or wsd (warmup-stable-decay: the LR held, then a linear decay to
+    # min_lr_ratio x it over the budget's last decay_fraction). Counted in samples of the budget, so every
+    # layout of one global batch has the same LR at the same sample (sweeper/lr_schedule.py).
+    lr_schedule: str = "constant"
+    min_lr_ratio: float = 0.0
+    decay_fraction: float = 0.2
+    # Clip the whole gradient's 2-norm to this after the last micro-step's reduction (all ranks' gradients
+    # averaged, fp16's unscaled; under zero2/zero3 the norm over every shard). null: no clipping.
+    grad_clip_norm: Optional[float] = None
+    # Import path of your step, `fn(model, batch) -> loss` or `(loss, {name: value})`, replacing the built-in
+    # one; sweeper keeps accumulation, loss scaling, autocast, gradient sync, timing and memory around it. A
+    # returned "items" (e.g. the tokens that are not padding) says the loss is a SUM over that many items:
+    # sweeper then divides by the items of the whole global batch. null: the model's own loss for a batch
+    # mapping with `labels` (Hugging Face's `model(**batch).loss`), else loss(model(inputs), targets).
+    step_fn: Optional[str] = None
     # torch.compile the model. Compilation (and recompilation per batch size) happens in the first,
     # untimed warm-up step and is recorded as compile_step_seconds, never inside the timed windows.
     compile: bool = False
@@ -105,6 +127,21 @@ class EvalConfig:
     # Stop a point's training once it reaches the target (its throughput comes from the windows
     # timed before then).
     stop_at_target: bool = False
+    # Validation samples per forward on each worker. null: the point's own micro-batch (it trained at
+    # that size, so its forward fits). A language model's loss is computed in chunks of rows either
+    # way (sweeper/worker/scoring.py), so the fp32 logits of a whole batch never exist at once; its
+    # logits in the model's dtype do: batch x context x vocabulary values.
+    batch_size: Optional[int] = 256
+    # Score this many validation samples, a seeded subset fixed for the whole sweep (every point and
+    # every seed sees the same samples, which the paired rule needs). null: the whole split.
+    max_samples: Optional[int] = None
+    # Metrics of your own: the import path of a class (or a factory called with no arguments) whose
+    # objects have `update(outputs, batch) -> {count name: tensor with one entry per sample}`,
+    # `compute(totals) -> {metric: float}` and `higher_is_better = {metric: bool}`. Counts are summed
+    # over every batch and rank before `compute`, so an F1 is the whole split's, not a mean of
+    # batches'; each metric's interval is a bootstrap over the validation samples (docs/recommendation.md).
+    # Recorded as val_metric/<name>; report.quality_metric may judge by one. null: none.
+    metrics_fn: Optional[str] = None
 
 
 @dataclass
@@ -179,6 +216,9 @@ def check_optim(optim: OptimConfig) -> List[str]:
     else:
         for i, beta in enumerate(optim.betas):
             check_rule(problems, f"optim.betas[{i}]", beta, lambda b: 0 <= b < 1, "must be in [0, 1), e.g. 0.9")
+    if not isinstance(optim.no_decay, list) or not all(isinstance(n, str) and n for n in optim.no_decay):
+        problems.append(f"optim.no_decay={optim.no_decay!r}: give a list of name parts, e.g. "
+                        "optim.no_decay=[bias,norm], or [] to decay every parameter")
     if optim._target_:
         problems += check_factory("optim._target_", optim._target_, "a torch.optim.Optimizer")
     return problems
@@ -209,7 +249,24 @@ def check_train(train: TrainConfig) -> List[str]:
     if train.samples is not None:
         check_rule(problems, "train.samples", train.samples, is_positive, "must be positive, or null for train.epochs")
     problem = invalid_choice("train.lr_scaling", train.lr_scaling, LR_SCALING_RULES)
-    return problems + ([problem] if problem else []) + _check_schedule(train.batch_schedule)
+    return problems + ([problem] if problem else []) + _check_recipe(train) + _check_schedule(train.batch_schedule)
+
+
+def _check_recipe(train: TrainConfig) -> List[str]:
+    """The LR schedule, clipping and the step of your own."""
+    problems: List[str] = []
+    problem = invalid_choice("train.lr_schedule", train.lr_schedule, SCHEDULES)
+    problems += [problem] if problem else []
+    check_rule(problems, "train.min_lr_ratio", train.min_lr_ratio, lambda r: 0 <= r <= 1,
+               "must be in [0, 1]: the LR at the budget's end as a fraction of the point's, e.g. 0.1")
+    check_rule(problems, "train.decay_fraction", train.decay_fraction, lambda f: 0 < f <= 1,
+               "must be in (0, 1]: wsd's share of the budget spent decaying, e.g. 0.2")
+    check_rule(problems, "train.grad_clip_norm", train.grad_clip_norm, is_positive,
+               "must be a positive norm, e.g. 1.0, or null for no clipping")
+    if train.step_fn:
+        problems += check_factory("train.step_fn", train.step_fn, "the loss of a batch (fn(model, batch) -> loss "
+                                  "or (loss, {name: value}))")
+    return problems
 
 
 def _check_schedule(schedule: Any) -> List[str]:
@@ -240,7 +297,37 @@ def check_eval(evaluation: EvalConfig) -> List[str]:
         problems.append("eval.target_accuracy and eval.target_loss are both set: give one target, or neither")
     if evaluation.stop_at_target and evaluation.target_accuracy is None and evaluation.target_loss is None:
         problems.append("eval.stop_at_target=true needs a target: set eval.target_accuracy or eval.target_loss")
+    check_rule(problems, "eval.batch_size", evaluation.batch_size, is_positive,
+               "must be a positive number of samples per forward, e.g. 64, or null (the point's micro-batch)")
+    check_rule(problems, "eval.max_samples", evaluation.max_samples, is_positive,
+               "must be a positive number of validation samples, or null (the whole split)")
+    if evaluation.metrics_fn:
+        problems += metrics_problems(evaluation.metrics_fn)[1]
     return problems
+
+
+METRICS_API = ("a class whose objects have update(outputs, batch) -> {count: per-sample tensor}, "
+               "compute(totals) -> {metric: float} and higher_is_better = {metric: bool}")
+
+
+def metrics_problems(path: str, key: str = "eval.metrics_fn") -> Tuple[Dict[str, bool], List[str]]:
+    """(each metric's direction: True when higher is better, problems) of eval.metrics_fn, made once
+    (its class called with no arguments) to read what it declares."""
+    from hydra.utils import get_method
+
+    try:
+        made = get_method(path)()
+    except Exception as exc:  # noqa: BLE001 - whatever the user's code raises is told in one line
+        return {}, [f"{key}={path!r} could not be imported and made ({type(exc).__name__}: {first_line(exc)}): "
+                    f"give the import path of {METRICS_API}"]
+    missing = [name for name in ("update", "compute") if not callable(getattr(made, name, None))]
+    directions = getattr(made, "higher_is_better", None)
+    if not isinstance(directions, dict) or not directions or not all(
+            isinstance(k, str) and isinstance(v, bool) for k, v in directions.items()):
+        missing.append("higher_is_better (a non-empty {metric name: bool})")
+    if missing:
+        return {}, [f"{key}={path!r} lacks {', '.join(missing)}: give {METRICS_API}"]
+    return dict(directions), []
 
 
 def check_gns(gns: GnsConfig) -> List[str]:

@@ -85,6 +85,13 @@ class DataConfig:
     vocab_size: Optional[int] = None
     # torch DataLoader worker processes per training worker (at most 4 per CPU, see check_data).
     loader_workers: int = 0
+    # Import path of the collate function the training and evaluation loaders batch samples with (e.g. dynamic
+    # padding of token ids); null: torch's default_collate. A batch may be any nesting of tensors (dicts,
+    # tuples, lists, dataclasses): it is moved to the device whole.
+    collate_fn: Optional[str] = None
+    # Import path of `fn(batch) -> int`, the samples a batch holds, only where it cannot be read from the batch
+    # (the leading dimension of its `labels`, its `input_ids`, or its first tensor). null: read from the batch.
+    samples_fn: Optional[str] = None
 
 
 @dataclass
@@ -120,6 +127,10 @@ def check_data(data: DataConfig, local_cpus: Optional[int]) -> List[str]:
         problems, "data.loader_workers", data.loader_workers, lambda n: 0 <= n <= limit,
         f"must be between 0 and {limit} ({where}), e.g. 0 for loading in the training process",
     )
+    if data.collate_fn:
+        problems += check_factory("data.collate_fn", data.collate_fn, "a batch of a list of samples")
+    if data.samples_fn:
+        problems += check_factory("data.samples_fn", data.samples_fn, "the number of samples in a batch")
     return problems
 
 

@@ -333,6 +333,8 @@ def _status(result: PointResult, markup: bool = True, step: bool = True) -> str:
     if result.status == "diverged" and result.get("divergence_reason"):
         at = result.get("diverged_at_step") if step else None
         text += f" ({result.get('divergence_reason')}{'' if at is None else f' at step {at}'})"
+    if result.status == "ok" and result.get("eval_oom"):  # trained and measured; only its evaluation ran out of memory
+        return "ok (eval oom)" if not markup else "ok [yellow](eval oom)[/]"
     return text if result.status == "ok" or not markup else f"[red]{escape(text)}[/]"
 
 

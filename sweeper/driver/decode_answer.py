@@ -64,7 +64,7 @@ def record(cfg: SweeperConfig, tracker: tracking.Tracker, series: List[Inference
         lines.append(said + _memory_words(cfg, name, ok, budget, metrics))
     if bandwidth:
         metrics["bandwidth_bytes_per_second"] = bandwidth
-        tracker.client.set_tag(tracker.parent_run_id, "sweeper.bandwidth_source", str(facts.get("bandwidth_source")))
+        tracker.log_sweep_tags({"sweeper.bandwidth_source": str(facts.get("bandwidth_source"))})
     tracker.log_parent_metrics(metrics)
     for said in lines:
         console.print_line(said)

@@ -17,7 +17,8 @@ from sweeper.driver.skeleton import Session
 from sweeper.errors import first_line
 from sweeper.measure import fake_memory, frontier
 from sweeper.plan import GridPoint, frontier_label
-from sweeper.report import build as report_build
+from sweeper.report import frontier_files
+from sweeper.report.folders import default_folder
 from sweeper.schema import FrontierResult, PointResult
 from sweeper.worker.spec import FrontierSpec, PointSpec
 
@@ -61,8 +62,7 @@ def search_frontiers(cfg: SweeperConfig, prepared: Prepared, session: Session, n
         if result.status == "ok":
             add_margin(cfg, result)
             add_estimates(cfg, prepared, search, result)
-        folder = report_build.frontier_files(report_build.default_folder(session.uri, name), search, probes[search],
-                                             result)
+        folder = frontier_files.write(default_folder(session.uri, name), search, probes[search], result)
         session.tracker.log_frontier(frontier_label(search), result, folder)
         console.print_frontier(search, result)
         if result.status == "ok" and result.plain is not None:  # a failed search leaves its points unmeasured

@@ -22,8 +22,8 @@ from sweeper.inference import roofline
 from sweeper.inference.latency import InferenceSpec, group_label, label
 from sweeper.measure import flops
 from sweeper.plan import GridPoint
-from sweeper.report import build as report_build
 from sweeper.report import plots
+from sweeper.report.folders import default_folder
 from sweeper.schema import InferenceResult, SweepSummary
 from sweeper.workloads import models
 
@@ -140,7 +140,7 @@ def measure(s: Session, name: str, groups: List[List[InferenceSpec]]) -> Tuple[R
 
 
 def plot(cfg: SweeperConfig, s: Session, name: str, labels: List[str], rows: Rows, knees) -> str:
-    folder = report_build.default_folder(s.uri, name)
+    folder = default_folder(s.uri, name)
     os.makedirs(folder, exist_ok=True)
     series = {
         model_label: [
@@ -172,7 +172,7 @@ def record_knees(
     bandwidth_bps = facts.get("bandwidth_bytes_per_second")
     if bandwidth_bps:
         metrics["bandwidth_bytes_per_second"] = bandwidth_bps
-        tracker.client.set_tag(tracker.parent_run_id, "sweeper.bandwidth_source", str(facts.get("bandwidth_source")))
+        tracker.log_sweep_tags({"sweeper.bandwidth_source": str(facts.get("bandwidth_source"))})
     for model in chosen:
         name = label(model)
         ok = sorted((int(r.batch_size), r["samples_per_second"]) for lbl, r in rows

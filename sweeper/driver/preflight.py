@@ -7,6 +7,7 @@ All problems are collected into one ConfigError, so a bad sweep stops with one `
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -17,6 +18,7 @@ from sweeper.cluster.resources import capacity_problems
 from sweeper.config import (AUTO_NEEDS_BUDGET, SweeperConfig, budget_bytes, is_auto, normalize_batch_coupled,
                             tracking_uri, validate)
 from sweeper.driver import console, predicted
+from sweeper.driver.strategy import strategy_of
 from sweeper.errors import ConfigError, first_line
 from sweeper.measure import fake_memory, flops
 from sweeper.plan import GridPoint
@@ -49,6 +51,9 @@ class Prepared:
     # Even ZeRO-3 at the largest worker count predicted over the budget: why data parallelism cannot hold the
     # model (driver.predicted.beyond_data_parallelism), said at the start and in the answer.
     beyond_data_parallelism: Optional[str] = None
+    # Why the batches are the sweep's own (your collate, dict samples, your step), which the fake-tensor FLOP
+    # count and memory estimate (built from model.input_shape) do not describe; None: they describe them.
+    own_batches: Optional[str] = None
 
     def at(self, context: Optional[int]) -> Tuple[int, Dict[str, flops.FlopCount]]:
         """(training samples, FLOP counts by checkpointing mode) at a point's context."""
@@ -78,21 +83,38 @@ def preflight(cfg: SweeperConfig) -> Tuple[Prepared, Dict[GridPoint, PointSpec]]
         # that its points get too few steps).
         problems += local_capacity(cfg)
     points = [] if auto or problems else grid(cfg, problems)
-    if points and cfg.sweep.strategy == "branch":
-        from sweeper.strategies.branch_driver import grid_problems
-
-        problems += grid_problems(cfg, points)
+    if points:
+        problems += strategy_of(cfg.sweep.strategy).grid_problems(cfg, points)
     if problems:
         raise ConfigError(problems)
+    warn_emulated(cfg)
     splits = datasets.load(cfg.data, cfg.model.input_shape)
-    counts = count_flops(cfg, splits.num_classes) if cfg.measure.flops else {}
+    own = own_batches(cfg, splits.train)
+    if own and (cfg.measure.flops or cfg.measure.memory_breakdown):
+        console.warn(f"FLOPs (MFU) and the fake-tensor memory estimate are skipped: {own}; the points measure "
+                     "throughput and memory as ever")
+    counts = count_flops(cfg, splits.num_classes) if cfg.measure.flops and not own else {}
     prepared = Prepared(points, len(splits.train), splits.num_classes, counts, coupled_layers(cfg),
-                        len(splits.val) if splits.val is not None else 0, splits.identity)
+                        len(splits.val) if splits.val is not None else 0, splits.identity, own_batches=own)
     for context in cfg.sweep.context_lengths or []:
         at = at_context(cfg, context)
         train = len(datasets.load(cfg.data, at.model.input_shape).train)
         prepared.contexts[context] = (train, count_flops(at, splits.num_classes) if cfg.measure.flops else {})
     return prepared, (build_specs(cfg, prepared, points) if points else {})
+
+
+def own_batches(cfg: SweeperConfig, train: Any) -> Optional[str]:
+    """Why the sweep's batches are its own, not the (input of model.input_shape, label) pairs sweeper's FLOP
+    counter and memory estimate make up, in words; None when they are those."""
+    if cfg.train.step_fn:
+        return f"the loss is your step's (train.step_fn={cfg.train.step_fn})"
+    if cfg.data.collate_fn:
+        return f"batches are made by data.collate_fn={cfg.data.collate_fn}"
+    if cfg.data._target_ and len(train):
+        sample = train[0]
+        if isinstance(sample, Mapping) or (isinstance(sample, (tuple, list)) and isinstance(sample[0], Mapping)):
+            return f"the samples of data._target_={cfg.data._target_} are mappings"
+    return None
 
 
 def at_context(cfg: SweeperConfig, context: Optional[int]) -> SweeperConfig:
@@ -145,9 +167,10 @@ def grid(cfg: SweeperConfig, problems: List[str]) -> List[GridPoint]:
 
 
 def _point_spec(cfg: SweeperConfig, point: GridPoint, steps: int, flop_counts: Dict,
-                estimate: Optional[int], prediction: Optional[Any] = None,
+                estimate: Optional[int], prediction: Optional[Any] = None, budget: Optional[int] = None,
                 communication: Optional[int] = None) -> PointSpec:
-    """What one point's workers are told: its slice of the config, its scaled LR, its step budget."""
+    """What one point's workers are told: its slice of the config, its scaled LR, its step budget (and the
+    samples of its whole budget, which its LR schedule spans)."""
     return PointSpec(
         model=at_context(cfg, point.context).model,
         data=cfg.data,
@@ -172,6 +195,7 @@ def _point_spec(cfg: SweeperConfig, point: GridPoint, steps: int, flop_counts: D
         communication_predicted_bytes=communication,
         timeout_seconds=cfg.cluster.point_timeout_seconds,
         start_from=cfg.train.start_from,
+        schedule_samples=budget,
     )
 
 
@@ -179,7 +203,7 @@ def build_specs(cfg: SweeperConfig, prepared: Prepared, points: List[GridPoint])
     """A PointSpec per point, or a ConfigError naming every point too large for the data to time."""
     problems: List[str] = []
     estimates: Dict[GridPoint, int] = {}
-    for context in sorted({p.context for p in points}, key=lambda c: c or 0):
+    for context in sorted({p.context for p in points}, key=lambda c: c or 0) if not prepared.own_batches else []:
         # The fake-tensor step is a whole model's: a sharded point's is its prediction (driver.predicted).
         estimates.update(estimate_memory(at_context(cfg, context), [p for p in points if p.context == context
                                                                     and p.parallelism == "ddp"],
@@ -199,7 +223,8 @@ def build_specs(cfg: SweeperConfig, prepared: Prepared, points: List[GridPoint])
         budget = plan.sample_budget(num_train, cfg.train.epochs, cfg.train.samples, point.context, cfg.model.context)
         # A continued point trains what is left of the budget after the checkpoint's samples.
         steps = plan.optimizer_steps(budget - start, 1, point.global_batch_size)
-        spec = _point_spec(cfg, point, steps, counts, estimates.get(point), predictions.get(point), sent.get(point))
+        spec = _point_spec(cfg, point, steps, counts, estimates.get(point), predictions.get(point), budget,
+                           sent.get(point))
         problem = continuation_problem(cfg, spec, meta)
         if problem:  # the checkpoint's, the same for every point: said once
             problems.append(problem)
@@ -368,6 +393,22 @@ def _sharding_problems(cfg: SweeperConfig, model) -> List[str]:
         for precision in cfg.sweep.precisions:
             found += sharding.problems(parallelism, precision, model, cfg.model.checkpoint_modules)
     return list(dict.fromkeys(found))
+
+
+def warn_emulated(cfg: SweeperConfig) -> None:
+    """One warning line per precision this machine's CPU only emulates, when the points train on it (a local Ray
+    without GPUs): their throughput is labelled emulated, never the recipe's. A cluster's workers label their own."""
+    if cfg.cluster.address is not None or cfg.cluster.use_gpu == "true" or not isinstance(cfg.sweep.precisions, list):
+        return
+    if cfg.cluster.use_gpu == "auto" and _gpu_here(cfg):
+        return
+    import torch
+
+    for precision in cfg.sweep.precisions:
+        reason = recipe.emulated_precision(precision, torch.device("cpu"))
+        if reason:
+            console.warn(f"sweep.precisions has {precision}: {reason}; its points are labelled emulated (tag "
+                         "sweeper.throughput_emulated) and never ranked as the recipe's throughput")
 
 
 def _gpu_here(cfg: SweeperConfig) -> bool:

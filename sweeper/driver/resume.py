@@ -93,7 +93,7 @@ def find_interrupted(cfg: SweeperConfig, tracker: tracking.Tracker, resolved_yam
     )
     finished, refused = [], []
     for name in names:
-        run = tracker.find_sweep(name)
+        run = tracking.find_sweep(tracker.store, name)
         if run is None:
             continue
         if run.info.status == "FINISHED":
@@ -112,7 +112,7 @@ def find_interrupted(cfg: SweeperConfig, tracker: tracking.Tracker, resolved_yam
     done = f" (the latest, {finished[0]}, finished)" if finished else ""
     raise ConfigError([
         f"sweep.resume=true: no unfinished sweep of {cfg.model.name} on {cfg.data.name} under {folder} with its "
-        f"run in {tracking.redact(tracker.uri)}{done}; drop sweep.resume to start one"
+        f"run in {tracking.redact(tracker.store.uri)}{done}; drop sweep.resume to start one"
     ])
 
 
@@ -129,7 +129,7 @@ def _check_resumable(tracker: tracking.Tracker, folder: str, name: str, run: Any
         ])
     if run.data.tags.get("sweeper.config_hash") == config_hash(resolved_yaml):
         return
-    recorded = tracker.recorded_config(run.info.run_id)
+    recorded = tracking.SweepReader(tracker.store, run.info.run_id).artifact_text("config.yaml")
     changed = differences(recorded, resolved_yaml) if recorded is not None else ["its config.yaml is missing"]
     if not changed:
         return  # recorded before the hash was (or with a hash of another sweeper version): the same config

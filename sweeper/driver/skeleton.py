@@ -114,7 +114,7 @@ def _end_unfinished(s: Optional[Session], phases: Phases, status: str, why: str)
     except Exception as exc:  # noqa: BLE001 - the store itself may be what failed; the parent is ended below
         console.warn(f"the sweep's half-written points could not be ended: {type(exc).__name__}: {first_line(exc)}")
     try:
-        statuses = Counter(child["status"] for child in s.tracker.load_sweep(s.tracker.parent_run_id).children)
+        statuses = Counter(child["status"] for child in s.tracker.reader.load().children)
         s.end(SweepSummary(sweep_wall_seconds=phases.wall).count(statuses), status)
     except Exception as exc:  # noqa: BLE001 - the store itself may be what failed; say so and go on ending
         console.warn(f"the sweep's run could not be ended {status}: {type(exc).__name__}: {first_line(exc)}")

@@ -1,5 +1,5 @@
 """The throughput knee of one series: the size past which a bigger batch stops paying. Pure (stdlib);
-the report's knees (report/front.py) and the inference roofline's measured knee both read it."""
+the report's knees (report/tradeoffs.py) and the inference roofline's measured knee both read it."""
 
 from __future__ import annotations
 

@@ -207,6 +207,12 @@ class _HindsightMemTracker(MemTracker):
         peaks = self._phase_peaks.setdefault(device, {})
         peaks[self.phase] = max(peaks.get(self.phase, 0), self._curr_mem_snap[device][_TOTAL_KEY])
 
+    def optimizer_phase(self, *_) -> None:
+        """An optimizer's step pre-hook: from optimizer.step() to the step's end is the optimizer's phase
+        (zero_grad frees the gradients after it, so the moment between, the gradients and the updated state
+        alive together, is the optimizer's too)."""
+        self.phase = "optimizer"
+
     def phase_peaks(self, device: torch.device) -> Dict[str, int]:
         """The highest tracked total in each phase of the step (forward, backward, optimizer)."""
         return {f"{phase}_peak_bytes": peak for phase, peak in self._phase_peaks.get(device, {}).items()}
@@ -296,18 +302,13 @@ def track_step(
         if depth == 0 and not _in_backward():
             tracker.note_forward_end()
 
-    def optimizer_phase(*_) -> None:
-        # From optimizer.step() to the step's end: zero_grad frees the gradients after it, so the moment
-        # between (the gradients and the updated state alive together) is the optimizer's too.
-        tracker.phase = "optimizer"
-
     # Registered before MemTracker registers its own global hooks, so these run first.
     handles = (
         register_module_forward_pre_hook(before_forward),
         register_module_forward_hook(after_forward, always_call=True),
     )
     if optimizer is not None:
-        handles += (optimizer.register_step_pre_hook(optimizer_phase),)
+        handles += (optimizer.register_step_pre_hook(tracker.optimizer_phase),)
     try:
         with tracker:
             step()
@@ -352,7 +353,7 @@ def estimate_step(
         model = build_model()
         recipe.apply_checkpointing(model, checkpointing, checkpoint_modules)
         model.train()
-        optimizer = recipe.build_optimizer(optim or OptimConfig(), model.parameters(), lr=0.1)
+        optimizer = recipe.build_optimizer(optim or OptimConfig(), model, lr=0.1)
         cpu = torch.device("cpu")
 
         def step() -> None:

@@ -1,6 +1,8 @@
 """The device layer: which torch device a worker uses, clocks, memory and utilization.
 
-The only module that touches CUDA memory statistics, pynvml or psutil; GPU-only calls stay here.
+The only module that imports pynvml or psutil, and where CUDA memory statistics are read but for one
+figure: a decode step's CUDA peak, which the inference sweep reads itself (sweeper/inference/latency.py,
+`_measure_decode`). GPU-only calls stay here.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 import sys
 
-from sweeper.report.build import main
+from sweeper.report.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

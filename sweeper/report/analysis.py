@@ -2,19 +2,21 @@
 with the reason in words. Its parts live beside it and are re-exported here: quality.py (what "better"
 means: accuracy or a loss, its intervals), trials.py (runs folded over seeds), eligibility.py (which
 points may be recommended at all), noninferiority.py (the "not worse" rule), ties.py (objective
-accuracy's ties), reasons.py (the words), front.py (knees, Pareto front), lr.py (the LR table),
-output.py (override line, YAML); recipes compared: recipes.py. Pure (stdlib; scipy.stats via sweeper.stats)."""
+accuracy's ties), reasons.py (the words), tradeoffs.py (knees, Pareto front), lr.py (the LR table),
+output.py (override line, YAML); recipes compared: recipe_comparison.py. Pure (stdlib; scipy.stats via
+sweeper.stats)."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from functools import partial
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 from sweeper.errors import ConfigError
 from sweeper import stats
 from sweeper.report import classes, eligibility, reasons, ties
-from sweeper.report.front import knee, knees, pareto
+from sweeper.report.tradeoffs import knee, knees, pareto
 from sweeper.report.lr import LrRow, lr_table
 from sweeper.report import noninferiority
 from sweeper.report.noninferiority import (  # noqa: F401
@@ -28,8 +30,8 @@ from sweeper.report.noninferiority import (  # noqa: F401
     one_sided,
 )
 from sweeper.report.output import override_line, recommendation_yaml
-from sweeper.report.quality import ACCURACY, AUTO, Quality, resolve
-from sweeper.config.report import OBJECTIVES, ReportConfig, check
+from sweeper.report.quality import ACCURACY, AUTO, Quality, resolve, tolerance, unrecorded
+from sweeper.config.report import OBJECTIVES, QUALITY_CHOICES, ReportConfig, check
 from sweeper.report.ties import ACCURACY_TIE  # noqa: F401
 from sweeper.report.trials import (  # noqa: F401
     _STATUS_ORDER,
@@ -53,8 +55,9 @@ def _check_inputs(objective: str, min_accuracy: Optional[float], memory_budget_b
                   max_loss_rise: Optional[float]) -> None:
     budget_gb = None if memory_budget_bytes is None else memory_budget_bytes / GiB
     name = quality.metric if isinstance(quality, Quality) else quality
-    settings = ReportConfig(objective, min_accuracy, max_accuracy_drop, budget_gb, quality=name,
-                            max_loss_rise=max_loss_rise)
+    builtin = name in QUALITY_CHOICES  # else a metric of eval.metrics_fn's: report.quality_metric
+    settings = ReportConfig(objective, min_accuracy, max_accuracy_drop, budget_gb, quality=name if builtin else AUTO,
+                            max_loss_rise=max_loss_rise, quality_metric=None if builtin else name)
     # The objective is named as this function's argument, the limits as the report.* settings users give.
     problems = check(settings, key=lambda name: name if name == "objective" else f"report.{name}")
     if not 0.0 < level < 1.0:
@@ -85,9 +88,9 @@ def recommend(
     and `min_accuracy`; with `batch_limit` (sweep.strategy=branch: the critical batch size the branches
     measured where it flattens, and why), at or below its global batch.
 
-    `quality` (report.quality: a Quality, a metric's name, or auto: report/quality.resolve) is what
-    "better" means: val_accuracy for a classifier, val_bits_per_byte or val_loss for a language model.
-    Its tolerance is `max_accuracy_drop` for accuracy, `max_loss_rise` for a loss (in its units). With a
+    `quality` (report.quality_metric or report.quality, resolved by report/quality.resolve; a name no run
+    recorded is judged by auto's, and the reason says so) is what "better" means; its tolerance is
+    `max_accuracy_drop` where higher is better, `max_loss_rise` where lower is, in its units. With a
     tolerance (objectives throughput, time_to_accuracy, time_to_target) it is non-inferiority: a point
     other than the best one stays eligible only when the `level` interval of its quality gap to it
     (`Quality.gap`: paired over common seeds, else the spread over seeds, else the validation sets) lies
@@ -103,10 +106,10 @@ def recommend(
     """
     _check_inputs(objective, min_accuracy, memory_budget_bytes, max_accuracy_drop, level, quality, max_loss_rise)
     trials = list(trials)
-    if not isinstance(quality, Quality):
-        quality = resolve(quality, trials)
+    note = None if isinstance(quality, Quality) else unrecorded(quality, trials)
+    quality = quality if isinstance(quality, Quality) else resolve(quality, trials)
     # A branch sweep's one trunk measured the quality, not every point: its limit is the rule, not a margin.
-    max_drop = None if batch_limit is not None else max_accuracy_drop if quality.is_accuracy else max_loss_rise
+    max_drop = None if batch_limit is not None else tolerance(quality, max_accuracy_drop, max_loss_rise)
     points = summarize_all(trials, level)
     eligible, excluded = eligibility.eligible(list(points.values()), objective, min_accuracy, memory_budget_bytes,
                                               level, quality.metric, batch_limit)
@@ -119,9 +122,10 @@ def recommend(
                                            level, quality.metric)
         if diverged and not reason.startswith("every point diverged"):
             reason += ". " + eligibility.diverged_note(diverged)
-        return done(best=None, runners_up=[], reason=reason)
-    return _choose(done, eligible, excluded, objective, min_accuracy, level, quality, max_drop, critical_batch,
-                   coupled, diverged)
+        return done(best=None, runners_up=[], reason=f"{note} {reason}" if note else reason)
+    rec = _choose(done, eligible, excluded, objective, min_accuracy, level, quality, max_drop, critical_batch,
+                  coupled, diverged)
+    return replace(rec, reason=f"{note} {rec.reason}") if note else rec
 
 
 def _choose(done: Callable[..., Recommendation], eligible: List[PointSummary], excluded: Dict[str, str],

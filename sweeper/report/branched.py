@@ -1,5 +1,5 @@
 """sweep.strategy=branch in the report: the branches' answer (branch/answer.json on the parent run, written by
-sweeper/strategies/branch_driver.py) as a section, a plot of the critical batch size over training, the limit it puts
+sweeper/driver/branch.py) as a section, a plot of the critical batch size over training, the limit it puts
 on which points may be recommended, and the schedule as paste-able code."""
 
 from __future__ import annotations
@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from dataclasses import replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -17,15 +16,11 @@ from sweeper.strategies.branch import CONSTANT, SCHEDULE, TIE
 ANSWER = "branch/answer.json"
 
 
-def read(tracker: Any, run_id: str) -> Optional[Dict[str, Any]]:
-    """The sweep's branch answer, or None (not a branch sweep, or its trunk could not run)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            path = tracker.client.download_artifacts(run_id, ANSWER, tmp)
-        except Exception:  # noqa: BLE001 - MLflow raises its own errors for a missing artifact
-            return None
-        with open(path) as f:
-            return json.load(f)
+def read(reader: Any) -> Optional[Dict[str, Any]]:
+    """The branch answer of the sweep `reader` (a tracking.SweepReader) reads, or None (not a branch
+    sweep, or its trunk could not run)."""
+    text = reader.artifact_text(ANSWER)
+    return None if text is None else json.loads(text)
 
 
 def flat(answer: Dict[str, Any]) -> Tuple[int, str]:

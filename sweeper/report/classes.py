@@ -38,16 +38,15 @@ def fold_by_seed(by_seed: Dict[Any, List[Trial]], name: str, quality: Quality) -
     (one validation set scores them all: never the sum) and the largest standard error."""
     members = []
     for seed, runs in by_seed.items():
-        figures: Dict[str, Any] = {quality.metric: statistics.fmean(quality.value(t) for t in runs)}
         samples = [t.val_samples for t in runs]
-        figures["val_samples"] = min(samples) if all(samples) else None
-        if quality.se_metric:
-            ses = [getattr(t, quality.se_metric) for t in runs]
-            figures[quality.se_metric] = max(ses) if all(se is not None for se in ses) else None
-        members.append(replace(runs[0], seed=seed, point_key=name, key=f"{name}-s{seed}", **figures))
+        ses = [quality.se(t) for t in runs]
+        member = quality.put(runs[0], statistics.fmean(quality.value(t) for t in runs),
+                             max(ses) if all(se is not None for se in ses) else None)
+        members.append(replace(member, seed=seed, point_key=name, key=f"{name}-s{seed}",
+                               val_samples=min(samples) if all(samples) else None))
     mean = statistics.fmean(quality.value(t) for t in members)
-    summary = PointSummary(replace(members[0], key=name, point_key=name, seed=None, **{quality.metric: mean}),
-                           tuple(members))
+    first = quality.put(members[0], mean, quality.se(members[0]))
+    summary = PointSummary(replace(first, key=name, point_key=name, seed=None), tuple(members))
     return replace(summary, accuracy=accuracy_interval(members))
 
 

@@ -44,7 +44,7 @@ def has_metric(trial: Trial, objective: str, metric: str = "val_accuracy") -> bo
     if objective == "throughput":
         return trial.samples_per_second is not None
     if objective == "accuracy":
-        return _finite(getattr(trial, metric))
+        return _finite(getattr(trial, metric, None)) or _finite((trial.metric(metric) or (None,))[0])
     if objective == "time_to_target":
         return trial.time_to_target_seconds is not None
     return seconds_to_train(trial) is not None
@@ -56,6 +56,9 @@ def missing_metric(point: PointSummary, objective: str, metric: str = "val_accur
         if any(t.reached_target is False for t in point.replicates):
             return f"did not reach the target in any of its {n} seed{'s' if n > 1 else ''}"
         return "no time_to_target_seconds (set eval.target_accuracy or eval.target_loss for the sweep)"
+    failed = next((t.eval_error for t in point.replicates if t.eval_error), None)
+    if objective == "accuracy" and failed:
+        return f"no {metric}: its evaluation ran out of memory ({failed})"
     return f"no {metric if objective == 'accuracy' else METRIC_NAMES[objective]}"
 
 
@@ -146,11 +149,13 @@ def _spread_bound(values: List[float], level: float, upper: bool) -> float:
 def _loss_against_unigram(point: PointSummary) -> Optional[Tuple[float, float, float]]:
     """(mean validation loss, its standard error, the unigram entropy), all in nats per token, over the
     point's ok seeds; None when the point is not a language model or lacks a figure."""
-    runs = [t for t in point.replicates if t.status == "ok"]
+    # A point the worker already found did_not_learn is judged by the same figures, and named by them.
+    judged = ("ok", "did_not_learn")
+    runs = [t for t in point.replicates if t.status in judged]
     if not runs or any(t.train_unigram_entropy_bits is None or not _finite(t.val_loss) or not _finite(t.val_loss_se)
                        for t in runs):
         return None
-    loss, se = LOSS.pooled(point)  # the seeds' mean loss and mean SE (one validation set behind them all)
+    loss, se = LOSS.pooled_over(point, judged)  # the seeds' mean loss and mean SE (one validation set behind them)
     return loss, se, runs[0].train_unigram_entropy_bits * math.log(2)
 
 
@@ -159,7 +164,8 @@ def chance_text(point: PointSummary) -> str:
     if tokens is not None:
         loss, _, entropy = tokens
         return (f"did not learn (val loss {loss:.3f} nats per token is not below the training stream's unigram "
-                f"entropy, {entropy:.3f}, by more than its noise): {did_not_learn_try(point.trial.optimizer)}")
+                f"entropy {entropy:.3f} nats, the loss of a unigram guess, by more than its noise): "
+                f"{did_not_learn_try(point.trial.optimizer)}")
     accuracy = "-" if point.trial.val_accuracy is None else f"{point.trial.val_accuracy:.3f}"
     classes = point.trial.num_classes
     chance = f"1/{classes}" if classes else "1/classes"

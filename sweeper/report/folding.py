@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from sweeper.report.critical_batch import CriticalBatch, fit_with_interval
-from sweeper.report.trials import Trial, replicates
+from sweeper.report.trials import Trial, mean_metrics, replicates
 from sweeper.schema import STATUSES
 
 # Figures a folded point carries as the mean over its ok replicates.
@@ -95,7 +95,7 @@ def _fold_one(key: str, members: List[Trial]) -> Trial:
     reached = [t.reached_target for t in members]
     stable = [t.throughput_stable for t in ok if t.throughput_stable is not None]
     return replace(
-        ok[0], key=key, point_key=key, seed=None, **figures,
+        ok[0], key=key, point_key=key, seed=None, **figures, val_metrics=mean_metrics(ok),
         reached_target=None if all(r is None for r in reached) else all(bool(r) for r in reached),
         throughput_stable=all(stable) if stable else None,
     )

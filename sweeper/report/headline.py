@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Tuple
 
 from sweeper import stats
 from sweeper.report.noninferiority import Gap, judge_gap, one_sided
-from sweeper.report.quality import QUALITIES, Quality
+from sweeper.report.quality import Quality, judged_by
 from sweeper.report.reasons import rate
 from sweeper.report.trials import PointSummary, Recommendation, seconds_to_train
 
@@ -32,7 +32,7 @@ def headline(rec: Recommendation, line: Optional[str],
         lines = _wrap(f"No recommendation: {rec.reason}")
         # The full reason is the report's "Why"; three lines say what happened.
         return lines if len(lines) <= 3 else lines[:2] + [textwrap.shorten(lines[2], WIDTH - 6) + " [...]"]
-    quality = QUALITIES[rec.quality]
+    quality = judged_by(rec)
     best = rec.points[rec.best.key]
     if glance is not None:
         sentences, line = glance
@@ -60,9 +60,9 @@ def _sentence(rec: Recommendation, best: PointSummary, quality: Quality, detail:
     if top is None:
         standing = f"{_speed(best)}"
     elif mine.key == rec.top:
-        standing = "the best class's fastest layout" if mine.key != best.key else "the most accurate point"
+        standing = "the best class's fastest layout" if mine.key != best.key else f"the {quality.most('point')}"
     else:
-        standing = f"{rate(best.trial) / rate(top.trial):.2f}x the speed of the most accurate" + (
+        standing = f"{rate(best.trial) / rate(top.trial):.2f}x the speed of the {quality.most()}" + (
             f" ({top.key})" if detail >= 2 else "")
     parts = [device_hours(best, detail >= 1)]
     if rec.top is None or mine.key == rec.top:
@@ -111,7 +111,7 @@ def alternatives(rec: Recommendation, chosen_word: str = "recommended") -> List[
     `chosen_word`: the recommended point's verdict (a branch sweep whose answer is a schedule names it so)."""
     if rec.best is None:
         return []
-    quality = QUALITIES[rec.quality]
+    quality = judged_by(rec)
     best, top = rec.points[rec.best.key], most_accurate(rec)
     others = sorted((p for p in rec.points.values() if p is not best), key=lambda p: (-rate(p.trial), p.key))
     chosen = [best] + others[: MAX_ROWS - 1]
@@ -133,7 +133,7 @@ def _judged(rec: Recommendation, point: PointSummary) -> Optional[Gap]:
     top, mine = _top_summary(rec), rec.classes.get(point.key)
     if top is None or mine is None or mine is top:
         return None
-    quality = QUALITIES[rec.quality]
+    quality = judged_by(rec)
     return judge_gap(mine, top, quality.tie_floor, rec.level, quality)
 
 
@@ -169,14 +169,17 @@ def _verdict(rec: Recommendation, point: PointSummary, gap: Optional[Gap]) -> st
     best_class = rec.classes.get(rec.best.key, rec.points[rec.best.key])
     if mine.key != point.key and mine is best_class:
         return "same model, slower"
+    quality = judged_by(rec)
+    top_words = quality.most()
     if rec.top is not None and mine.key == rec.top:
-        return "most accurate" if point is most_accurate(rec) else "same model as the most accurate"
+        return top_words if point is most_accurate(rec) else f"same model as the {top_words}"
     if point.key in rec.excluded and point.key not in rec.gaps:
         return "not eligible"
     if point.key in rec.gaps:
         return VERDICTS[gap.outcome] + (", slower" if gap.outcome == "eligible" else "")
     if gap is not None:  # judged at the tie floor, for the table only
-        return {"eligible": "tie", "untested": "not tested", "unproven": "not a tie"}.get(gap.outcome, "less accurate")
+        worse = "less accurate" if quality.is_accuracy else f"worse by {quality.metric}"
+        return {"eligible": "tie", "untested": "not tested", "unproven": "not a tie"}.get(gap.outcome, worse)
     return "-"
 
 

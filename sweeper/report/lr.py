@@ -53,14 +53,15 @@ def lr_table(trials: Iterable[Trial], metric: Optional[str] = None, max_drop: Op
         metric = quality.metric if quality is not None else next(
             (m for m in ("val_accuracy", "val_loss", "train_loss") if any(_finite(getattr(t, m)) for t in ok)),
             "val_accuracy")
-    judged_by = QUALITIES.get(metric)
-    higher = (judged_by or ACCURACY).higher_is_better if metric in QUALITIES else False
+    judged_by = quality if quality is not None and quality.user and metric == quality.metric else QUALITIES.get(metric)
+    higher = (judged_by or ACCURACY).higher_is_better if judged_by is not None else False
+    figure = judged_by.value if judged_by is not None else (lambda t: getattr(t, metric))
     table: Dict[int, LrRow] = {}
     for batch in sorted({t.global_batch_size for t in trials}):
         at_batch = [t for t in trials if t.global_batch_size == batch]
         tried = sorted({_multiplier(t) for t in at_batch})
         diverged = tuple(m for m in tried if any(t.status == "diverged" and _multiplier(t) == m for t in at_batch))
-        means = {m: _mean([getattr(t, metric) for t in at_batch if t.status == "ok" and _multiplier(t) == m])
+        means = {m: _mean([figure(t) for t in at_batch if t.status == "ok" and _multiplier(t) == m])
                  for m in tried}
         scored = {m: v for m, v in means.items() if v is not None}
         # Equal figures: the smaller multiplier, the safer LR.

@@ -10,7 +10,7 @@ import yaml
 
 from sweeper.report import classes, elastic, headline, parallelism
 from sweeper.report.lr import lr_table
-from sweeper.report.quality import QUALITIES
+from sweeper.report.quality import judged_by, resolve
 from sweeper.config.report import LR_SCALING_RULES, invalid_choice
 from sweeper.stats import Interval
 from sweeper.report.trials import PointSummary, Recommendation, Trial, seconds_to_train
@@ -77,6 +77,7 @@ def _figures(trial: Trial) -> Dict[str, object]:
         "samples_per_second": _num(trial.samples_per_second),
         "samples_per_second_cv": _num(trial.samples_per_second_cv),
         "throughput_stable": None if trial.throughput_stable is None else bool(trial.throughput_stable),
+        "throughput_emulated": trial.throughput_emulated,
         "peak_memory_bytes": _byte_count(trial.peak_memory_bytes),
         "val_accuracy": _num(trial.val_accuracy),
         "seconds_to_train": _num(seconds_to_train(trial)),
@@ -99,7 +100,7 @@ def _point_figures(point: PointSummary, quality: str = "val_accuracy", level: fl
         "train_loss_interval": _interval(point.loss),
     }
     if quality != "val_accuracy":
-        out["quality_interval"] = _interval(QUALITIES[quality].interval(point, level))
+        out["quality_interval"] = _interval(resolve(quality, point.replicates).interval(point, level))
     t = point.trial
     if t.reached_target is not None:
         out.update(reached_target_seeds=point.reached, time_to_target_seconds=_num(t.time_to_target_seconds),
@@ -150,7 +151,7 @@ def _chosen(rec: Recommendation) -> Dict[str, object]:
 
 
 def _lr_rows(rec: Recommendation) -> List[Dict[str, object]]:
-    rows = lr_table([t for p in rec.points.values() for t in p.replicates], quality=QUALITIES[rec.quality]).values()
+    rows = lr_table([t for p in rec.points.values() for t in p.replicates], quality=judged_by(rec)).values()
     return [{"global_batch_size": int(r.global_batch_size), "multipliers": [float(m) for m in r.multipliers],
              "metric": r.metric, "best_multiplier": _num(r.best_multiplier), "best_value": _num(r.best_value),
              "largest_stable_multiplier": _num(r.largest_stable),
@@ -183,7 +184,7 @@ def recommendation_yaml(
             "min_accuracy": _num(min_accuracy),
             "memory_budget_bytes": _byte_count(memory_budget_bytes),
             # The quality's own margin: report.max_accuracy_drop for accuracy, report.max_loss_rise for a loss.
-            **({"max_accuracy_drop": _num(max_accuracy_drop)} if rec.quality == "val_accuracy"
+            **({"max_accuracy_drop": _num(max_accuracy_drop)} if judged_by(rec).tolerance_key.endswith("drop")
                else {"max_loss_rise": _num(max_loss_rise)}),
         },
         "quality": rec.quality,

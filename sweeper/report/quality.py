@@ -1,6 +1,7 @@
 """What "better" means for the recommendation: the quality metric a point is judged by (val_accuracy for a
-classifier, val_loss or val_bits_per_byte for a language model), its direction, its units, its
-confidence intervals and the tolerance key that bounds how much worse a faster point may be.
+classifier, val_loss or val_bits_per_byte for a language model, or a metric of eval.metrics_fn's that
+report.quality_metric names), its direction, its units, its confidence intervals and the tolerance key that
+bounds how much worse a faster point may be.
 
 Every rule that compares two points' quality (non-inferiority, ties, the LR table, recipes against fp32)
 works on the *score*: the value signed so that higher is better (a loss negated). A gap is the score of
@@ -12,7 +13,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, replace
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
 from sweeper import stats
 from sweeper.config.report import QUALITY_CHOICES
@@ -34,6 +35,8 @@ class Quality:
     # The standard error over held-out samples behind a one-seed interval (a loss's), scaled into `units`.
     se_metric: Optional[str] = None
     se_scale: float = 1.0
+    # A metric of eval.metrics_fn's (Trial.val_metrics), its standard error a bootstrap over the samples.
+    user: bool = False
 
     @property
     def is_accuracy(self) -> bool:
@@ -41,12 +44,40 @@ class Quality:
 
     @property
     def word(self) -> str:
-        """'accuracy' or 'loss': what the sentences call it."""
-        return "accuracy" if self.is_accuracy else "loss"
+        """'accuracy', 'loss', or a metric of the user's own by its name: what the sentences call it."""
+        return "accuracy" if self.is_accuracy else self.metric if self.user else "loss"
 
     def value(self, trial: Trial) -> Optional[float]:
-        value = getattr(trial, self.metric)
+        value = (trial.metric(self.metric) or (None,))[0] if self.user else getattr(trial, self.metric)
         return float(value) if _finite(value) else None
+
+    def se(self, trial: Trial) -> Optional[float]:
+        """The standard error over the validation samples behind one run's value, in the metric's units."""
+        if self.user:
+            found = trial.metric(self.metric)
+            return found[1] if found is not None and _finite(found[1]) else None
+        se = getattr(trial, self.se_metric) if self.se_metric else None
+        return se * self.se_scale if _finite(se) else None
+
+    def put(self, trial: Trial, value: float, se: Optional[float]) -> Trial:
+        """`trial` holding `value` (and its standard error, in the metric's units) as this quality's figure."""
+        if self.user:
+            up = self.higher_is_better
+            kept = tuple(m for m in trial.val_metrics if m[0] != self.metric)
+            return replace(trial, val_metrics=kept + ((self.metric, value, se, up),))
+        figures = {self.metric: value}
+        if self.se_metric:
+            figures[self.se_metric] = None if se is None else se / self.se_scale
+        return replace(trial, **figures)
+
+    @property
+    def has_se(self) -> bool:
+        return self.user or self.se_metric is not None
+
+    @property
+    def se_words(self) -> str:
+        return "bootstrap standard error over the validation samples" if self.user else \
+            "standard error over the validation set"
 
     def score(self, trial: Trial) -> Optional[float]:
         """The value signed so that higher is better."""
@@ -77,7 +108,7 @@ class Quality:
         mean, se = one
         half = stats.z_score(level) * se
         return Interval(mean, mean - half, mean + half, 1,
-                        f"mean +/- z x its standard error over the validation set, {stats.percent(level)} (one seed)")
+                        f"mean +/- z x its {self.se_words}, {stats.percent(level)} (one seed)")
 
     def gap(self, point: PointSummary, top: PointSummary, level: float = 0.95) -> Optional[Interval]:
         """The interval of `point`'s score minus `top`'s (positive: `point` is better), by the one rule every
@@ -113,10 +144,12 @@ class Quality:
         a, b = self.pooled(point), self.pooled(top)
         if a is None or b is None:
             return None
-        d, se = (b[0] - a[0]), math.hypot(a[1], b[1])  # the score's difference: a loss's sign flips
+        d, se = (a[0] - b[0]), math.hypot(a[1], b[1])  # the score's difference
+        d = d if self.higher_is_better else -d  # a loss's sign flips
         half = stats.z_score(level) * se
-        return Interval(d, d - half, d + half, 1, f"normal interval from the two validation losses' "
-                                                  f"standard errors, {stats.percent(level)}")
+        what = f"{self.metric}s' bootstrap" if self.user else "validation losses'"
+        return Interval(d, d - half, d + half, 1, f"normal interval from the two {what} standard errors, "
+                                                  f"{stats.percent(level)}")
 
     def _scores(self, point: PointSummary) -> List[float]:
         return [s for t in point.replicates if t.status == "ok" for s in [self.score(t)] if s is not None]
@@ -126,19 +159,28 @@ class Quality:
                 for s in [self.score(t)] if s is not None}
 
     def pooled(self, point: PointSummary) -> Optional[Tuple[float, float]]:
-        """(mean value, its standard error) over the ok seeds from their validation-set SEs; a loss only.
+        """(mean value, its standard error) over the ok seeds from their validation-set SEs; not accuracy's.
         Every seed is scored on the same validation sequences, so averaging seeds does not average that
         sampling noise away: the SE is the seeds' mean SE, not divided by sqrt(seeds)."""
-        if self.se_metric is None:
+        return self.pooled_over(point, ("ok",))
+
+    def pooled_over(self, point: PointSummary, statuses: Tuple[str, ...]) -> Optional[Tuple[float, float]]:
+        """`pooled` over the replicates of these statuses (the chance check reads did_not_learn ones too)."""
+        if not self.has_se:
             return None
-        runs = [t for t in point.replicates if t.status == "ok" and self.value(t) is not None]
-        ses = [getattr(t, self.se_metric) for t in runs]
+        runs = [t for t in point.replicates if t.status in statuses and self.value(t) is not None]
+        ses = [self.se(t) for t in runs]
         if not runs or not all(_finite(se) for se in ses):
             return None
-        mean = statistics.fmean(self.value(t) for t in runs)
-        return mean, statistics.fmean(se * self.se_scale for se in ses)
+        return statistics.fmean(self.value(t) for t in runs), statistics.fmean(ses)
 
     # -- words ---------------------------------------------------------------------------------------
+
+    def most(self, what: str = "") -> str:
+        """'most accurate point', or 'best point by val_loss' ('most accurate', 'best by val_loss' without
+        `what`): the top of the ranking in this quality's words."""
+        what = f" {what}" if what else ""
+        return f"most accurate{what}" if self.is_accuracy else f"best{what} by {self.metric}"
 
     def shown(self, gap: Interval) -> Interval:
         """A score gap as the metric's own difference (point minus best): a loss's sign flips back."""
@@ -170,7 +212,8 @@ class Quality:
         """A tolerance-sized amount in words: '1.2 points' of accuracy, '0.031 bits per byte' ('1.2',
         '0.031' without `units`)."""
         number = f"{value * 100:.1f}" if self.is_accuracy else f"{value:.3f}"
-        return f"{number} {'points' if self.is_accuracy else self.units}" if units else number
+        what = "points" if self.is_accuracy else f"of {self.units}" if self.user else self.units
+        return f"{number} {what}" if units else number
 
     def text(self, point: PointSummary, level: float = 0.95) -> str:
         """'0.780 [0.737, 0.819]' with an interval, else '0.780'; '-' when unmeasured."""
@@ -192,12 +235,29 @@ QUALITIES = {q.metric: q for q in (ACCURACY, LOSS, BITS_PER_BYTE)}
 CHOICES = QUALITY_CHOICES  # its one home is config/report.py (stdlib)
 
 
-def resolve(name: str, trials: Sequence[Trial]) -> Quality:
-    """`report.quality` for these trials: a metric's name, or auto: bits per byte when the runs recorded it
-    (byte-level text), the validation loss when they trained a language model on other tokens (a
-    recorded unigram entropy), else val_accuracy."""
-    if name != AUTO:
+def user_quality(name: str, higher_is_better: bool) -> Quality:
+    """A metric of eval.metrics_fn's: its margin report.max_accuracy_drop when higher is better (a drop, as
+    accuracy's), report.max_loss_rise when lower is (a rise, as a loss's), in its own units."""
+    return Quality(name, higher_is_better, name, "report.max_accuracy_drop" if higher_is_better
+                   else "report.max_loss_rise", user=True)
+
+
+def recorded(name: str, trials: Sequence[Trial]) -> Optional[Quality]:
+    """The quality `name` as these trials recorded it: a built-in one, or a metric of eval.metrics_fn's
+    with the direction its class declared; None when no trial recorded it."""
+    if name in QUALITIES:
         return QUALITIES[name]
+    found = next((m for t in trials for m in t.val_metrics if m[0] == name), None)
+    return None if found is None else user_quality(name, found[3])
+
+
+def resolve(name: Optional[str], trials: Sequence[Trial]) -> Quality:
+    """What the recommendation judges by (report.quality_metric, else report.quality) for these trials: a
+    metric's name, or auto: bits per byte when the runs recorded it (byte-level text), the validation loss
+    when they trained a language model on other tokens (a recorded unigram entropy), else val_accuracy. A
+    name no trial recorded falls back to auto (`unrecorded` says so)."""
+    if name not in (None, AUTO) and recorded(name, trials) is not None:
+        return recorded(name, trials)
     if any(_finite(t.val_bits_per_byte) for t in trials):
         return BITS_PER_BYTE
     if any(t.train_unigram_entropy_bits is not None for t in trials):
@@ -205,10 +265,26 @@ def resolve(name: str, trials: Sequence[Trial]) -> Quality:
     return ACCURACY
 
 
+def unrecorded(name: Optional[str], trials: Sequence[Trial]) -> Optional[str]:
+    """The report's note when report.quality_metric names a metric that no run recorded; None otherwise."""
+    if name in (None, AUTO) or recorded(name, trials) is not None:
+        return None
+    names = sorted({m[0] for t in trials for m in t.val_metrics})
+    found = f"its runs recorded {', '.join(names)} from eval.metrics_fn" if names else \
+        "its runs recorded no metric of eval.metrics_fn"
+    return (f"report.quality_metric={name} is not a metric this sweep recorded ({found}), so it is judged by "
+            f"{resolve(None, trials).metric} instead.")
+
+
+def judged_by(rec: Any) -> Quality:
+    """The quality a Recommendation was judged by (its `quality` name, resolved over its runs)."""
+    return resolve(rec.quality, [t for p in rec.points.values() for t in p.replicates])
+
+
 def tolerance(quality: Quality, max_accuracy_drop: Optional[float], max_loss_rise: Optional[float]
               ) -> Optional[float]:
     """The non-inferiority margin in the quality's units: its own report setting."""
-    return max_accuracy_drop if quality.is_accuracy else max_loss_rise
+    return max_accuracy_drop if quality.tolerance_key == ACCURACY.tolerance_key else max_loss_rise
 
 
 def hits(point: PointSummary) -> Optional[Tuple[float, int]]:

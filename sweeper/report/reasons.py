@@ -25,11 +25,13 @@ def rate(trial: Trial) -> float:
 
 
 def rate_text(trial: Trial) -> str:
+    """A point's throughput in words, marked emulated where its precision is (never read as the recipe's)."""
+    emulated = " (emulated precision: not the recipe's)" if trial.throughput_emulated else ""
     if trial.tokens_per_second is not None:
-        return f"{trial.tokens_per_second:.0f} tokens/s"
+        return f"{trial.tokens_per_second:.0f} tokens/s{emulated}"
     if trial.samples_per_second is None:
         return "unmeasured throughput"
-    return f"{trial.samples_per_second:.1f} samples/s"
+    return f"{trial.samples_per_second:.1f} samples/s{emulated}"
 
 
 def winner(best: PointSummary, ranked: List[PointSummary], objective: str, min_accuracy: Optional[float],
@@ -43,6 +45,9 @@ def winner(best: PointSummary, ranked: List[PointSummary], objective: str, min_a
         decided, notes = _target(best, ranked)
     else:
         decided, notes = _time_to_accuracy(best, ranked, min_accuracy, level)
+    if best.trial.throughput_emulated:
+        notes.insert(0, f"its throughput is not the recipe's: {best.trial.throughput_emulated}; measure it where "
+                        "its precision runs natively before relying on it")
     if best.trial.throughput_stable is False:
         notes.insert(0, "its throughput was unstable (the last timing windows disagreed, so the figure is the "
                         "median of all windows): re-measure before relying on it")
@@ -195,7 +200,7 @@ def passed_over_note(passed_over: List[PointSummary], max_drop: float, top: Poin
         what = "class" if top.key.startswith("class ") else "point"
         text = f"No point faster than {top.key} is certified within {setting} of it at {pct}"
         if what == "class":
-            text = (f"No point faster than the most accurate class, {top.key[6:]}, is certified within {setting} "
+            text = (f"No point faster than the {quality.most('class')}, {top.key[6:]}, is certified within {setting} "
                     f"of it at {pct}")
         if gap is not None and gap.interval is not None:
             text += f"; {fastest.key} is within {quality.amount(certifying_drop(gap.interval))} of the best at {pct}"
@@ -209,9 +214,8 @@ def passed_over_note(passed_over: List[PointSummary], max_drop: float, top: Poin
         if unproven:
             # The fallback is this run's best point, not one certified better than the unproven ones:
             # another seed set may rank them the other way (issue 27).
-            most = f"most accurate {what}" if quality.is_accuracy else f"best {what} by {quality.metric}"
-            sentences.append(f"{top.key} is this run's {most}, not certified better than the unproven ones: "
-                             f"another seed set may pick {unproven[0].key}.")
+            sentences.append(f"{top.key} is this run's {quality.most(what)}, not certified better than the unproven "
+                             f"ones: another seed set may pick {unproven[0].key}.")
     return " ".join(sentences)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from sweeper.report import analysis, folding, recipes
+from sweeper.report import analysis, folding, recipe_comparison
 from sweeper.report.analysis import Trial
 from sweeper.report.critical_batch import CriticalBatch
 from sweeper.report.html import Section
@@ -114,7 +114,7 @@ def _point_rows(trials: List[Trial], quality: Quality = ACCURACY) -> List[Dict[s
             "time to target s": "-" if time is None else f"{time[0]:.3g} ({time[1]:.3g}-{time[2]:.3g})",
             "B_simple": _fmt(point.gns_b_simple, "{:.1f}"),
         })
-    if not quality.is_accuracy:
+    if not quality.is_accuracy and not quality.user:
         # A language model: its rows lead with tokens/s and the judged loss, next-token accuracy after.
         lead = ("point", "tokens/s", f"{quality.metric} [interval]")
         for row, members in zip(rows, groups.values()):
@@ -141,9 +141,10 @@ def judging(params: Dict[str, str], trials: Sequence[Trial] = ()) -> Tuple[Optio
             return None if text in ("None", "null", "") else float(text)
         except ValueError:
             return default
-    named = params.get("report_quality", defaults.quality)
-    found = resolve(named if named in QUALITIES or named == AUTO else AUTO, list(trials))
-    tolerance = number("max_accuracy_drop", defaults.max_accuracy_drop) if found.is_accuracy \
+    metric = params.get("report_quality_metric")
+    named = metric if metric not in (None, "None", "") else params.get("report_quality", defaults.quality)
+    found = resolve(named if named in QUALITIES or named == AUTO or metric == named else AUTO, list(trials))
+    tolerance = number("max_accuracy_drop", defaults.max_accuracy_drop) if found.tolerance_key.endswith("drop") \
         else number("max_loss_rise", defaults.max_loss_rise)
     return tolerance, number("confidence", defaults.confidence), found
 
@@ -236,9 +237,9 @@ def _by_recipe_and_workers(trials: List[Trial]) -> Dict[Tuple[str, str, int], Li
 def _recipe_sections(trials: List[Trial], frontier: Dict[str, float], max_drop: Optional[float] = 0.02,
                      level: float = 0.95, quality: Quality = ACCURACY) -> List[Section]:
     """When the sweep measured more than one recipe: the largest micro-batch per recipe, each recipe
-    against fp32 without checkpointing (recipes.compare_recipes), and in words what checkpointing
+    against fp32 without checkpointing (recipe_comparison.compare_recipes), and in words what checkpointing
     saved and whether a larger micro-batch with it beats accumulation at equal global batch."""
-    compared = recipes.compare_recipes(trials, max_drop, level, quality)
+    compared = recipe_comparison.compare_recipes(trials, max_drop, level, quality)
     if not compared.rows:
         return []
 
@@ -253,7 +254,7 @@ def _recipe_sections(trials: List[Trial], frontier: Dict[str, float], max_drop: 
                                        "{:+.1f} points"),
         "peak memory vs fp32": signed(r.memory_delta, "{:+.0%}"),
     } for r in sorted(compared.rows, key=lambda r: folding.recipe_order((r.precision, r.checkpointing)))
-        if (r.precision, r.checkpointing) != recipes.BASELINE]
+        if (r.precision, r.checkpointing) != recipe_comparison.BASELINE]
     return [
         ("Largest micro-batch per recipe", largest_micro_batches(trials, frontier)),
         ("Recipes against fp32 without checkpointing (same layouts, mean over seeds)", rows),

@@ -6,33 +6,44 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from sweeper import stats
 from sweeper.stats import Interval
 
 
+def recorded_as(*names: str) -> Any:
+    """A Trial field read from a record under other names than its own, the first one present winning:
+    a sweeper/schema.py field's (its MLflow name comes from the schema) or a run param's."""
+    return field(default=None, metadata={"recorded_as": names})
+
+
 @dataclass(frozen=True)
 class Trial:
-    """One grid point's outcome, as the sweep recorded it (MLflow child run params and metrics)."""
+    """One grid point's outcome, as the sweep recorded it (MLflow child run params and metrics). A field
+    is read from the child run's param, metric or tag of the same name (the schema's tag name for a
+    tag, report/recorded.py), unless `recorded_as` names others."""
 
     key: str  # e.g. "mb32-acc2-w1"
     micro_batch_size: int
     accumulation_steps: int
     num_workers: int
     global_batch_size: int
-    status: str  # "ok" | "stopped" | "did_not_learn" | "diverged" | "oom" | "failed"
+    # "ok" | "stopped" | "did_not_learn" | "diverged" | "oom" | "failed"; a record without one: failed
+    status: str = field(metadata={"unrecorded": "failed"})
     lr: Optional[float] = None  # the LR it trained with (optim.lr, scaled for its global batch)
     samples_per_second: Optional[float] = None
     samples_per_second_cv: Optional[float] = None
     throughput_stable: Optional[bool] = None
+    # why its throughput is not the recipe's: a precision its device only emulates (tag sweeper.throughput_emulated)
+    throughput_emulated: Optional[str] = None
     peak_memory_bytes: Optional[float] = None
     val_accuracy: Optional[float] = None
     train_seconds: Optional[float] = None  # wall time of its optimizer steps
     samples_seen: Optional[float] = None
-    # The point this run is a seed replicate of (param `point`: the key without the seed);
-    # None: the key itself (a single-seed sweep, or a record from before seeds).
-    point_key: Optional[str] = None
+    # The point this run is a seed replicate of (param `point`: the key without the seed; tag sweeper.point
+    # in older records); None: the key itself (a single-seed sweep, or a record from before seeds).
+    point_key: Optional[str] = recorded_as("point", "sweeper.point")
     seed: Optional[int] = None
     lr_multiplier: Optional[float] = None  # sweep.lr_multipliers, on top of the scaling rule
     precision: Optional[str] = None  # "fp32" | "bf16" | "fp16"
@@ -41,7 +52,8 @@ class Trial:
     optimizer: Optional[str] = None  # the optim group: "sgd" | "adamw" | "custom"
     compiled: Optional[bool] = None  # train.compile
     error: Optional[str] = None
-    diverged_reason: Optional[str] = None  # "nonfinite" | "spike" | "chance" (status "diverged")
+    # "nonfinite" | "spike" | "chance" (status "diverged")
+    diverged_reason: Optional[str] = recorded_as("divergence_reason")
     diverged_at_step: Optional[int] = None
     val_loss: Optional[float] = None
     val_samples: Optional[int] = None  # validation samples behind val_accuracy
@@ -67,6 +79,13 @@ class Trial:
     gradient_sync: Optional[str] = None
     memory_predicted_bytes: Optional[float] = None
     communication_bytes_per_step: Optional[float] = None
+    # eval.metrics_fn's metrics: (name, value, its bootstrap standard error or None, higher is better) each
+    val_metrics: Tuple[Tuple[str, float, Optional[float], bool], ...] = ()
+    eval_error: Optional[str] = None  # why it has no validation figures (its evaluation ran out of memory)
+
+    def metric(self, name: str) -> Optional[Tuple[float, Optional[float], bool]]:
+        """(value, standard error, higher is better) of eval.metrics_fn's metric `name`; None when unrecorded."""
+        return next(((v, se, up) for n, v, se, up in self.val_metrics if n == name), None)
 
     @property
     def activation_bytes_per_token(self) -> Optional[float]:
@@ -182,7 +201,7 @@ def summarize(members: Sequence[Trial], level: float = 0.95) -> PointSummary:
     stable = [t.throughput_stable for t in source if t.throughput_stable is not None]
     first = source[0]
     trial = replace(
-        first, **figures, key=first.point, point_key=first.point,
+        first, **figures, key=first.point, point_key=first.point, val_metrics=mean_metrics(source),
         seed=first.seed if len(members) == 1 else None,
         status=worst.status, error=worst.error,
         diverged_reason=worst.diverged_reason, diverged_at_step=worst.diverged_at_step,
@@ -227,6 +246,38 @@ def _finite(value: Optional[float]) -> bool:
 def _mean(values: Sequence[Optional[float]]) -> Optional[float]:
     finite = [float(v) for v in values if _finite(v)]
     return statistics.fmean(finite) if finite else None
+
+
+# How eval.metrics_fn's metrics are recorded on a point's run (sweeper/schema.py, Accuracy's named fields).
+METRIC_PREFIX, METRIC_SE_PREFIX, DIRECTIONS_TAG = "val_metric/", "val_metric_se/", "sweeper.metric_directions"
+
+
+def user_metrics(row: Mapping[str, Any]) -> Tuple[Tuple[str, float, Optional[float], bool], ...]:
+    """A run's eval.metrics_fn metrics (its metrics and tags by name) as Trial.val_metrics: each recorded
+    value with its standard error and direction ("f1=higher"; a metric with no direction recorded is
+    taken as higher is better)."""
+    directions = dict(pair.split("=", 1) for pair in str(row.get(DIRECTIONS_TAG) or "").split(",") if "=" in pair)
+    out = []
+    for key, value in row.items():
+        if key.startswith(METRIC_PREFIX) and value not in (None, "None", ""):
+            name = key[len(METRIC_PREFIX):]
+            se = row.get(METRIC_SE_PREFIX + name)
+            out.append((name, float(value), None if se in (None, "None", "") else float(se),
+                        directions.get(name, "higher") != "lower"))
+    return tuple(sorted(out))
+
+
+def mean_metrics(trials: Sequence[Trial]) -> Tuple[Tuple[str, float, Optional[float], bool], ...]:
+    """eval.metrics_fn's metrics as a point's: each the mean over the replicates that recorded it, its SE
+    the mean SE (every seed is scored on the same validation samples: no sqrt(seeds) shrinkage)."""
+    out = []
+    for name in sorted({m[0] for t in trials for m in t.val_metrics}):
+        found = [t.metric(name) for t in trials if t.metric(name) is not None and _finite(t.metric(name)[0])]
+        if found:
+            ses = [se for _, se, _ in found]
+            out.append((name, _mean([v for v, _, _ in found]), _mean(ses) if all(_finite(se) for se in ses) else None,
+                        found[0][2]))
+    return tuple(out)
 
 
 def _largest(values: Sequence[Optional[float]]) -> Optional[float]:

@@ -1,7 +1,14 @@
-"""sweep.strategy: how the points of a sweep are chosen. Each strategy is its pure rules (standard
-library, tested on fixed curves) and its driver side, which runs what the rules decide on Ray:
+"""sweep.strategy: how the points of a sweep are chosen. Each strategy decides here, in one pure module
+(standard library and sweeper's config, plan and schema; no torch, Ray or MLflow; tested without
+processes), behind one interface (base.py: `Strategy`); what runs its points on Ray, records them and
+says so on the console is its driver side, sweeper/driver/<name>.py. This package never imports the
+driver.
 
-- grid: every point of the grid (the arithmetic: sweeper/plan.py; the run: driver/train.py measure_grid).
-- smart: smart.py (accuracy classes, rungs, the ledger), smart_driver.py.
-- branch: branch.py (the local critical batch size, the schedule), branch_driver.py.
+- base.py: `Strategy` (what the train sweep asks before any point runs), `Measured` (what running gives).
+- grid.py: every point measured as itself, in worker groups, in rounds until each is recorded
+  (the grid's arithmetic: sweeper/plan.py).
+- smart.py: accuracy classes, the rungs of successive halving, each point's record composed from its
+  measurement runs, the compute ledger.
+- branch.py: the trunk and its branches, the schedule, the answer; branch_reading.py: the local critical
+  batch size read at one checkpoint.
 """

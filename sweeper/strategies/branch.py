@@ -1,41 +1,140 @@
-"""sweep.strategy=branch, the arithmetic: where the trunk saves its state, how long a branch trains, the
-local critical batch size from a trunk's and its branches' losses on the same samples, the batch-size
-schedule it implies, and the wall time that schedule and the best constant layout are predicted to take.
+"""sweep.strategy=branch, its decisions: where the trunk trains and saves its state, which branches run from
+each save and for how long, each point's record, and the answer: the local critical batch size at each
+checkpoint (read by branch_reading.py), the batch-size schedule it implies, the best constant layout, the
+wall time each is predicted to take, and which of the two the sweep recommends.
 
-Pure functions on plain values (standard library), tested on fixed loss curves. The driver runs what they
-decide (sweeper/strategies/branch_driver.py); docs/strategy.md tells the whole story.
-
-The measurement (Merrill et al. 2025, arXiv:2505.23971): from a checkpoint of a trunk trained at global
-batch B, branch to a larger global batch G with the LR scaled by the run's rule, for a short window of
-samples; the branch reads the very samples the trunk reads over that window (the sample stream goes on
-from the checkpoint's position whatever the layout), so the two losses are paired. The local critical
-batch size is the largest G whose loss rise over the trunk's at the window's end is certified within a
-margin (a one-sided interval counting the trunk's and the branch's noise), every smaller G certified
-too; it lies between that G and the next one tried.
+Pure functions on plain values (standard library), tested on fixed loss curves (tests/unit/test_branch.py).
+The driver's side runs what they decide on Ray (sweeper/driver/branch.py); docs/strategy.md tells the whole
+story.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
-# The share of the window whose losses are compared: its second half, after a branch's first steps at a
-# new LR and global batch (AdamW's second moments were estimated at the trunk's batch: a brief spike is
-# expected there, and is not what the branch is judged on).
-TAIL = 0.5
+from sweeper import plan
+from sweeper.config import SweeperConfig
+from sweeper.plan import GridPoint
+from sweeper.schema import PointResult
+from sweeper.strategies import branch_reading, smart
+from sweeper.strategies.base import Strategy
+from sweeper.strategies.smart import Record
 
-# A reading is weak when it could not have seen a branch that makes half the trunk's progress over the window:
-# such a branch lags by half the trunk's fall at the window's end, the lag growing from zero at the checkpoint,
-# so by 3/8 of the fall on average over the compared tail (the window's second half). A branch counted as
-# keeping up with a tolerance above POWER x the fall might have been that branch.
-POWER = 0.375
+if TYPE_CHECKING:  # the specs are only read and copied here; their module loads torch
+    from sweeper.worker.spec import PointSpec
 
-# A global batch is judged on at least this many of its branch's steps in the compared tail: a step's loss is
-# its model's before the update, so a tail of one step shows how the branch started from the checkpoint, not
-# how it trains (one step of 256 from a well-trained trunk is barely changed, and it "keeps up").
-MIN_TAIL_STEPS = 3
+
+class Branch(Strategy):
+    """sweep.strategy=branch: its LR rule as the points' train.lr_scaling, and a grid with a global batch
+    to branch to."""
+
+    name = "branch"
+
+    def configure(self, cfg: SweeperConfig) -> SweeperConfig:
+        return with_lr_rule(cfg)
+
+    def grid_problems(self, cfg: SweeperConfig, points: Sequence[GridPoint]) -> List[str]:
+        return grid_problems(cfg, points)
+
+
+def branch_lr_rule(cfg: SweeperConfig) -> str:
+    """branch.lr_scaling=auto: train.lr_scaling when set, else sqrt for Adam-family optimizers and linear for
+    SGD (Merrill et al. 2025; Malladi et al. 2022 for Adam's square root)."""
+    if cfg.branch.lr_scaling != "auto":
+        return cfg.branch.lr_scaling
+    if cfg.train.lr_scaling != "none":
+        return cfg.train.lr_scaling
+    name = str(cfg.optim._target_ or cfg.optim.name).lower()
+    return "sqrt" if "adam" in name else "linear" if name == "sgd" else "none"
+
+
+def with_lr_rule(cfg: SweeperConfig) -> SweeperConfig:
+    """A branch sweep's config with its LR rule as train.lr_scaling, so every point (and the override the
+    report writes) takes the LR a branch of its global batch trained at. When train.lr_scaling is none (the
+    default) and branch.lr_scaling picks a rule, train.base_batch_size becomes the trunk's global batch:
+    optim.lr stays the LR the trunk trains at. Unchanged for a config too broken to read the grid from
+    (validation says what is wrong)."""
+    rule_ = branch_lr_rule(cfg)
+    if rule_ == cfg.train.lr_scaling or rule_ not in ("none", "linear", "sqrt"):
+        return cfg  # nothing to change, or a value validation refuses
+    try:
+        base = cfg.branch.base_global_batch or min(
+            m * a * w for m in cfg.sweep.micro_batch_sizes for a in cfg.sweep.accumulation_steps
+            for w in cfg.sweep.num_workers)
+    except (TypeError, ValueError):
+        return cfg
+    train = replace(cfg.train, lr_scaling=rule_)
+    if cfg.train.lr_scaling == "none":
+        train = replace(train, base_batch_size=int(base))
+    return replace(cfg, train=train)
+
+
+def grid_problems(cfg: SweeperConfig, points: Sequence[GridPoint]) -> List[str]:
+    """Before Ray: the base global batch must be one of the grid's, and some global batch must be larger."""
+    batches = sorted({p.global_batch_size for p in points})
+    base = cfg.branch.base_global_batch or (batches[0] if batches else None)
+    if base not in batches:
+        return [f"branch.base_global_batch={base} is not a global batch of the grid ({batches}): choose one of "
+                "them or set it to null"]
+    if not [b for b in batches if b > base]:
+        return [f"sweep.strategy=branch needs a global batch larger than the trunk's {base} to branch to (the grid "
+                f"has {batches}): add larger micro-batches, accumulation steps or workers"]
+    return []
+
+
+# ---------------------------------------------------------------------------------------------------
+# The trunk and its branches
+
+
+@dataclass(frozen=True)
+class Trunk:
+    """What the branches measure from, fixed before any run: the trunk's layout (its global batch's fastest),
+    the seeds it trains at, its sample budget, the window a branch trains for, the samples at which the trunk
+    saves its state (`marks`), the larger global batches it branches to, and those the window is too short
+    to judge (not branched to)."""
+
+    layout: GridPoint
+    seeds: list
+    budget: int
+    window: int
+    marks: List[int]
+    larger: List[int]
+    unjudged: List[int]
+
+    @property
+    def base(self) -> int:
+        return self.layout.global_batch_size
+
+    @property
+    def units(self) -> Dict[GridPoint, object]:
+        """The trunk's run at each seed, and the seed."""
+        return {replace(self.layout, seed=seed): seed for seed in self.seeds}
+
+    def nothing_to_branch(self) -> Optional[str]:
+        """Why no branch can run; None when some can."""
+        if self.larger and self.marks:
+            return None
+        if not self.larger and not self.unjudged:
+            return "no layout of a larger global batch got through its throughput run"
+        if not self.larger:
+            return f"the window of {self.window} samples judges no larger global batch"
+        return f"a branch of {self.window} samples fits in the budget of {self.budget} samples at none of branch.at"
+
+
+def trunk_of(cfg: SweeperConfig, points: Sequence[GridPoint], specs: Dict[GridPoint, PointSpec],
+             fastest: Dict[int, GridPoint], base: int) -> Trunk:
+    """The trunk at global batch `base` (one `fastest` holds: its layouts measured ok) and the branches it
+    makes: to every larger global batch measured, but those the window cannot judge."""
+    larger = [b for b in sorted(fastest) if b > base]
+    layout = fastest[base]
+    budget = specs[next(p for p in points if smart.layout(p) == layout)].steps * base
+    window = window_samples(cfg.branch.window, budget, [base, *larger])
+    unjudged = [g for g in larger if g not in branch_reading.judged(larger, window)]
+    return Trunk(layout, list(dict.fromkeys(p.seed for p in points)), budget, window,
+                 positions(cfg.branch.at, budget, base, window), [g for g in larger if g not in unjudged], unjudged)
 
 
 def positions(fractions: Sequence[float], budget: int, base: int, window: int) -> List[int]:
@@ -58,304 +157,118 @@ def window_samples(window: Optional[int], budget: int, batches: Sequence[int]) -
     return max(step, -(-wanted // step) * step)
 
 
-@dataclass(frozen=True)
-class Comparison:
-    """A branch against its trunk over the tail of one window: the branch's mean training loss over the
-    tail's samples, the trunk's over the same samples read at the branch's mean position (compare), their
-    difference (branch minus trunk: above zero, the larger batch lost ground), and the trunk's own noise:
-    the standard error of its tail's mean about its straight-line trend (`noise`), and of the trend's value
-    where it is read (`noise_at`, larger the further that is from the tail's middle)."""
-
-    global_batch: int
-    trunk: float
-    branch: float
-    noise: float
-    steps: int  # the trunk's steps in the tail
-    noise_at: float = math.nan
-    progress: float = math.nan  # the trunk's fall over the whole window (its trend's; above zero: falling)
-    # the standard error of the branch's tail mean about its own straight-line trend (as few as
-    # MIN_TAIL_STEPS steps: a noisy figure, and so a wide interval, not one to leave out)
-    branch_noise: float = math.nan
-
-    @property
-    def difference(self) -> float:
-        return self.branch - self.trunk
-
-    @property
-    def standard_error(self) -> float:
-        """The difference's: the trunk's trend read at the branch's position and the branch's own tail mean,
-        independent noises (nan when the branch's is not measured)."""
-        trunk = self.noise_at if math.isfinite(self.noise_at) else self.noise
-        return math.sqrt(trunk * trunk + self.branch_noise * self.branch_noise)
+def trunk_key(unit: GridPoint) -> str:
+    return f"trunk-{unit.key}"
 
 
-def tail_mean(losses: Sequence[float], step_samples: int, start: int, end: int) -> Tuple[List[float], float]:
-    """The losses of the steps that read samples [start, end) of a run whose step i reads
-    [i * step_samples, (i + 1) * step_samples) after its checkpoint, and their mean (nan when a loss is
-    not finite or a step is missing: a run that did not get there)."""
-    first, stop = start // step_samples, end // step_samples
-    part = list(losses[first:stop])
-    if len(part) < stop - first or not part or not all(math.isfinite(v) for v in part):
-        return part, math.nan
-    return part, statistics.fmean(part)
+def branch_key(unit: GridPoint) -> str:
+    return f"branch-{unit.key}"
 
 
-def compare(trunk_losses: Sequence[float], base: int, branch_losses: Sequence[float], global_batch: int,
-            window: int) -> Comparison:
-    """The branch at `global_batch` against the trunk (steps of `base` samples), both counted from the
-    checkpoint, over the last TAIL of `window` samples.
-
-    A step's loss is its model's before the step's update: over the same tail, a branch's losses come from
-    models that have seen, on average, (global_batch - base) / 2 fewer samples than the trunk's (its steps
-    are fewer and longer). So the trunk is read on its straight-line trend over the tail at the branch's
-    mean position, not at its own: a branch exactly as good per sample seen as the trunk differs by zero,
-    as its definition of keeping up asks, where the plain means would charge it the trunk's fall over those
-    samples."""
-    start = tail_start(window, global_batch)
-    trunk_part, trunk = tail_mean(trunk_losses, base, start, window)
-    branch_part, branch = tail_mean(branch_losses, global_batch, start, window)
-    # the branch's mean position less the trunk's, in trunk steps
-    shift = -(global_batch - base) / 2 / base
-    at, noise_at = trend_at(trunk_part, shift) if math.isfinite(trunk) else (math.nan, math.nan)
-    return Comparison(global_batch, at if math.isfinite(at) else trunk, branch, trend_noise(trunk_part),
-                      len(trunk_part), noise_at, fall(trunk_losses[:window // base]),
-                      trend_noise(branch_part) if math.isfinite(branch) else math.nan)
+def trunk_specs(specs: Dict[GridPoint, PointSpec], trunk: Trunk, saves: Dict[object, Dict[int, str]]
+                ) -> Dict[GridPoint, PointSpec]:
+    """Each seed's trunk: the point's own run, light (its layout's throughput run measured throughput and
+    memory), evaluated as the point is and judged at its end as a point is (not partial), saving its state
+    at each mark on the way (`saves`: seed -> mark -> where)."""
+    return {unit: replace(smart.segment_spec(specs[unit], specs[unit].steps, False), save_states_at=saves[seed])
+            for unit, seed in trunk.units.items()}
 
 
-def fall(values: Sequence[float]) -> float:
-    """How far the straight-line trend of `values` (one per step) falls from their first step to past their
-    last (above zero: falling); nan below three values or with one not finite."""
-    n = len(values)
-    first, _ = trend_at(values, -(n - 1) / 2)
-    last, _ = trend_at(values, (n + 1) / 2)
-    return first - last
+def branch_specs(cfg: SweeperConfig, specs: Dict[GridPoint, PointSpec], trunk: Trunk, fastest: Dict[int, GridPoint],
+                 trunks: Dict[object, Optional[PointResult]], saves: Dict[object, Dict[int, str]]
+                 ) -> Tuple[Dict[GridPoint, PointSpec], Dict[GridPoint, Tuple[object, int, int]]]:
+    """Every branch: from each mark a seed's trunk saved (`trunks`: each seed's trunk run), to each larger
+    global batch on its fastest layout, for the window; and what each is: (seed, checkpoint number from 1,
+    global batch)."""
+    lr_rule = branch_lr_rule(cfg)
+    b_specs: Dict[GridPoint, PointSpec] = {}
+    what: Dict[GridPoint, Tuple[object, int, int]] = {}
+    for unit, seed in trunk.units.items():
+        done = trunks[seed]
+        saved = set(int(x) for x in (done.state.saved_at_samples or [])) if done is not None else set()
+        for k, mark in enumerate(trunk.marks, 1):
+            if mark not in saved:
+                continue  # the trunk did not get there (it diverged or failed first), or its save failed
+            for g in trunk.larger:
+                b_unit = replace(fastest[g], seed=seed, context=unit.context)
+                # the grid point's own spec: its LR is the trunk's scaled by the rule (with_lr_rule)
+                b_spec = specs.get(b_unit) or replace(specs[unit], point=b_unit,
+                                                      lr=plan.scaled_lr(specs[unit].lr, g, trunk.base, lr_rule))
+                b_spec = replace(smart.segment_spec(b_spec, trunk.window // g, True), start_from=saves[seed][mark],
+                                 evaluate=False)
+                b_unit = replace(b_unit, branch_from=mark)  # one run per layout, seed and checkpoint
+                b_specs[b_unit] = replace(b_spec, point=b_unit)
+                what[b_unit] = (seed, k, g)
+    return b_specs, what
 
 
-def tail_start(window: int, global_batch: int) -> int:
-    """Where the compared tail of a `window` starts for a branch at `global_batch`: the last TAIL of it in
-    whole steps, at least one."""
-    return min(window - int(window * TAIL) // global_batch * global_batch, window - global_batch)
+# ---------------------------------------------------------------------------------------------------
+# The points' records and what the runs cost
 
 
-def judged(batches: Sequence[int], window: int) -> List[int]:
-    """The global batches of `batches` a `window` can judge: MIN_TAIL_STEPS or more of their steps in its
-    compared tail (a window of 2 x MIN_TAIL_STEPS steps of a global batch judges it)."""
-    return [g for g in batches if (window - tail_start(window, g)) // g >= MIN_TAIL_STEPS]
+NOTE = ("not measured for this point: sweep.strategy=branch measures quality once, by a trunk and branches from "
+        "its checkpoints (the critical batch size over training); the trunk's layout carries the trunk's own")
 
 
-def trend_at(values: Sequence[float], shift: float) -> Tuple[float, float]:
-    """The straight-line least-squares trend of `values` (one per step) read `shift` steps from their mean
-    position, and its standard error (residuals with n - 2 degrees of freedom); (nan, nan) below three
-    values (a trend of two values has no residual to measure noise by)."""
-    n = len(values)
-    if n < 3 or not all(math.isfinite(v) for v in values):
-        return math.nan, math.nan
-    xs = range(n)
-    mx, my = (n - 1) / 2, statistics.fmean(values)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, values)) / sxx
-    residual = sum((y - my - slope * (x - mx)) ** 2 for x, y in zip(xs, values)) / (n - 2)
-    return my + slope * shift, math.sqrt(residual * (1 / n + shift * shift / sxx))
+@dataclass
+class Ledger(smart.Ledger):
+    """smart's ledger, its classes being the roles (trunk, branch), with the branches counted."""
+
+    branches: int = 0
+
+    def metrics(self) -> Dict[str, float]:
+        trunk, branches = self.by_class.get("trunk", 0.0), self.by_class.get("branch", 0.0)
+        total = self.throughput + trunk + branches
+        out = {"compute_throughput_point_seconds": self.throughput, "compute_trunk_point_seconds": trunk,
+               "compute_branch_point_seconds": branches, "compute_point_seconds": total,
+               "branch_runs": self.branches}
+        if self.full_grid_estimate > 0:
+            out["full_grid_point_seconds_estimate"] = self.full_grid_estimate
+            out["compute_fraction_of_full_grid"] = total / self.full_grid_estimate
+        return out
 
 
-def trend_noise(values: Sequence[float]) -> float:
-    """The standard error of the mean of `values` about their straight-line trend (a falling loss is no
-    noise): sqrt(residual variance / n), with n - 2 degrees of freedom; nan below three values."""
-    return trend_at(values, 0.0)[1]
-
-
-# A global batch's verdict at one checkpoint, the grid's non-inferiority words (report/noninferiority.py):
-# certified within the margin, shown beyond it, neither, or no finite comparison at all.
-KEEPS_UP, WORSE, UNPROVEN, NOT_JUDGED = "keeps up", "worse", "unproven", "not judged"
-
-
-@dataclass(frozen=True)
-class Local:
-    """The local critical batch size at one checkpoint: `low` is the largest global batch certified to keep
-    up (every smaller one too; the trunk's own when none was), `high` the next one tried (None: every branch
-    kept up, the critical batch size is at least `low`). `tolerance` is the margin a branch's rise over the
-    trunk must be certified within (branch.tolerance, else POWER x the trunk's fall over the window: a
-    branch making half the trunk's progress per sample lags by that much on average over the tail, and
-    half the progress per sample is where a global batch reaches the critical batch size,
-    E = E_min (1 + B / B_crit)). Each global batch's `verdicts` come from the one-sided `bounds` of its
-    rise, the trunk's and the branch's own noise both counted."""
-
-    samples: int
-    low: int
-    high: Optional[int]
-    tolerance: float
-    differences: Dict[int, float]  # global batch -> branch minus trunk, over seeds
-    tolerances: Dict[int, float] = field(default_factory=dict)  # global batch -> the margin it was judged by
-    progress: float = math.nan  # the trunk's fall over the window, mean over the seeds
-    # global batch -> (lower, upper) one-sided bounds of its rise at the level asked (nan: not judged)
-    bounds: Dict[int, Tuple[float, float]] = field(default_factory=dict)
-    verdicts: Dict[int, str] = field(default_factory=dict)  # global batch -> KEEPS_UP | WORSE | UNPROVEN | NOT_JUDGED
-
-    @property
-    def bounded(self) -> bool:
-        return self.high is not None
-
-    @property
-    def kept(self) -> List[int]:
-        """The global batches this reading counts as keeping up (every one up to `low`)."""
-        return [g for g in self.differences if g <= self.low]
-
-    def tolerance_of(self, global_batch: int) -> float:
-        """The margin `global_batch` was judged by: its own, else the checkpoint's."""
-        return self.tolerances.get(global_batch, self.tolerance)
-
-    def verdict(self, global_batch: int) -> str:
-        """Its verdict here; NOT_JUDGED for a global batch this checkpoint did not compare."""
-        if global_batch in self.verdicts:
-            return self.verdicts[global_batch]
-        if global_batch not in self.differences:
-            return NOT_JUDGED
-        return KEEPS_UP if global_batch <= self.low else UNPROVEN  # a reading without verdicts (tests, old answers)
-
-    @property
-    def weak(self) -> bool:
-        """A reading that could not have told a branch making half the trunk's progress from one keeping up:
-        some global batch it counts as keeping up has a margin above POWER x the trunk's fall over the
-        window (branch.tolerance set that wide, or the trunk did not fall). A reading bounded by a branch
-        that fell behind is only as weak as the keep-ups below it; a zero margin (a trunk that did not fall,
-        kept up with only by a branch certified no worse than it) is the strictest there is."""
-        if not self.kept:
-            return False
-        if not (math.isfinite(self.progress) and self.progress > 0):
-            return any(self.tolerance_of(g) > 0 for g in self.kept)
-        return any(self.tolerance_of(g) > POWER * self.progress * (1 + 1e-9) for g in self.kept)
-
-    @property
-    def estimate(self) -> float:
-        """The critical batch size this reading points at: it lies between `low` and `high` (the next global
-        batch tried), so the geometric middle of the two (on the grid's doubling global batches, half a step
-        in log2 above `low`); `low` itself when every branch kept up (a lower bound, all it says). Fitting the
-        lower bounds alone reads the critical batch size half a step low at every bounded checkpoint."""
-        return math.sqrt(self.low * self.high) if self.high is not None else float(self.low)
-
-    @property
-    def informative(self) -> bool:
-        """Whether this reading says anything of the critical batch size. A margin above zero: yes (a global
-        batch that keeps up would be certified, given the precision). A zero margin (the trunk did not fall
-        over the window): only when some branch was certified no worse than the trunk, since against no
-        margin a branch exactly as good as the trunk is certified no more often than the confidence allows:
-        failing to is what noise alone gives, not a sign that only the trunk's global batch keeps up. No
-        margin at all (the trunk's fall not measured): no."""
-        if math.isfinite(self.tolerance) and self.tolerance > 0:
-            return True
-        return math.isfinite(self.tolerance) and KEEPS_UP in self.verdicts.values()
-
-
-def margin(progress: float, fixed: Optional[float]) -> float:
-    """The rise a branch must be certified within: `fixed` (branch.tolerance) when set, else POWER x the
-    trunk's fall over the window; zero when the trunk did not fall (there is no progress to keep up with: a
-    branch keeps up only when certified no worse than the trunk); nan when the fall is not measured."""
-    if fixed is not None:
-        return fixed
-    if not math.isfinite(progress):
-        return math.nan
-    return POWER * progress if progress > 0 else 0.0
-
-
-def judge(rise: float, standard_error: float, limit: float, z: float) -> Tuple[str, Tuple[float, float]]:
-    """The verdict on a rise with its standard error against the margin `limit`, one-sided at the normal
-    quantile `z`: KEEPS_UP when rise + z x se <= limit (certified), WORSE when rise - z x se > limit (shown
-    beyond), UNPROVEN between, NOT_JUDGED when the rise or its noise is not finite; with the bounds."""
-    if not (math.isfinite(rise) and math.isfinite(standard_error)):
-        return NOT_JUDGED, (math.nan, math.nan)
-    lower, upper = rise - z * standard_error, rise + z * standard_error
-    if math.isfinite(limit) and upper <= limit:
-        return KEEPS_UP, (lower, upper)
-    if math.isfinite(limit) and lower > limit:
-        return WORSE, (lower, upper)
-    return UNPROVEN, (lower, upper)
-
-
-def local_critical(samples: int, base: int, by_seed: Sequence[Dict[int, Comparison]], z: float,
-                   fixed: Optional[float] = None) -> Local:
-    """The local critical batch size at the checkpoint `samples` from each seed's comparisons (global batch
-    -> Comparison): a global batch keeps up when its rise over the trunk, averaged over the seeds that
-    measured it, is certified within the margin (`margin`) by a one-sided interval at the normal quantile
-    `z` (branch.confidence's), its standard error the trunk's noise where its comparison reads it and the
-    branch's own, pooled over the seeds (root mean square over sqrt(seeds)): not a failure to show it
-    worse. The answer is the largest one such that it and every smaller one keep up (a larger one that
-    keeps up after a smaller one did not is noise, not a critical batch)."""
-    batches = sorted({g for seed in by_seed for g in seed})
-    progress = [next(iter(seed.values())).progress for seed in by_seed if seed]
-    progress = [p for p in progress if math.isfinite(p)]
-    mean_progress = statistics.fmean(progress) if progress else math.nan
-    limit = margin(mean_progress, fixed)
-    differences: Dict[int, float] = {}
-    bounds: Dict[int, Tuple[float, float]] = {}
-    verdicts: Dict[int, str] = {}
-    low, high = base, None
-    for g in batches:
-        mine = [seed[g] for seed in by_seed if g in seed]
-        diffs = [c.difference for c in mine]
-        differences[g] = statistics.fmean(diffs) if diffs and all(math.isfinite(d) for d in diffs) else math.nan
-        se = _rms([c.standard_error for c in mine]) / math.sqrt(len(mine)) if all(
-            math.isfinite(c.standard_error) for c in mine) else math.nan
-        verdicts[g], bounds[g] = judge(differences[g], se, limit, z)
-    for g in batches:
-        if high is None and verdicts[g] == KEEPS_UP:
-            low = g
-        elif high is None:
-            high = g
-    return Local(samples, low, high, limit, differences, {g: limit for g in batches}, mean_progress, bounds,
-                 verdicts)
-
-
-def _rms(values: Sequence[float]) -> float:
-    finite = [v for v in values if math.isfinite(v)]
-    return math.sqrt(statistics.fmean(v * v for v in finite)) if finite else math.nan
-
-
-def monotone(locals_: Sequence[Local]) -> List[float]:
-    """The critical batch size over training as it is known to behave, rising and never falling (Merrill et
-    al. 2025): the least-squares non-decreasing fit (pool adjacent violators) of the readings in log2, so
-    one low reading between higher ones is read as the noise it is rather than holding the schedule down.
-    Each reading is fitted at its `estimate` (the middle of its interval). Readings that say nothing
-    (`Local.informative`) are left out of the fit and take the fitted value before them (the first fitted
-    value when none is before); with none informative, each reads its own `low`: the trunk's global batch,
-    nothing having been certified."""
-    used = [i for i, c in enumerate(locals_) if c.informative]
-    if not used:
-        return [float(c.low) for c in locals_]
-    fitted = dict(zip(used, _fit_log2([locals_[i].estimate for i in used])))
-    out: List[float] = []
-    for i in range(len(locals_)):
-        out.append(fitted.get(i, out[-1] if out else fitted[used[0]]))
+def fastest_layouts(ok: Dict[GridPoint, PointResult]) -> Dict[int, GridPoint]:
+    """Each global batch's fastest layout among those measured ok (samples/s; memory already filtered)."""
+    out: Dict[int, GridPoint] = {}
+    for layout, result in ok.items():
+        g = layout.global_batch_size
+        if g not in out or result.throughput.samples_per_second > ok[out[g]].throughput.samples_per_second:
+            out[g] = layout
     return out
 
 
-def _fit_log2(values: Sequence[float]) -> List[float]:
-    """The least-squares non-decreasing fit of `values` in log2 (pool adjacent violators), back in values."""
-    blocks: List[List[float]] = []  # [sum of log2 values, count]
-    for value in values:
-        blocks.append([math.log2(value), 1.0])
-        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
-            total, count = blocks.pop()
-            blocks[-1][0] += total
-            blocks[-1][1] += count
-    out: List[float] = []
-    for total, count in blocks:
-        out += [2 ** (total / count)] * int(count)
-    return out
+def record_points(points: List[GridPoint], specs: Dict[GridPoint, PointSpec],
+                  throughput: Dict[GridPoint, PointResult], trunks: Dict[object, Optional[PointResult]], keep: Record,
+                  trunk_layout: Optional[GridPoint] = None) -> None:
+    """Every point with its layout's throughput and memory; the trunk's layout at each seed with the trunk's
+    quality too (its whole budget, trained as one run)."""
+    for point in points:
+        tp = throughput.get(smart.layout(point))
+        if tp is None or tp.status != "ok":
+            continue  # recorded already with its throughput run's status
+        out = smart.from_layout(point, tp)
+        trunk = trunks.get(point.seed) if smart.layout(point) == trunk_layout else None
+        if trunk is not None:
+            smart.take_accuracy(out, trunk)
+            out.provenance.accuracy_from = "trunk"
+            out.status, out.error = trunk.status, trunk.error
+        else:
+            out.accuracy.accuracy_note = NOTE
+        keep(point, out)
 
 
-def flat(locals_: Sequence[Local], base: int) -> float:
-    """Where the critical batch size flattens: the monotone fit at the last checkpoint (the trunk's own global
-    batch without checkpoints)."""
-    return monotone(locals_)[-1] if locals_ else float(base)
+# ---------------------------------------------------------------------------------------------------
+# The schedule and its predicted wall time
 
 
-def schedule(locals_: Sequence[Local], base: int, batches: Sequence[int]) -> List[Tuple[int, int]]:
+def schedule(locals_: Sequence[branch_reading.Local], base: int, batches: Sequence[int]) -> List[Tuple[int, int]]:
     """The batch-size schedule [(samples seen, global batch), ...] from (0, base): from each checkpoint on, the
     largest of `batches` at or below the monotone fit of the critical batch size there (so the batch never
     shrinks), each change moved to the first step boundary of the span before it (a whole number of its steps
     after its start); spans of one global batch merged."""
     out = [(0, base)]
-    for local, fitted in zip(locals_, monotone(locals_)):
+    for local, fitted in zip(locals_, branch_reading.monotone(locals_)):
         fitting = [b for b in batches if base <= b <= fitted + 1e-9]
         g = max(fitting) if fitting else base
         start, current = out[-1]
@@ -394,7 +307,7 @@ def samples_factor(global_batch: int, base: int, critical: float) -> float:
     return (1 + global_batch / critical) / (1 + base / critical)
 
 
-def predicted_seconds(spans: Sequence[Tuple[int, int]], budget: int, locals_: Sequence[Local], base: int,
+def predicted_seconds(spans: Sequence[Tuple[int, int]], budget: int, locals_: Sequence[branch_reading.Local], base: int,
                       rate: Dict[int, float]) -> Tuple[float, int]:
     """The predicted wall seconds (and samples) to the trunk's final loss when training follows `spans`
     [(samples of the trunk's progress, global batch), ...] at `rate[global batch]` samples/s: each stretch
@@ -402,7 +315,7 @@ def predicted_seconds(spans: Sequence[Tuple[int, int]], budget: int, locals_: Se
     critical batch size (the monotone fit at the checkpoint the stretch starts from, the first checkpoint's for
     the stretch before it: each reading fitted at the middle of its interval, `Local.estimate`)."""
     edges = [0] + [c.samples for c in locals_] + [budget]
-    fitted = monotone(locals_)
+    fitted = branch_reading.monotone(locals_)
     crit = [fitted[0]] + fitted if locals_ else [float(base)]
     seconds, samples = 0.0, 0.0
     for (a, b), critical in zip(zip(edges, edges[1:]), crit):
@@ -452,3 +365,203 @@ def choose(schedule_seconds: float, constant_seconds: float, spans: int, schedul
 def _pieces(spans: Sequence[Tuple[int, int]], budget: int) -> List[Tuple[int, int, int]]:
     starts = [s for s, _ in spans] + [budget]
     return [(starts[i], starts[i + 1], g) for i, (_, g) in enumerate(spans) if starts[i + 1] > starts[i]]
+
+
+# ---------------------------------------------------------------------------------------------------
+# The answer
+
+
+@dataclass
+class Answer:
+    """What the branches say: the critical batch size at each checkpoint, where it flattens, the schedule it
+    implies and the best constant layout, each with its predicted wall time to the trunk's final loss."""
+
+    base: int
+    budget: int
+    window: int
+    locals: List[branch_reading.Local]
+    schedule: List[Tuple[int, int]]
+    schedule_layouts: List[str]
+    schedule_seconds: Optional[float]
+    constant: Optional[str]  # the point key of the best constant layout
+    constant_batch: Optional[int]
+    constant_seconds: Optional[float]
+    recommend_schedule: bool
+    why: str
+    # the gradient noise scale over the same training: at each checkpoint, the mean B_simple its branches
+    # measured (a branch accumulates or spreads over workers: it has the micro-gradients the estimate needs)
+    b_simple: Dict[int, float] = field(default_factory=dict)
+    # per span, the measured layout whose samples/s times it: its own, or the same micro-batch and workers at
+    # less accumulation (a lower bound on its rate) when the grid did not measure its accumulation
+    schedule_timed_as: List[str] = field(default_factory=list)
+    # the larger global batches the window was too short to judge (not branched to)
+    unjudged: List[int] = field(default_factory=list)
+    # SCHEDULE | CONSTANT | TIE (a tie: the constant is the answer), and the share of the constant's
+    # predicted time the two had to differ by (None: no measured noise)
+    choice: str = CONSTANT
+    noise_share: Optional[float] = None
+    lr_rule: Optional[str] = None  # the LR rule the branches and a schedule's spans scale by
+
+    def to_dict(self) -> Dict[str, object]:
+        return {
+            "base_global_batch": self.base, "budget_samples": self.budget, "window_samples": self.window,
+            "checkpoints": [{"samples": c.samples, "critical_batch_size": c.low, "next_tried": c.high,
+                             "monotone_fit": fitted, "tolerance": c.tolerance,
+                             "differences": {str(g): d for g, d in c.differences.items()},
+                             "tolerances": {str(g): t for g, t in c.tolerances.items()},
+                             "bounds": {str(g): list(b) for g, b in c.bounds.items()},
+                             "verdicts": {str(g): v for g, v in c.verdicts.items()},
+                             "trunk_fall": c.progress, "weak": c.weak, "informative": c.informative}
+                            for c, fitted in zip(self.locals, branch_reading.monotone(self.locals))],
+            "critical_batch_size_flat": branch_reading.flat(self.locals, self.base),
+            "schedule": [[s, g] for s, g in self.schedule], "schedule_layouts": self.schedule_layouts,
+            "schedule_timed_as": self.schedule_timed_as,
+            "schedule_predicted_seconds": self.schedule_seconds, "constant": self.constant,
+            "constant_global_batch": self.constant_batch, "constant_predicted_seconds": self.constant_seconds,
+            "recommend_schedule": self.recommend_schedule, "why": self.why,
+            "b_simple": [[samples, value] for samples, value in sorted(self.b_simple.items())],
+            "unjudged_global_batches": self.unjudged, "choice": self.choice,
+            "prediction_noise_share": self.noise_share, "lr_scaling": self.lr_rule,
+        }
+
+
+def decide(cfg: SweeperConfig, base: int, budget: int, window: int, marks: List[int], seeds: list,
+           trunks: Dict[object, Optional[PointResult]], branches: Dict[Tuple[object, int, int], PointResult],
+           fastest: Dict[int, GridPoint], ok: Dict[GridPoint, PointResult], larger: List[int]) -> Optional[Answer]:
+    """The local critical batch size at every checkpoint the trunks passed ok, the schedule and the best
+    constant layout, with their predicted wall times, and which one is the answer (sweeper/strategies/branch.py:
+    the schedule only when predicted faster beyond the noise of the rates behind both predictions). None when
+    no trunk trained its whole budget ok."""
+    whole = {seed: t for seed, t in trunks.items() if t is not None and t.status == "ok" and t.train_loss}
+    if not whole:  # no critical batch size to give
+        return None
+    z = statistics.NormalDist().inv_cdf(cfg.branch.confidence)  # one-sided: "certified within", as the grid's
+    locals_ = readings(cfg, base, window, marks, whole, branches, larger, z)
+    flat = branch_reading.flat(locals_, base)
+    plan_ = schedule_plan(base, budget, locals_, flat, fastest, ok)
+    rates = {g: ok[fastest[g]].throughput.samples_per_second for g in fastest}
+    # the fastest layout whose global batch stays at or below the critical batch size where it flattens
+    constant_batch = max((g for g in fastest if g <= flat), key=lambda g: rates[g])
+    constant_seconds, _ = predicted_seconds([(0, constant_batch)], budget, locals_, base, rates)
+    noise = {layout.key: rate_noise(r.throughput.samples_per_second_cv, r.throughput.stable_windows_used
+                                    or r.throughput.timing_windows) for layout, r in ok.items()}
+    choice, share = choose(plan_.seconds, constant_seconds, len(plan_.spans),
+                           [noise.get(k) for k in dict.fromkeys(plan_.timed_as)],
+                           [noise.get(fastest[constant_batch].key)], z)
+    why = choice_why(plan_, base, flat, constant_batch, constant_seconds, choice, share)
+    if locals_[-1].weak:
+        why += weak_why(locals_[-1])
+    return Answer(base, budget, window, locals_, plan_.spans, plan_.layouts, plan_.seconds,
+                  fastest[constant_batch].key, constant_batch, constant_seconds, choice == SCHEDULE, why,
+                  b_simple_over_training(marks, branches), plan_.timed_as, choice=choice, noise_share=share,
+                  lr_rule=branch_lr_rule(cfg))
+
+
+def note_unjudged(answer: Answer, trunk: Trunk) -> None:
+    """The answer names the larger global batches the window was too short to judge, and so how far up the
+    critical batch size is read."""
+    answer.unjudged = trunk.unjudged
+    answer.why += (f". Global batch(es) {', '.join(map(str, trunk.unjudged))} were not branched to: the window of "
+                   f"{trunk.window} samples is too short to judge them, so the critical batch size is read up to "
+                   f"{max(trunk.larger)} at most")
+
+
+def readings(cfg: SweeperConfig, base: int, window: int, marks: List[int], whole: Dict[object, PointResult],
+             branches: Dict[Tuple[object, int, int], PointResult], larger: List[int], z: float
+             ) -> List[branch_reading.Local]:
+    """The local critical batch size at each checkpoint, each seed's branches compared with its trunk."""
+    locals_: List[branch_reading.Local] = []
+    for k, mark in enumerate(marks, 1):
+        by_seed = []
+        for seed, trunk in whole.items():
+            after = list(trunk.train_loss)[mark // base:]
+            compared = {}
+            for g in larger:
+                b = branches.get((seed, k, g))
+                losses = list(b.train_loss or []) if b is not None and b.status == "ok" else []
+                compared[g] = branch_reading.compare(after, base, losses, g, window)
+            by_seed.append(compared)
+        locals_.append(branch_reading.local_critical(mark, base, by_seed, z, cfg.branch.tolerance))
+    return locals_
+
+
+@dataclass
+class Plan:
+    """The schedule as train.batch_schedule runs it: its spans, each span's layout and the measured layout
+    that times it, its predicted seconds, and the grid's global batches above the trunk's it cannot reach."""
+
+    spans: List[Tuple[int, int]]
+    layouts: List[str]
+    timed_as: List[str]
+    seconds: float
+    first: GridPoint
+    unreachable: List[int]
+
+
+def schedule_plan(base: int, budget: int, locals_: List[branch_reading.Local], flat: float,
+                  fastest: Dict[int, GridPoint], ok: Dict[GridPoint, PointResult]) -> Plan:
+    """The schedule at the trunk's micro-batch and workers, more accumulation for each larger span, each span
+    timed at its layout's measured samples/s (or a lower bound: the largest accumulation measured below);
+    `flat`, where the critical batch size flattens, bounds the global batches it names unreachable."""
+    first = fastest[base]
+    measured = {p.accumulation_steps: r.throughput.samples_per_second for p, r in ok.items()
+                if replace(p, accumulation_steps=1) == replace(first, accumulation_steps=1)}
+    reach = span_accumulations(first.micro_batch_size * first.num_workers, base, measured, sorted(fastest))
+    spans = schedule(locals_, base, sorted(reach))
+    seconds, _ = predicted_seconds(spans, budget, locals_, base,
+                                   {g: measured[timed] for g, (_, timed) in reach.items()})
+    return Plan(spans, [replace(first, accumulation_steps=reach[g][0]).key for _, g in spans],
+                [replace(first, accumulation_steps=reach[g][1]).key for _, g in spans], seconds, first,
+                [g for g in fastest if base < g <= flat and g not in reach])
+
+
+def choice_why(plan_: Plan, base: int, flat: float, constant_batch: int, constant_seconds: float, choice: str,
+               share: Optional[float]) -> str:
+    """Why the answer is the schedule or the constant layout, with both predictions and the noise between."""
+    schedule_seconds = plan_.seconds
+    noise = ("no measured noise to tell them apart" if share is None else
+             f"the predictions' noise is {100 * share:.1f} %")
+    if len(plan_.spans) == 1 and plan_.unreachable:
+        return (f"no schedule reaches the grid's global batch {plan_.unreachable[0]} from the trunk's "
+                f"{plan_.first.key} by accumulation alone (train.batch_schedule keeps its micro-batch and workers): a "
+                f"constant global batch of {constant_batch} is the answer")
+    if len(plan_.spans) == 1:
+        return (f"the critical batch size never reached a global batch of the grid larger than the trunk's {base} "
+                f"(its rising fit ends at {flat:.0f}): a constant global batch of {constant_batch} is the answer")
+    apart = abs(constant_seconds - schedule_seconds) / constant_seconds
+    if choice == SCHEDULE:
+        return (f"the schedule is predicted to reach the trunk's final loss in {schedule_seconds:.3g} s against "
+                f"{constant_seconds:.3g} s for a constant {constant_batch}, {100 * apart:.1f} % faster ({noise}): the "
+                "constant batch trains its early samples above the critical batch size measured there, and pays "
+                "for it in samples")
+    if choice == TIE:
+        return (f"a tie: the schedule is predicted to reach the trunk's final loss in {schedule_seconds:.3g} s and "
+                f"a constant global batch of {constant_batch} in {constant_seconds:.3g} s, {100 * apart:.1f} % apart, "
+                f"inside the noise ({noise}; the samples/s behind each vary from window to window); the constant "
+                "batch is the answer, the simpler to run: one layout, no accumulation changes mid-run")
+    return (f"a constant global batch of {constant_batch} is predicted to reach the trunk's final loss in "
+            f"{constant_seconds:.3g} s, faster than the schedule's {schedule_seconds:.3g} s ({noise}): its faster "
+            "steps outweigh the samples it loses early")
+
+
+def weak_why(last: branch_reading.Local) -> str:
+    """What the why adds when the last checkpoint's reading (where the rising fit ends) is weak."""
+    fell = f"fell by {last.progress:.3g}" if math.isfinite(last.progress) and last.progress > 0 else "did not fall"
+    widest = max(last.tolerance_of(g) for g in last.kept)
+    return (f". The last checkpoint's reading (where the rising fit ends) is weak: the trunk's loss {fell} over "
+            "the window, so a branch making half its progress could have been certified within the margin of a "
+            f"global batch counted as keeping up ({widest:.3g}, branch.tolerance); a smaller branch.tolerance, "
+            "or null (the margin then follows the trunk's fall), sharpens it")
+
+
+def b_simple_over_training(marks: List[int], branches: Dict[Tuple[object, int, int], PointResult]
+                           ) -> Dict[int, float]:
+    """At each checkpoint, the mean B_simple its branches measured (finite ones)."""
+    out = {}
+    for k, mark in enumerate(marks, 1):
+        values = [r.noise.gns_b_simple_train_avg for (_, at, _), r in branches.items()
+                  if at == k and r.status == "ok" and r.noise.gns_b_simple_train_avg is not None
+                  and math.isfinite(r.noise.gns_b_simple_train_avg)]
+        if values:
+            out[mark] = sum(values) / len(values)
+    return out

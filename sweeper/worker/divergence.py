@@ -91,8 +91,14 @@ def prior_losses(run: Training) -> List[float]:
 
 
 def global_losses(run: Training) -> List[float]:
-    """The global batch's loss at each step done so far: every worker's micro-batches averaged."""
-    losses = run.step_losses[: run.steps_done].clone() / run.spec.point.accumulation_steps
+    """The global batch's loss at each step done so far: every worker's micro-batches averaged; for a loss that
+    counts items, every micro-batch's sum over the global batch's items."""
+    done = run.steps_done
+    if run.counts_items:
+        both = torch.stack([run.step_losses[:done], run.step_items[:done]])
+        comm.all_reduce(both, run.ctx, dist.ReduceOp.SUM)
+        return (both[0] / both[1].clamp(min=1)).cpu().tolist()
+    losses = run.step_losses[:done].clone() / run.spec.point.accumulation_steps
     comm.all_reduce(losses, run.ctx, dist.ReduceOp.SUM)
     return (losses / run.ctx.world_size).cpu().tolist()
 

@@ -104,10 +104,12 @@ class MicroGradients:
         """The steps whose micro-gradients were read."""
         return list(range(0, steps_done, self.every_steps))
 
-    def flush(self) -> None:
-        """After a micro-step's backward: its squared gradient norm added to the step's sum."""
+    def flush(self, weight: Optional[torch.Tensor] = None) -> None:
+        """After a micro-step's backward: its squared gradient norm added to the step's sum (times `weight`:
+        a loss that counts items makes its micro-gradient a mean over its own items)."""
         if self.pending:
-            self.sums[self.step] += torch.stack(self.pending).double().sum() * self.factor
+            squares = torch.stack(self.pending).double().sum() * self.factor
+            self.sums[self.step] += squares if weight is None else squares * weight
             self.pending.clear()
 
     def remove(self) -> None:

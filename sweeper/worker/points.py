@@ -174,6 +174,24 @@ def group_facts(specs: Sequence[PointSpec], device: telemetry.Device, ctx: Worke
     return GroupFacts(peaks=peaks)
 
 
+def _predictions(result: PointResult, spec: PointSpec) -> None:
+    """A trained point's figures as predicted before it ran, each beside its error against what it measured:
+    the fake-tensor peak (DDP), sharded_memory's peak (sharded) and the bytes a step sends."""
+    tracked = result.memory.memory_tracked_peak_bytes
+    if spec.memory_estimate_bytes is not None and tracked:
+        result.memory.memory_estimated_peak_bytes = spec.memory_estimate_bytes
+        result.memory.memory_estimate_error = spec.memory_estimate_bytes / tracked - 1.0
+    if spec.memory_predicted_bytes is not None:
+        result.memory.memory_predicted_bytes = spec.memory_predicted_bytes
+        if tracked:
+            result.memory.memory_prediction_error = spec.memory_predicted_bytes / tracked - 1.0
+    sent, predicted = result.communication.communication_bytes_per_step, spec.communication_predicted_bytes
+    if predicted is not None:
+        result.communication.communication_predicted_bytes_per_step = predicted
+        if sent:
+            result.communication.communication_prediction_error = predicted / sent - 1.0
+
+
 def run_point(
     spec: PointSpec,
     ctx: WorkerContext,
@@ -219,19 +237,7 @@ def run_point(
                              oom_simulated=result.oom_simulated)
     elif worst[0] in ("ok", "did_not_learn"):  # trained to the end: its throughput and FLOPs stand
         result.flops.update(_flops_metrics(spec, result, facts or GroupFacts()))
-        tracked = result.memory.memory_tracked_peak_bytes
-        if spec.memory_estimate_bytes is not None and tracked:
-            result.memory.memory_estimated_peak_bytes = spec.memory_estimate_bytes
-            result.memory.memory_estimate_error = spec.memory_estimate_bytes / tracked - 1.0
-        if spec.memory_predicted_bytes is not None:
-            result.memory.memory_predicted_bytes = spec.memory_predicted_bytes
-            if tracked:
-                result.memory.memory_prediction_error = spec.memory_predicted_bytes / tracked - 1.0
-        sent, predicted = result.communication.communication_bytes_per_step, spec.communication_predicted_bytes
-        if predicted is not None:
-            result.communication.communication_predicted_bytes_per_step = predicted
-            if sent:
-                result.communication.communication_prediction_error = predicted / sent - 1.0
+        _predictions(result, spec)
     result.trial_key = spec.point.key
     result.started_at = start  # epoch seconds: the MLflow run's start, so its duration is the point's
     result.cost.trial_seconds = time.time() - start

@@ -90,6 +90,10 @@ class PointSpec:
     # train.batch_schedule: the spans after this spec's own (its point and steps are the first span's),
     # each continuing the one before at a layout of its global batch with its LR and its optimizer steps.
     later_spans: List["Span"] = field(default_factory=list)
+    # The samples train.lr_schedule spans: the point's whole sample budget, whatever part of it this run trains
+    # (a smart rung, a branch, a schedule's span, a run continued from a checkpoint). None: the samples of this
+    # run and its later spans, from where it starts.
+    schedule_samples: Optional[int] = None
 
     @property
     def seed(self) -> int:

@@ -28,6 +28,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
+from sweeper.recipe import canonical_key
+
 FORMAT = 1
 META, WEIGHTS, OPTIMIZER, EXTRA = "meta.json", "weights.pt", "optimizer.pt", "extra.pt"
 
@@ -43,6 +45,10 @@ class Position:
     warmup_samples: int  # train.warmup_steps x the first run's global batch: the warmup in samples
     layout: str  # the point key that saved it
     train_seconds: float = 0.0  # training wall time until then: the time to a target goes on from it
+    # train.lr_schedule and the samples it spans (the point's budget; 0 in a checkpoint from before schedules):
+    # a continued run goes on from where the schedule stood
+    lr_schedule: str = "constant"
+    schedule_samples: int = 0
 
 
 @dataclass
@@ -85,22 +91,6 @@ def canonical_state(model: nn.Module) -> Dict[str, torch.Tensor]:
     canonical = canonical_key(inner)
     # Host memory: the device's peak is the training's.
     return {canonical(key): value.detach().to("cpu", copy=True) for key, value in inner.state_dict().items()}
-
-
-def canonical_key(model: nn.Module):
-    """A function from a key of `model`'s state dict (the bare model's, or a sharded one's: FSDP2 keeps the
-    names) to the bare model's name for it: each activation checkpointing wrapper's `block.` segment removed."""
-    from sweeper.recipe import Checkpointed
-
-    wrapped = sorted((name for name, m in model.named_modules() if isinstance(m, Checkpointed)), key=len, reverse=True)
-
-    def canonical(key: str) -> str:
-        for name in wrapped:
-            prefix = f"{name}.block." if name else "block."
-            if key.startswith(prefix):
-                key = (f"{name}." if name else "") + key[len(prefix):]
-        return key
-    return canonical
 
 
 def to_cpu(value: Any) -> Any:
@@ -201,6 +191,11 @@ def load_optimizer(optimizer: torch.optim.Optimizer, state: Dict[str, Any], load
     global batch's LR would silently win. `load(state)` loads it (optimizer.load_state_dict by default;
     a sharded model's goes through torch's distributed state-dict API, worker.sharding)."""
     fresh = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+    saved_groups = len(state.get("param_groups", []))
+    if saved_groups != len(optimizer.param_groups):
+        raise ValueError(f"the checkpoint's optimizer has {saved_groups} parameter group(s), this point's "
+                         f"{len(optimizer.param_groups)}: optim.weight_decay or optim.no_decay differ from the run "
+                         "that saved it; continue with the same ones")
     (load or optimizer.load_state_dict)(state)
     for group, values in zip(optimizer.param_groups, fresh):
         group.update(values)

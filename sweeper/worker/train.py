@@ -16,13 +16,15 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from sweeper.measure import collective_count, communication, telemetry, timing
+from sweeper.measure import collective_count, telemetry, timing
 from sweeper.schema import PointResult
 from sweeper.worker import collectives as comm
 from sweeper.worker import divergence, gns, sharding
 from sweeper.worker.deadline import Deadline
 from sweeper.worker.divergence import Diverged
+from sweeper.worker import evaluate as evaluation
 from sweeper.worker.evaluate import Progress
+from sweeper.worker.recipe_figures import emulation, items_figures, recipe_figures, sync_figures
 from sweeper.worker.spec import PointSpec, WorkerContext
 from sweeper.worker.step import Training, setup
 from sweeper.workloads import datasets, models
@@ -108,9 +110,11 @@ def _train_schedule(spec: PointSpec, ctx: WorkerContext, device: Optional[teleme
     from dataclasses import replace as with_
 
     splits = splits or datasets.load(spec.data, spec.model.input_shape)
-    first = with_(spec, later_spans=[], save_state_to=None)
     spans = [(0, spec.point, spec.lr, spec.steps)]
     spans += [(s.start_samples, s.point, s.lr, s.steps) for s in spec.later_spans]
+    # The LR schedule spans the whole schedule's samples, whichever span trains.
+    budget = spec.schedule_samples or spans[-1][0] + spans[-1][3] * spans[-1][1].global_batch_size
+    first = with_(spec, later_spans=[], save_state_to=None, schedule_samples=budget)
     losses: List[float] = []
     seconds = 0.0
     start, result = None, None
@@ -392,8 +396,10 @@ def _result(run: Training, clock: "Clock", breakdown, train_seconds: float, loop
     _memory(result, run, breakdown)
     _throughput(result, run, clock)
     _utilization(result, run, clock.utilization)
-    _recipe(result, run, clock, loop_started)
-    _communication(result, run)
+    recipe_figures(result, run, clock.first_step_time, loop_started)
+    items_figures(result, run)
+    emulation(result, run)
+    sync_figures(result, run)
     if spec.profile and run.ctx.rank == 0:
         result.profile_trace_dir = _trace_dir(spec)
     if diverged is None or diverged.reason != divergence.NONFINITE:
@@ -452,30 +458,6 @@ def _noise_estimates(run: Training) -> List[gns.Estimate]:
     n = len(run.splits.train)
     steps = [gns.estimate(s, g, point.micro_batch_size, point.global_batch_size, n) for s, g in zip(small, big)]
     return [e for e in steps if math.isfinite(e.grad_sq_norm) and math.isfinite(e.trace_sigma)]
-
-
-def _communication(result: PointResult, run: Training) -> None:
-    """The collectives of one optimizer step (the last warm-up step's, the same on every rank) and the bytes
-    each worker sent for them (measure.communication's ring arithmetic)."""
-    if run.collectives is None:
-        return
-    sent = communication.traffic(run.collectives, run.spec.point.num_workers)
-    result.communication.communication_bytes_per_step = sent.bytes
-    result.communication.communication_collectives_per_step = sent.collectives
-
-
-def _recipe(result: PointResult, run: Training, clock: "Clock", loop_started: float) -> None:
-    figures = result.recipe
-    result.gradient_sync = run.gradient_sync  # what the worker did, for the point's param (driver.train)
-    figures.checkpointed_blocks = run.checkpointed_blocks if run.spec.point.checkpointing != "none" else None
-    if run.scaler is not None and len(run.scales) > 1:
-        # The scale before the first step, then after each: a skipped step halves it (a growth,
-        # after 2000 clean steps, doubles it).
-        scales = run.scale_values()
-        figures.grad_scaler_scale = scales[-1]
-        figures.grad_scaler_skipped_steps = sum(after < before for before, after in zip(scales, scales[1:]))
-    if run.spec.train.compile and clock.first_step_time is not None:
-        figures.compile_step_seconds = clock.first_step_time - loop_started
 
 
 def _memory(result: PointResult, run: Training, breakdown) -> None:
@@ -566,18 +548,7 @@ def _accuracy(result: PointResult, run: Training, progress: Progress, since: flo
         return
     if progress.evaluated_at != run.samples_seen:
         _evaluate(run, progress, since)
-    _, accuracy, loss = progress.curve[-1][:3]
-    result.accuracy.update(dict(val_accuracy=accuracy, val_loss=loss, val_loss_se=progress.loss_se,
-                                val_samples=len(run.splits.val),
-                                num_classes=run.splits.num_classes))
-    if progress.recalibrated:
-        result.accuracy.bn_recalibration_samples = progress.recalibrated
-    if models.is_language_model(run.spec.model):
-        splits = run.splits
-        result.accuracy.update(dict(
-            val_tokens=progress.predictions, val_perplexity=math.exp(min(loss, 700.0)),
-            val_bits_per_byte=loss / math.log(2) if splits.byte_level else None,
-            train_unigram_entropy_bits=splits.unigram_entropy_bits))
+    evaluation.record(result.accuracy, progress, run.splits, models.is_language_model(run.spec.model))
 
 
 def _progress(result: PointResult, progress: Progress) -> None:

@@ -1,10 +1,13 @@
 """`model._target_` and `data._target_`: the user's own factories, Hydra `_target_` style. A model factory
 returns an nn.Module (called with model.kwargs, plus num_classes if it takes it); a data factory returns
-(train_dataset, val_dataset or None). Each is checked by calling it once before anything runs."""
+(train_dataset, val_dataset or None) whose samples are (input, label) pairs or mappings (e.g. input_ids and
+labels), or anything data.collate_fn batches. Each is checked by calling it once before anything runs, and two
+train samples batched as the training loader batches them."""
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 from typing import Any, List
 
 import torch
@@ -13,6 +16,7 @@ from torch import nn
 
 from sweeper.config import DataConfig, ModelConfig
 from sweeper.errors import first_line
+from sweeper.workloads import batches
 from sweeper.workloads.splits import Splits
 
 FACTORY_RETURNS = "a 2-tuple (train_dataset, val_dataset or None) of datasets with len()"
@@ -82,11 +86,40 @@ def check_data(cfg: DataConfig) -> List[str]:
             ]
     if len(train) == 0:
         return [f"{key} returned an empty train dataset: it needs samples to train on"]
-    if not _pair(train[0]):
+    sample = train[0]
+    if not cfg.collate_fn and not (_pair(sample) or isinstance(sample, Mapping)):
         return [
-            f"{key}: a train sample is {_kind(train[0])}, not an (input, label) pair: make the dataset's "
-            "__getitem__ return (x, label)"
+            f"{key}: a train sample is {_kind(sample)}, not an (input, label) pair or a mapping (e.g. input_ids and "
+            "labels): make the dataset's __getitem__ return one, or batch your samples with data.collate_fn"
         ]
+    return batch_problems(cfg, train)
+
+
+def batch_problems(cfg: DataConfig, train: Any) -> List[str]:
+    """Whether two train samples make a batch as the training loader makes it (data.collate_fn, else torch's
+    default), which moves to a device whole and whose samples can be counted (data.samples_fn where not)."""
+    count = min(2, len(train))
+    try:
+        batch = next(iter(batches.loader(train, count, cfg.collate_fn)))
+    except Exception as exc:  # noqa: BLE001 - whatever the collate raises is told in one line
+        if cfg.collate_fn:
+            return [f"data.collate_fn={cfg.collate_fn!r} raised {type(exc).__name__} ({first_line(exc)}) batching "
+                    f"{count} train samples of data._target_={cfg._target_!r}: fix it"]
+        return [f"data._target_={cfg._target_!r}: torch's default collate cannot batch {count} train samples "
+                f"({type(exc).__name__}: {first_line(exc)}): return tensors of one shape, or batch them with "
+                "data.collate_fn (e.g. dynamic padding)"]
+    batches.to_device(batch, torch.device("cpu"))
+    try:
+        found = batches.sample_count(batch, batches.samples_fn_of(cfg.samples_fn))
+    except Exception as exc:  # noqa: BLE001 - the user's samples_fn
+        return [f"data.samples_fn={cfg.samples_fn!r} raised {type(exc).__name__} ({first_line(exc)}) on a batch: "
+                "fix it"]
+    if found is None:
+        return [f"a batch of data._target_={cfg._target_!r} is {batches.describe(batch)}, whose samples cannot be "
+                "read from it (no labels, input_ids or tensor with a leading dimension): set data.samples_fn"]
+    if found != count:
+        return [f"a batch of {count} train samples holds {found} by its leading dimension: data.collate_fn must "
+                "batch each sample it is given, or set data.samples_fn to count them"]
     return []
 
 

@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -34,15 +35,17 @@ def _runs(tmp_path, experiment="sweeper"):
 
 
 # On the session's Ray (a local Ray's own start-up, its token in .sweeper/ray and nothing in $HOME, is
-# test_ui's dashboard test, whose sweep starts one).
-@pytest.mark.solo
+# test_ui's dashboard test, whose sweep starts one). Nothing here is timed against a bound the machine's
+# load can break, so it runs beside the other worker's tests.
 def test_equal_global_batch_layouts_give_one_loss_curve_through_the_cli(tmp_path):
+    started = time.perf_counter()
     result = run_cli(
         *TINY_MLP, "data=digits", *TRAIN,
         "sweep.micro_batch_sizes=[8,16]", "sweep.accumulation_steps=[1,2,4]",
         "sweep.num_workers=[1,2]", "sweep.global_batch_sizes=[32]",
         cwd=tmp_path,
     )
+    lifetime = time.perf_counter() - started
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "mlflow ui --backend-store-uri sqlite:///" in result.stdout
     assert "Ray dashboard:" in result.stdout
@@ -69,22 +72,23 @@ def test_equal_global_batch_layouts_give_one_loss_curve_through_the_cli(tmp_path
         assert tags["sweeper.peak_flops_source"].startswith("measured: fp32 ")
         assert 0 < m["mfu"] and m["achieved_flops_per_second"] > 0
         assert m["timing_windows"] == 3 and tags["sweeper.throughput_stable"] in ("true", "false")
-        phases = sum(m[f"{p}_seconds_per_step"] for p in ("data", "forward_backward", "optimizer"))
-        assert phases <= m["step_time_seconds"] * 1.5  # the parts of a step are not longer than it
+        # A step's parts are recorded (their arithmetic, against a step of known duration: test_training).
+        assert min(m[f"{p}_seconds_per_step"] for p in ("data", "forward_backward", "optimizer")) >= 0
+        assert m["forward_backward_seconds_per_step"] > 0
         assert m["process_cpu_percent_mean"] > 0
         assert 0 < m["startup_seconds"] < m["trial_seconds"]
     # One Ray Train worker group of 2 for all four points; its start-up is logged once.
     group_starts = [r for r in children if "worker_group_startup_seconds" in r.data.metrics]
     assert len(group_starts) == 1 and group_starts[0].data.params["num_workers"] == "1"
     assert {r.data.metrics["worker_group_points"] for r in children} == {4.0}
-    # The group's start-up is its parts; every later point records the harness's gap before it.
+    # The group's start-up is logged in its parts (their sum: test_overhead), within the grid's time;
+    # every later point records the harness's gap before it.
     gm = group_starts[0].data.metrics
-    parts = gm["worker_group_launch_seconds"] + gm["worker_group_init_seconds"] + gm["worker_group_setup_seconds"]
-    assert parts == pytest.approx(gm["worker_group_startup_seconds"], abs=1e-6)
+    pm = client.get_run(parent.info.run_id).data.metrics
     assert min(gm[f"worker_group_{p}_seconds"] for p in ("launch", "init", "setup")) >= 0
+    assert 0 < gm["worker_group_startup_seconds"] < pm["sweep_grid_seconds"]
     others = [r.data.metrics for r in children if r is not group_starts[0]]
     assert "between_points_seconds" not in gm
-    pm = client.get_run(parent.info.run_id).data.metrics
     # (A toy point trains in ~0.1 s, less than the report round trip: only the grid bounds the gap.)
     assert all(0 <= m["between_points_seconds"] < pm["sweep_grid_seconds"] for m in others)
     # Each trial's run spans its own time in the worker (the UI's Duration column).
@@ -92,9 +96,14 @@ def test_equal_global_batch_layouts_give_one_loss_curve_through_the_cli(tmp_path
         assert run.info.end_time - run.info.start_time == pytest.approx(
             run.data.metrics["trial_seconds"] * 1000, abs=2)
     assert pm["sweep_wall_seconds"] > pm["sum_trial_seconds"] > pm["sum_train_seconds"] > 0
-    phases = ("setup", "ray_start", "tracking", "grid", "report")
-    assert sum(pm[f"sweep_{p}_seconds"] for p in phases) == pytest.approx(pm["sweep_wall_seconds"])
-    assert pm["sweep_wall_over_train_seconds"] == pytest.approx(pm["sweep_wall_seconds"] / pm["sum_train_seconds"])
+    assert pm["sweep_wall_over_train_seconds"] > pm["sweep_wall_over_trial_seconds"] > 1
+    phases = {"setup", "ray_start", "tracking", "grid", "report"}
+    assert {k for k in pm if k.startswith("sweep_") and k.endswith("_seconds") and "_over_" not in k} == {
+        f"sweep_{p}_seconds" for p in phases | {"wall"}}
+    # The wall time against clocks the driver does not keep: it spans at least the parent run's start
+    # to the last point's end (MLflow's timestamps, in ms), and at most the CLI process's whole life.
+    last_point_end = max(r.info.end_time for r in children)
+    assert (last_point_end - parent.info.start_time) / 1000 - 0.002 <= pm["sweep_wall_seconds"] <= lifetime
 
     curves = []
     for run in children:
@@ -297,6 +306,46 @@ def test_a_language_model_on_your_own_token_files_through_the_cli(tmp_path):
     assert "val_loss" in answer and "tokens/s" in answer and "val_accuracy" not in answer, answer
 
 
+HIT_RATE = """
+import torch
+
+
+class HitRate:  # eval.metrics_fn: accuracy again, as a user's metric
+    higher_is_better = {"hit_rate": True}
+
+    def update(self, outputs, batch):
+        return {"hits": outputs.argmax(-1) == batch[1], "samples": torch.ones(len(batch[1]))}
+
+    def compute(self, totals):
+        return {"hit_rate": float(totals["hits"] / totals["samples"])}
+"""
+
+
+def test_your_own_metric_is_recorded_and_judges_the_recommendation_through_the_cli(tmp_path):
+    """eval.metrics_fn in Ray's workers, over every worker's share; recorded in MLflow; report.quality_metric
+    judges by it; eval.max_samples and eval.batch_size scored what they say."""
+    (tmp_path / "my_metrics.py").write_text(HIT_RATE)
+    result = run_cli(
+        *TINY_MLP, *TRAIN, "sweep.micro_batch_sizes=[16]", "sweep.accumulation_steps=[1,2]",
+        "sweep.num_workers=[1,2]", "sweep.global_batch_sizes=[32]", "eval.metrics_fn=my_metrics.HitRate",
+        "eval.max_samples=300", "eval.batch_size=64", "report.quality_metric=hit_rate",
+        cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)},
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    _, parents, children = _runs(tmp_path)
+    assert sorted(run.data.params["point"] for run in children) == ["mb16-acc1-w2", "mb16-acc2-w1"]
+    for run in children:
+        metrics = run.data.metrics
+        assert metrics["val_samples"] == 300 and metrics["eval_batch_size"] == 64
+        # Counts from both workers' shares: the hit rate is the accuracy over the 300 samples, exactly.
+        assert metrics["val_metric/hit_rate"] == pytest.approx(metrics["val_accuracy"], abs=1e-12)
+        assert 0 < metrics["val_metric_se/hit_rate"] < 0.1
+        assert run.data.tags["sweeper.metric_directions"] == "hit_rate=higher"
+    assert "the report could not be built" not in result.stdout, result.stdout[-3000:]
+    answer = parents[0].data.tags["sweeper.recommendation"]
+    assert "hit_rate" in answer and "val_accuracy" not in answer, answer
+
+
 def test_a_point_saves_its_training_state_and_a_later_sweep_continues_it_through_the_cli(tmp_path):
     """train.save_state=true records each point's checkpoint; train.start_from continues from it at
     another layout, training what is left of the budget where the stream stood."""
@@ -322,5 +371,5 @@ def test_a_point_saves_its_training_state_and_a_later_sweep_continues_it_through
     first_losses = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_metric_history(saved.info.run_id,
                                                                                           "train_loss")
     # It goes on from the trained weights, not from a fresh model's loss (ln 10 = 2.3). A checkpoint of
-    # another model is refused before Ray: tests/test_state.py.
+    # another model is refused before Ray: tests/unit/test_state.py.
     assert losses[0].value < first_losses[0].value - 0.3

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import mlflow_store, recorded, start_head, stop_block
-from tests.e2e.test_faults import COMMON, POINT_KEYS, SLEEPY, THREE_POINTS, _nothing_running, _runs
+from tests.harness import mlflow_store, nothing_running, recorded, sleepy_model, start_head, stop_block, sweep_runs
+from tests.e2e.test_faults import COMMON, POINT_KEYS, THREE_POINTS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.own_ray]
 
@@ -60,8 +60,8 @@ def test_a_sweep_submitted_as_a_ray_job_stops_killed_with_ray_job_stop_and_resum
         project.mkdir()
         (project / "README.md").write_text("a user's project folder, uploaded with the job\n")
         db = tmp_path / "mlflow.db"
-        args = [*SLEEPY, *COMMON, *THREE_POINTS, "cluster.address=auto", f"tracking.uri={mlflow_store(tmp_path)}",
-                f"cluster.ray_dir={tmp_path / 'ray'}"]
+        args = [*sleepy_model(), *COMMON, *THREE_POINTS, "cluster.address=auto",
+                f"tracking.uri={mlflow_store(tmp_path)}", f"cluster.ray_dir={tmp_path / 'ray'}"]
 
         def submit(*extra: str) -> str:
             # `exec`, as docs/cluster.md and deploy/kuberay/ give it: the driver is the job supervisor's own
@@ -91,8 +91,8 @@ def test_a_sweep_submitted_as_a_ray_job_stops_killed_with_ray_job_stop_and_resum
         # Ray SIGKILLs a driver still running RAY_JOB_STOP_WAIT_TIME_S (3 s) after its SIGTERM: this one exited.
         said = _supervisor_lines(ray_folder, first)
         assert any("terminated gracefully with SIGTERM" in line for line in said), said
-        (killed,), before = _runs(tmp_path)
-        assert killed.info.status == "KILLED" and 1 <= len(before) < 3 and _nothing_running(tmp_path)
+        (killed,), before = sweep_runs(tmp_path)
+        assert killed.info.status == "KILLED" and 1 <= len(before) < 3 and nothing_running(tmp_path)
         assert head.placement_groups() == []
 
         # Another experiment is refused before anything is touched: exit 2, the job FAILED with that status.
@@ -106,10 +106,10 @@ def test_a_sweep_submitted_as_a_ray_job_stops_killed_with_ray_job_stop_and_resum
         logs = client.get_job_logs(resumed)
         assert done.status == JobStatus.SUCCEEDED and done.driver_exit_code == 0, logs[-3000:]
         assert "resuming sweep-" in logs
-        parents, points = _runs(tmp_path)
+        parents, points = sweep_runs(tmp_path)
         assert len(parents) == 1 and parents[0].info.status == "FINISHED"
         assert Counter(t.data.tags["sweeper.trial_key"] for t in points) == POINT_KEYS
-        assert all(t.data.tags["sweeper.status"] == "ok" for t in points) and _nothing_running(tmp_path)
+        assert all(t.data.tags["sweeper.status"] == "ok" for t in points) and nothing_running(tmp_path)
         assert head.placement_groups() == []
         print(f"`ray job stop` to a terminal status: {stop_seconds:.1f} s")
     finally:

@@ -18,8 +18,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.e2e.test_faults import COMMON, ENV, SLEEPY, _nothing_running, _runs
-from tests.harness import mlflow_store, recorded, start_head, stop_block
+from tests.e2e.test_faults import COMMON, ENV
+from tests.harness import mlflow_store, nothing_running, recorded, sleepy_model, start_head, stop_block, sweep_runs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.own_ray]
 
@@ -73,7 +73,7 @@ def test_a_node_lost_mid_point_is_retried_on_the_survivor_from_its_last_save(tmp
     try:
         nodes = _start_nodes(folder, head, 2)
         results = tmp_path / "ray" / "results"
-        args = [*SLEEPY, *COMMON, *POINTS, f"cluster.address={head.address}",
+        args = [*sleepy_model(), *COMMON, *POINTS, f"cluster.address={head.address}",
                 f"tracking.uri={mlflow_store(tmp_path)}", f"cluster.ray_dir={tmp_path / 'ray'}"]
         log = tmp_path / "sweep.log"
         with open(log, "w") as out:
@@ -108,8 +108,8 @@ def test_a_node_lost_mid_point_is_retried_on_the_survivor_from_its_last_save(tmp
             if sweep.poll() is None:
                 sweep.kill()
         assert sweep.returncode == 0, output[-3000:]
-        parents, points = _runs(tmp_path)
-        assert len(parents) == 1 and parents[0].info.status == "FINISHED" and _nothing_running(tmp_path)
+        parents, points = sweep_runs(tmp_path)
+        assert len(parents) == 1 and parents[0].info.status == "FINISHED" and nothing_running(tmp_path)
         assert Counter(t.data.tags["sweeper.trial_key"] for t in points) == Counter({"mb8-acc1-w1": 1, LOST: 1})
         assert all(t.data.tags["sweeper.status"] == "ok" for t in points)
         retried = next(t for t in points if t.data.tags["sweeper.trial_key"] == LOST)

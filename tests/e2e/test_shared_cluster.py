@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.e2e.test_faults import COMMON, ENV, SLEEPY
-from tests.harness import mlflow_store, start_head, stop_block
+from tests.e2e.test_faults import COMMON, ENV
+from tests.harness import mlflow_store, sleepy_model, start_head, stop_block
 
 pytestmark = [pytest.mark.e2e, pytest.mark.own_ray]
 
@@ -47,7 +47,7 @@ def test_two_sweeps_share_a_cluster_and_a_store_and_ctrl_c_on_one_leaves_the_oth
     sweeps = []
     try:
         uri = mlflow_store(tmp_path)
-        shared = [*SLEEPY, *COMMON, *POINTS, f"cluster.address={head.address}", f"tracking.uri={uri}",
+        shared = [*sleepy_model(), *COMMON, *POINTS, f"cluster.address={head.address}", f"tracking.uri={uri}",
                   f"cluster.ray_dir={tmp_path / 'ray'}"]
         # Two people's folders and experiments (their optim.lr tells them apart), one cluster, one Ray folder,
         # one store.

@@ -28,7 +28,7 @@ SMART = [
 
 
 # Both the interrupted sweep and its resume join the session's Ray (a sweep interrupted on a cluster);
-# tests/test_faults.py interrupts sweeps that started their own. Interrupted once rung 2, whose runs continue
+# tests/e2e/test_resume.py interrupts a sweep that started its own. Interrupted once rung 2, whose runs continue
 # from rung 1's checkpoints, is under way: the resume continues the runs it lacks from those checkpoints.
 @pytest.mark.e2e
 def test_a_smart_sweep_interrupted_mid_rung_resumes_to_every_point_recorded_once(tmp_path):

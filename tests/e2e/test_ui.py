@@ -1,5 +1,6 @@
 """What users meet: a real `mlflow server` holding a sweep (REST and the web UI in headless Chromium),
-and the Ray dashboard answering, with token auth, while a sweep runs."""
+the Ray dashboard answering, with token auth, while that sweep runs on the Ray it started itself, and
+what Ray Tune wrote for it. One sweep, which every test here reads (the module fixture `served`)."""
 
 import asyncio
 import json
@@ -11,14 +12,16 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from types import SimpleNamespace
 
 import pytest
 
-from tests.harness import free_port, run_cli
+from tests.harness import free_port
 
 pytestmark = pytest.mark.e2e
 
-TINY = ["model=mlp", "model.depth=2", "model.width=32", "model.input_shape=[1,8,8]", "train.epochs=1",
+# Four epochs: the sweep still runs while the test asks its dashboard.
+TINY = ["model=mlp", "model.depth=2", "model.width=32", "model.input_shape=[1,8,8]", "train.epochs=4",
         "sweep.micro_batch_sizes=[16,32]", "sweep.accumulation_steps=[1]", "sweep.num_workers=[1]",
         "measure.windows=3", "tracking.experiment_name=ui"]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -37,13 +40,16 @@ def _get(url: str, headers=None, data=None, timeout=10):
 
 
 # MLflow 3's server also starts a job runner (six huey consumers, ~1 GB) for GenAI jobs a sweep never
-# submits: off, as in tests/test_faults.py.
+# submits: off, as in tests/e2e/test_faults.py.
 SERVER_ENV = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """`mlflow server` on loopback with a sweep recorded through it by the CLI."""
+def served(tmp_path_factory):
+    """`mlflow server` on loopback with a sweep recorded through it by the CLI, on a Ray the sweep starts
+    itself; while the sweep runs, its Ray dashboard is asked for Ray's version with and without the
+    token (what it answered: `dashboard`). The sweep's home is a folder of its own (`home`), which Ray
+    must leave alone."""
     folder = tmp_path_factory.mktemp("server")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -62,17 +68,55 @@ def server(tmp_path_factory):
                 pass
             assert time.time() < deadline, "mlflow server did not answer /health within 120 s"
             time.sleep(1)
-        # A Ray of its own: a driver that joined a cluster names MLflow's system metrics by its host
-        # (system/<host>/...), and these tests read the local names.
-        # A sample every 2 s (MLflow's own override of the monitor's 10 s): the UI draws a chart of a
-        # system metric from two samples, and this sweep lasts ~15 s.
-        sweep = run_cli(*TINY, f"tracking.uri={url}", cwd=folder, timeout=600, own_ray=True,
-                        env={"MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "2"})
-        assert sweep.returncode == 0, sweep.stdout[-3000:] + sweep.stderr[-3000:]
-        yield url
+        home = folder / "home"
+        home.mkdir()
+        overrides = [*TINY, f"cluster.dashboard_port={free_port()}", f"tracking.uri={url}"]
+        dashboard = _ask_the_dashboard_while_it_runs(folder, overrides, home)
+        yield SimpleNamespace(url=url, folder=folder, home=home, overrides=overrides, dashboard=dashboard)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def _ask_the_dashboard_while_it_runs(folder, overrides, home) -> SimpleNamespace:
+    """Run the sweep; once it prints its dashboard's address, ask the dashboard for Ray's version with
+    the token in .sweeper/ray and without; what it answered, and whether the sweep still ran then."""
+    # A Ray of its own: a driver that joined a cluster names MLflow's system metrics by its host
+    # (system/<host>/...), and these tests read the local names. A system-metrics sample every 2 s
+    # (MLflow's own override of the monitor's 10 s): the UI draws a chart of a metric from two samples.
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "sweeper", *overrides], cwd=folder, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+        # the dashboard line must arrive while it runs; Ray must leave the user's home alone
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "HOME": str(home), "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "2"},
+    )
+    answers = SimpleNamespace(url=None, with_token=None, without_token=None, running=None)
+    try:
+        for line in sweep.stdout:
+            if "Ray dashboard:" in line:
+                answers.url = line.split("Ray dashboard:", 1)[1].strip()
+                break
+        if answers.url is not None:
+            token = (folder / ".sweeper" / "ray" / "auth_token").read_text().strip()
+            status, raw = _get(f"{answers.url}/api/version", {"Authorization": f"Bearer {token}"})
+            answers.with_token = (status, json.loads(raw))
+            try:
+                answers.without_token = _get(f"{answers.url}/api/version")[0]
+            except urllib.error.HTTPError as refused:
+                answers.without_token = refused.code
+            answers.running = sweep.poll() is None
+        rest = sweep.stdout.read()
+        assert sweep.wait(timeout=600) == 0, rest[-3000:]
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+    return answers
+
+
+@pytest.fixture(scope="module")
+def server(served) -> str:
+    """The MLflow server's URL."""
+    return served.url
 
 
 def _search(url: str, experiment_id: str, filter_string: str):
@@ -100,7 +144,7 @@ def test_the_server_holds_one_parent_with_nested_trials_and_named_metrics(server
     assert "report/report.html" in {f["path"] for f in json.loads(raw)["files"]}
 
 
-def test_the_sweep_fills_mlflows_own_views_kind_source_command_and_system_metrics(server):
+def test_the_sweep_fills_mlflows_own_views_kind_source_command_and_system_metrics(served, server):
     experiment = _experiment_id(server)
     _, raw = _get(f"{server}/api/2.0/mlflow/experiments/get?experiment_id={experiment}")
     kinds = {t["key"]: t["value"] for t in json.loads(raw)["experiment"].get("tags", [])}
@@ -115,7 +159,7 @@ def test_the_sweep_fills_mlflows_own_views_kind_source_command_and_system_metric
     _, raw = _get(f"{server}/api/2.0/mlflow/artifacts/list?run_id={run_id}")
     assert {"config.yaml", "overrides.yaml", "command.txt"} <= {f["path"] for f in json.loads(raw)["files"]}
     _, raw = _get(f"{server}/get-artifact?path=overrides.yaml&run_uuid={run_id}")
-    assert raw.decode().splitlines() == [f"- {o}" for o in TINY] + [f"- tracking.uri={server}"]
+    assert raw.decode().splitlines() == [f"- {o}" for o in served.overrides]
     # MLflow's monitor sampled the driver's machine while the sweep ran: the System metrics tab.
     metrics = {m["key"] for m in parent["data"]["metrics"]}
     assert {"system/cpu_utilization_percentage", "system/system_memory_usage_megabytes"} <= metrics, metrics
@@ -220,38 +264,30 @@ def test_the_mlflow_ui_lists_the_sweep_and_compares_its_trials_in_headless_chrom
 
 
 @pytest.mark.own_ray  # the dashboard and token of the Ray the sweep starts itself
-def test_the_ray_dashboard_answers_with_the_token_while_a_sweep_runs(tmp_path):
-    port = free_port()
-    home = tmp_path / "home"
-    home.mkdir()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sweeper", *TINY, "train.epochs=4", f"cluster.dashboard_port={port}"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        # the dashboard line must arrive while it runs; Ray must leave the user's home alone
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "HOME": str(home)},
-    )
-    try:
-        url = None
-        for line in proc.stdout:
-            if "Ray dashboard:" in line:
-                url = line.split("Ray dashboard:", 1)[1].strip()
-                break
-        assert url == f"http://127.0.0.1:{port}"
-        token = (tmp_path / ".sweeper" / "ray" / "auth_token").read_text().strip()
-        status, raw = _get(f"{url}/api/version", {"Authorization": f"Bearer {token}"})
-        assert status == 200 and "ray_version" in json.loads(raw)
-        with pytest.raises(urllib.error.HTTPError) as refused:
-            _get(f"{url}/api/version")
-        assert refused.value.code == 401
-        assert proc.poll() is None  # the sweep was still running when the dashboard answered
-        rest = proc.stdout.read()
-        assert proc.wait(timeout=600) == 0, rest[-3000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+def test_the_ray_dashboard_answers_with_the_token_while_a_sweep_runs(served):
+    dashboard = served.dashboard
+    port = next(o for o in served.overrides if o.startswith("cluster.dashboard_port=")).split("=")[1]
+    assert dashboard.url == f"http://127.0.0.1:{port}"
+    status, version = dashboard.with_token
+    assert status == 200 and "ray_version" in version
+    assert dashboard.without_token == 401
+    assert dashboard.running  # the sweep was still running when the dashboard answered
     # Ray's files stay in the configured directory, not in the user's home.
-    assert (tmp_path / ".sweeper" / "ray" / "results").is_dir()
-    assert not (home / ".ray").exists() and not (home / "ray_results").exists()
+    assert (served.folder / ".sweeper" / "ray" / "results").is_dir()
+    assert not (served.home / ".ray").exists() and not (served.home / "ray_results").exists()
+
+
+@pytest.mark.own_ray  # connect() sets Tune's environment before Ray starts
+def test_ray_tune_writes_its_experiment_state_and_no_automatic_logger_files(served):
+    """What Ray Tune wrote for the sweep: its experiment state (what sweep.resume restores), not its
+    automatic CSV / JSON / TensorBoard loggers, whose per-trial curves would join a worker group's
+    unrelated points."""
+    results = served.folder / ".sweeper" / "ray" / "results"
+    written = [os.path.join(folder, name) for folder, _, names in os.walk(results) for name in names]
+    assert any("experiment_state" in path for path in written), written
+    logged = [path for path in written if os.path.basename(path).startswith(("progress.csv", "result.json",
+                                                                           "events.out.tfevents"))]
+    assert logged == [], logged
 
 
 @pytest.mark.ui

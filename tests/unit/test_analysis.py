@@ -24,20 +24,9 @@ from sweeper.report.analysis import (
     seconds_to_train,
     summarize,
 )
+from tests.helpers import trial
 
 GiB = 2**30
-
-
-def trial(mb, acc=1, w=1, status="ok", **figures):
-    return Trial(
-        key=f"mb{mb}-acc{acc}-w{w}",
-        micro_batch_size=mb,
-        accumulation_steps=acc,
-        num_workers=w,
-        global_batch_size=mb * acc * w,
-        status=status,
-        **figures,
-    )
 
 
 # --- knee ------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from sweeper.strategies import branch as rule
+from sweeper.strategies import branch_reading
 from tests.helpers import REPO
 
 BASE, WINDOW = 16, 512
@@ -36,9 +37,9 @@ def branch_of(trunk, g, shift=0.0, spike=0.0, seed=1, noise=0.02):
 
 def test_a_global_batch_is_judged_only_on_three_or_more_of_its_steps_in_the_compared_half():
     # a 512-sample window compares its last 256: 8 steps of 32, 4 of 64, 2 of 128, 1 of 256
-    assert rule.judged([32, 64, 128, 256], 512) == [32, 64]
-    assert rule.judged([32, 64, 128, 256], 768) == [32, 64, 128]  # 384 compared: 3 steps of 128
-    assert rule.judged([256], 6 * 256) == [256]  # 2 x MIN_TAIL_STEPS steps of it
+    assert branch_reading.judged([32, 64, 128, 256], 512) == [32, 64]
+    assert branch_reading.judged([32, 64, 128, 256], 768) == [32, 64, 128]  # 384 compared: 3 steps of 128
+    assert branch_reading.judged([256], 6 * 256) == [256]  # 2 x MIN_TAIL_STEPS steps of it
 
 
 def test_a_window_is_a_multiple_of_every_global_batch_and_checkpoints_are_whole_trunk_steps():
@@ -50,10 +51,11 @@ def test_a_window_is_a_multiple_of_every_global_batch_and_checkpoints_are_whole_
 
 def test_branches_within_the_trunks_noise_keep_up_and_one_that_never_recovers_does_not():
     trunk = trunk_curve(2.0, WINDOW // BASE + 8)
-    compared = {g: rule.compare(trunk, BASE, branch_of(trunk, g), g, WINDOW) for g in (32, 64)}
-    compared[128] = rule.compare(trunk, BASE, branch_of(trunk, 128, shift=0.3), 128, WINDOW)
-    compared[256] = rule.compare(trunk, BASE, branch_of(trunk, 256), 256, WINDOW)  # keeps up, after one that did not
-    local = rule.local_critical(1024, BASE, [compared], z=1.96)
+    compared = {g: branch_reading.compare(trunk, BASE, branch_of(trunk, g), g, WINDOW) for g in (32, 64)}
+    compared[128] = branch_reading.compare(trunk, BASE, branch_of(trunk, 128, shift=0.3), 128, WINDOW)
+    # keeps up, after one that did not
+    compared[256] = branch_reading.compare(trunk, BASE, branch_of(trunk, 256), 256, WINDOW)
+    local = branch_reading.local_critical(1024, BASE, [compared], z=1.96)
     assert 0 < local.tolerance < 0.3
     assert (local.low, local.high) == (64, 128)  # 256 keeping up after 128 fell behind is noise
     assert local.differences[128] == pytest.approx(0.3, abs=0.05)
@@ -61,19 +63,20 @@ def test_branches_within_the_trunks_noise_keep_up_and_one_that_never_recovers_do
 
 def test_a_spike_that_recovers_within_the_window_keeps_up():
     trunk = trunk_curve(2.0, WINDOW // BASE)
-    compared = {64: rule.compare(trunk, BASE, branch_of(trunk, 64, spike=1.5), 64, WINDOW)}
-    assert rule.local_critical(1024, BASE, [compared], z=1.96).low == 64
+    compared = {64: branch_reading.compare(trunk, BASE, branch_of(trunk, 64, spike=1.5), 64, WINDOW)}
+    assert branch_reading.local_critical(1024, BASE, [compared], z=1.96).low == 64
     # the same spike, never recovering
-    stuck = {64: rule.compare(trunk, BASE, branch_of(trunk, 64, shift=1.5), 64, WINDOW)}
-    assert rule.local_critical(1024, BASE, [stuck], z=1.96).low == BASE
+    stuck = {64: branch_reading.compare(trunk, BASE, branch_of(trunk, 64, shift=1.5), 64, WINDOW)}
+    assert branch_reading.local_critical(1024, BASE, [stuck], z=1.96).low == BASE
 
 
 def test_a_branch_that_diverged_or_never_ran_does_not_keep_up():
     trunk = trunk_curve(2.0, WINDOW // BASE)
     bad = branch_of(trunk, 32)
     bad[-1] = math.nan
-    compared = {32: rule.compare(trunk, BASE, bad, 32, WINDOW), 64: rule.compare(trunk, BASE, [], 64, WINDOW)}
-    local = rule.local_critical(1024, BASE, [compared], z=1.96)
+    compared = {32: branch_reading.compare(trunk, BASE, bad, 32, WINDOW),
+                64: branch_reading.compare(trunk, BASE, [], 64, WINDOW)}
+    local = branch_reading.local_critical(1024, BASE, [compared], z=1.96)
     assert (local.low, local.high) == (BASE, 32)
 
 
@@ -87,12 +90,12 @@ def test_a_branch_as_good_per_sample_seen_as_the_trunk_differs_by_nothing():
     trunk = [loss(i * BASE) for i in range(WINDOW // BASE)]
     for g in (32, 64, 128, 256):
         branch = [loss(j * g) for j in range(WINDOW // g)]
-        c = rule.compare(trunk, BASE, branch, g, WINDOW)
+        c = branch_reading.compare(trunk, BASE, branch, g, WINDOW)
         assert c.difference == pytest.approx(0.0, abs=1e-9), g
         plain = sum(branch[-(WINDOW // 2 // g):]) / (WINDOW // 2 // g) - sum(trunk[WINDOW // 2 // BASE:]) / 16
         assert plain == pytest.approx(0.004 * (g - BASE) / 2 / BASE)  # what the plain means would say
     # a branch that lost ground still shows it: 0.1 above the trunk's loss at every sample seen
-    c = rule.compare(trunk, BASE, [loss(j * 64) + 0.1 for j in range(WINDOW // 64)], 64, WINDOW)
+    c = branch_reading.compare(trunk, BASE, [loss(j * 64) + 0.1 for j in range(WINDOW // 64)], 64, WINDOW)
     assert c.difference == pytest.approx(0.1)
 
 
@@ -102,42 +105,43 @@ def test_each_global_batch_keeps_up_only_when_its_rise_is_certified_within_the_m
     out. Now its one-sided upper bound, both noises counted, must lie within the margin (POWER x the
     trunk's fall, here 0.375 x 0.32 = 0.12): 0.05 + 1.645 x 0.058 = 0.146 is not, so it is unproven."""
     z = 1.6448536269514722  # one-sided 95 %
-    c64 = rule.Comparison(64, trunk=1.0, branch=1.05, noise=0.03, steps=16, noise_at=0.03, progress=0.32,
+    c64 = branch_reading.Comparison(64, trunk=1.0, branch=1.05, noise=0.03, steps=16, noise_at=0.03, progress=0.32,
                           branch_noise=0.05)
-    local = rule.local_critical(1024, BASE, [{64: c64}], z=z)
+    local = branch_reading.local_critical(1024, BASE, [{64: c64}], z=z)
     assert local.tolerance == pytest.approx(0.12)
-    assert local.verdicts == {64: rule.UNPROVEN} and (local.low, local.high) == (BASE, 64)
+    assert local.verdicts == {64: branch_reading.UNPROVEN} and (local.low, local.high) == (BASE, 64)
     assert local.bounds[64][1] == pytest.approx(0.05 + z * math.hypot(0.03, 0.05), rel=1e-9)
     # with three seeds alike the interval narrows by sqrt(3) and the rise is certified
-    assert rule.local_critical(1024, BASE, [{64: c64}] * 3, z=z).verdicts[64] == rule.KEEPS_UP
+    assert branch_reading.local_critical(1024, BASE, [{64: c64}] * 3, z=z).verdicts[64] == branch_reading.KEEPS_UP
     # shown beyond the margin: worse; no finite comparison: not judged, and neither keeps up
-    far = rule.Comparison(128, 1.0, 1.4, 0.03, 16, 0.03, 0.32, 0.05)
-    missing = rule.Comparison(256, 1.0, math.nan, 0.03, 16, 0.03, 0.32, math.nan)
-    local = rule.local_critical(1024, BASE, [{64: c64, 128: far, 256: missing}] * 3, z=z)
-    assert local.verdicts == {64: rule.KEEPS_UP, 128: rule.WORSE, 256: rule.NOT_JUDGED}
+    far = branch_reading.Comparison(128, 1.0, 1.4, 0.03, 16, 0.03, 0.32, 0.05)
+    missing = branch_reading.Comparison(256, 1.0, math.nan, 0.03, 16, 0.03, 0.32, math.nan)
+    local = branch_reading.local_critical(1024, BASE, [{64: c64, 128: far, 256: missing}] * 3, z=z)
+    assert local.verdicts == {64: branch_reading.KEEPS_UP, 128: branch_reading.WORSE, 256: branch_reading.NOT_JUDGED}
     assert (local.low, local.high) == (64, 128)
     # branch.tolerance given: the margin is that number
-    assert rule.local_critical(1024, BASE, [{64: c64}], z=z, fixed=0.2).verdicts[64] == rule.KEEPS_UP
+    fixed = branch_reading.local_critical(1024, BASE, [{64: c64}], z=z, fixed=0.2)
+    assert fixed.verdicts[64] == branch_reading.KEEPS_UP
 
 
 def test_the_branchs_own_noise_is_measured_over_its_tail():
     trunk = trunk_curve(2.0, WINDOW // BASE, noise=0.02)
-    quiet = rule.compare(trunk, BASE, branch_of(trunk, 64, noise=0.001), 64, WINDOW)
-    loud = rule.compare(trunk, BASE, branch_of(trunk, 64, noise=0.2), 64, WINDOW)
+    quiet = branch_reading.compare(trunk, BASE, branch_of(trunk, 64, noise=0.001), 64, WINDOW)
+    loud = branch_reading.compare(trunk, BASE, branch_of(trunk, 64, noise=0.2), 64, WINDOW)
     assert quiet.branch_noise < loud.branch_noise / 10 and loud.standard_error > quiet.standard_error
     # on a real noisy trunk the trunk's noise grows with the distance from the tail's middle
     trunk = trunk_curve(2.0, WINDOW // BASE, noise=0.1)
-    compared = {g: rule.compare(trunk, BASE, branch_of(trunk, g), g, WINDOW) for g in (32, 256)}
+    compared = {g: branch_reading.compare(trunk, BASE, branch_of(trunk, g), g, WINDOW) for g in (32, 256)}
     assert compared[32].noise < compared[32].noise_at < compared[256].noise_at
 
 
 def test_a_reading_whose_trunk_barely_fell_is_weak_one_bounded_by_a_failure_is_not():
     trunk = [2.0 - 0.004 * i for i in range(WINDOW // BASE)]
-    assert rule.fall(trunk) == pytest.approx(0.004 * len(trunk))  # first step to past the last
-    assert rule.compare(trunk, BASE, branch_of(trunk, 64), 64, WINDOW).progress == pytest.approx(0.128)
+    assert branch_reading.fall(trunk) == pytest.approx(0.004 * len(trunk))  # first step to past the last
+    assert branch_reading.compare(trunk, BASE, branch_of(trunk, 64), 64, WINDOW).progress == pytest.approx(0.128)
 
     def reading(low, tolerances, progress, high=None):
-        return rule.Local(1024, low, high, 0.01, {g: 0.0 for g in tolerances}, tolerances, progress)
+        return branch_reading.Local(1024, low, high, 0.01, {g: 0.0 for g in tolerances}, tolerances, progress)
 
     # 64 kept up with a tolerance of 0.06: a branch making half of a 0.128 fall lags 0.048 on the tail: weak
     assert reading(64, {32: 0.03, 64: 0.06}, 0.128).weak
@@ -148,7 +152,7 @@ def test_a_reading_whose_trunk_barely_fell_is_weak_one_bounded_by_a_failure_is_n
 
 
 def test_a_trunk_that_did_not_fall_is_kept_up_with_only_by_a_branch_certified_no_worse(cfg_of):
-    from sweeper.strategies.branch_driver import decide
+    from sweeper.strategies.branch import decide
     from sweeper.plan import GridPoint
     from sweeper.schema import PointResult
 
@@ -172,7 +176,7 @@ def test_a_trunk_that_did_not_fall_is_kept_up_with_only_by_a_branch_certified_no
     behind = answer(0.3)
     last = behind.locals[-1]
     assert last.tolerance == 0.0 and last.low == BASE and not last.informative and not last.weak
-    assert set(behind.to_dict()["checkpoints"][-1]["verdicts"].values()) == {rule.WORSE}
+    assert set(behind.to_dict()["checkpoints"][-1]["verdicts"].values()) == {branch_reading.WORSE}
     assert behind.to_dict()["checkpoints"][-1]["informative"] is False
     from sweeper.report import branched
     assert branched.section_rows(behind.to_dict())[-1]["critical batch size"].startswith("no reading")
@@ -188,43 +192,46 @@ def test_a_trunk_that_did_not_fall_is_kept_up_with_only_by_a_branch_certified_no
 def test_each_reading_is_fitted_at_the_middle_of_its_interval():
     # A reading says the critical batch size lies between the largest global batch that kept up and the next
     # one tried: fitted at their geometric middle, not at the lower bound (half a step low in log2).
-    assert rule.Local(560, 32, 64, 0.05, {}).estimate == pytest.approx(32 * 2 ** 0.5)
-    assert rule.Local(560, 64, None, 0.05, {}).estimate == 64  # every branch kept up: a lower bound only
+    assert branch_reading.Local(560, 32, 64, 0.05, {}).estimate == pytest.approx(32 * 2 ** 0.5)
+    assert branch_reading.Local(560, 64, None, 0.05, {}).estimate == 64  # every branch kept up: a lower bound only
     readings = [local(560, 16, 32), local(1712, 16, 32), local(3440, 32, 64)]
-    assert rule.flat(readings, 16) == pytest.approx(2 ** 5.5)  # 45, where the lower bounds alone gave 32
+    assert branch_reading.flat(readings, 16) == pytest.approx(2 ** 5.5)  # 45, where the lower bounds alone gave 32
 
 
 def test_a_reading_that_says_nothing_is_left_out_of_the_rising_fit():
-    silent = rule.Local(3440, 16, 32, 0.0, {32: 0.1}, {32: 0.0}, -0.1, {32: (0.0, 0.2)}, {32: rule.UNPROVEN})
+    silent = branch_reading.Local(3440, 16, 32, 0.0, {32: 0.1}, {32: 0.0}, -0.1, {32: (0.0, 0.2)},
+                                  {32: branch_reading.UNPROVEN})
     assert not silent.informative
     readings = [local(560, 32), local(1712, 64), silent, local(5744, 128)]
-    assert rule.monotone(readings) == [32, 64, 64, 128]  # the silent one takes the fit before it
-    assert rule.flat([local(560, 64), silent], 16) == 64  # not pulled down to the trunk's 16
-    assert rule.flat([silent], 16) == 16  # nothing informative: the readings themselves
-    assert rule.monotone([silent, local(1712, 64)]) == [64, 64]
+    assert branch_reading.monotone(readings) == [32, 64, 64, 128]  # the silent one takes the fit before it
+    assert branch_reading.flat([local(560, 64), silent], 16) == 64  # not pulled down to the trunk's 16
+    assert branch_reading.flat([silent], 16) == 16  # nothing informative: the readings themselves
+    assert branch_reading.monotone([silent, local(1712, 64)]) == [64, 64]
 
 
 def test_the_margin_follows_the_trunks_fall_or_is_the_number_given():
     quiet, loud = trunk_curve(2.0, 64, noise=0.01), trunk_curve(2.0, 64, noise=0.2)
-    assert rule.trend_noise(quiet[32:]) < rule.trend_noise(loud[32:]) / 5
-    assert rule.trend_noise([1.0, 0.9, 0.8, 0.7]) == pytest.approx(0.0, abs=1e-12)  # a straight fall is no noise
-    assert rule.margin(0.32, None) == pytest.approx(rule.POWER * 0.32)
-    assert rule.margin(0.32, 0.01) == 0.01
-    assert rule.margin(-0.1, None) == 0.0 and rule.margin(0.0, None) == 0.0  # no progress: certified no worse
-    assert math.isnan(rule.margin(math.nan, None))
+    assert branch_reading.trend_noise(quiet[32:]) < branch_reading.trend_noise(loud[32:]) / 5
+    # a straight fall is no noise
+    assert branch_reading.trend_noise([1.0, 0.9, 0.8, 0.7]) == pytest.approx(0.0, abs=1e-12)
+    assert branch_reading.margin(0.32, None) == pytest.approx(branch_reading.POWER * 0.32)
+    assert branch_reading.margin(0.32, 0.01) == 0.01
+    # no progress: certified no worse
+    assert branch_reading.margin(-0.1, None) == 0.0 and branch_reading.margin(0.0, None) == 0.0
+    assert math.isnan(branch_reading.margin(math.nan, None))
 
 
 def local(samples, low, high=None):
-    return rule.Local(samples, low, high, 0.05, {})
+    return branch_reading.Local(samples, low, high, 0.05, {})
 
 
 def test_the_critical_batch_size_is_read_as_rising_one_low_reading_is_noise():
     readings = [local(560, 128), local(1712, 16), local(3440, 128), local(5744, 256), local(8624, 128)]
-    fitted = rule.monotone(readings)
+    fitted = branch_reading.monotone(readings)
     assert fitted == sorted(fitted)  # never falls
     assert fitted[0] == fitted[1] == pytest.approx(2 ** 5.5)  # 128 then 16: pooled in log2 (~45)
     assert fitted[2] == 128 and fitted[3] == fitted[4] == pytest.approx(2 ** 7.5)  # 256 then 128: ~181
-    assert rule.flat(readings, 16) == pytest.approx(2 ** 7.5) and rule.flat([], 16) == 16.0
+    assert branch_reading.flat(readings, 16) == pytest.approx(2 ** 7.5) and branch_reading.flat([], 16) == 16.0
     # each change a whole number of the span before's steps after its start (train.batch_schedule's rule)
     assert rule.schedule(readings, 16, [16, 32, 64, 128, 256]) == [(0, 16), (560, 32), (3440, 128)]
     assert rule.schedule([local(560, 32), local(3450, 128)], 16, [16, 32, 128]) == [(0, 16), (560, 32), (3472, 128)]
@@ -235,7 +242,7 @@ def test_the_schedule_follows_the_rising_fit_and_changes_on_step_boundaries():
     rising = [local(100, 16, 32), local(500, 64, 128), local(1000, 128, 256), local(2000, 100, 256)]
     # each reading fitted at its interval's geometric middle: ~23, ~91, ~181, 160; the last two pool to ~170:
     # 64 from 500 on, 128 from 1000 on (the grid's largest at or below the fit), each on a step boundary
-    assert [round(f) for f in rule.monotone(rising)] == [23, 91, 170, 170]
+    assert [round(f) for f in branch_reading.monotone(rising)] == [23, 91, 170, 170]
     assert rule.schedule(rising, 16, batches) == [(0, 16), (512, 64), (1024, 128)]
     assert rule.schedule([local(200, 16, 32)], 16, batches) == [(0, 16)]  # no change to make
     assert rule.schedule([local(100, 256)], 16, batches) == [(0, 16), (112, 256)]
@@ -252,7 +259,7 @@ def test_a_schedule_reaches_only_what_more_accumulation_reaches_and_is_timed_by_
 
 
 def test_the_answer_schedules_on_the_trunks_layout_and_times_it_there_not_at_each_batchs_fastest(cfg_of):
-    from sweeper.strategies.branch_driver import decide
+    from sweeper.strategies.branch import decide
     from sweeper.plan import GridPoint
     from sweeper.schema import PointResult
 
@@ -296,7 +303,8 @@ def test_the_answers_folder_goes_once_recorded_and_stays_while_its_write_waits_i
     import tempfile
     from types import SimpleNamespace
 
-    from sweeper.strategies.branch_driver import Answer, log_answer
+    from sweeper.driver.branch import log_answer
+    from sweeper.strategies.branch import Answer
     from sweeper.tracking import Tracker
     from tests.harness import mlflow_store
 
@@ -308,16 +316,16 @@ def test_the_answers_folder_goes_once_recorded_and_stays_while_its_write_waits_i
     parent = tracker.start_sweep("sweep-branch", {}, "")
     log_answer(SimpleNamespace(tracker=tracker), answer, "sweep-branch")
     assert not list(tmp_path.glob("sweeper-branch-*"))  # recorded: nothing kept in the temporary folder
-    assert [a.path for a in tracker.client.list_artifacts(parent, "branch")] == ["branch/answer.json"]
+    assert [a.path for a in tracker.store.client.list_artifacts(parent, "branch")] == ["branch/answer.json"]
 
     def store_down(*args, **kwargs):  # what a tracking server that went away raises, simulated
         raise ConnectionError("simulated: the tracking server went away")
 
-    real, tracker.client.log_artifacts = tracker.client.log_artifacts, store_down
+    real, tracker.store.client.log_artifacts = tracker.store.client.log_artifacts, store_down
     log_answer(SimpleNamespace(tracker=tracker), answer, "sweep-branch")
     (kept,) = tmp_path.glob("sweeper-branch-*")  # the journal replays the write from it
     assert (kept / "answer.json").exists() and tracker.pending == 1
-    tracker.client.log_artifacts = real
+    tracker.store.client.log_artifacts = real
     assert tracker.replay() == (1, 0)
 
 
@@ -361,7 +369,8 @@ def test_global_batches_the_branches_never_judged_are_named_not_judged_never_wor
     from sweeper.report import branched
     from sweeper.report.analysis import Trial, recommend
 
-    answer = _answer({32: rule.KEEPS_UP, 64: rule.UNPROVEN, 128: rule.WORSE}, unjudged=[256])
+    answer = _answer({32: branch_reading.KEEPS_UP, 64: branch_reading.UNPROVEN, 128: branch_reading.WORSE},
+                     unjudged=[256])
     trials = [Trial(key=f"mb{g}-acc1-w1", micro_batch_size=g, accumulation_steps=1, num_workers=1,
                     global_batch_size=g, status="ok", samples_per_second=100.0 + g) for g in (16, 32, 64, 128, 256)]
     rec = recommend(trials, "throughput", None, None, None, batch_limit=branched.limit(answer))
@@ -379,7 +388,7 @@ def test_a_branch_sweeps_answer_is_certified_as_the_grids_is():
     'unproven', not 'worse'."""
     from sweeper.report import branched
 
-    old = _answer({32: rule.KEEPS_UP, 64: rule.KEEPS_UP})
+    old = _answer({32: branch_reading.KEEPS_UP, 64: branch_reading.KEEPS_UP})
     del old["checkpoints"][0]["verdicts"]
     assert branched.verdict(old, 32) == "keeps up" and branched.verdict(old, 64) == "unproven"
     assert branched.verdict(old, 512) == "not judged"
@@ -434,7 +443,7 @@ def _branch_sweep(cfg_of, cv):
     from sweeper.plan import GridPoint
     from sweeper.report.analysis import Trial
     from sweeper.schema import PointResult
-    from sweeper.strategies.branch_driver import decide
+    from sweeper.strategies.branch import decide
 
     rates = {1: 300.0, 2: 340.0, 4: 384.0}
     ok = {}
@@ -462,7 +471,7 @@ def test_a_branch_sweep_gives_one_answer_and_a_difference_inside_the_noise_is_a_
     the schedule is, with the overrides that run it."""
     from sweeper.report import branched, headline
     from sweeper.report.analysis import recommend
-    from sweeper.report.build import answer_text
+    from sweeper.report.text import answer_text
     from sweeper.report.output import override_line
 
     answer, trials = _branch_sweep(cfg_of, cv)

@@ -110,13 +110,16 @@ def bad_input_outcomes(tmp_path_factory):
 
 @pytest.mark.parametrize("index", range(len(BAD_INPUTS)), ids=[k for _, k in BAD_INPUTS])
 def test_cli_bad_input_is_one_clean_line(bad_input_outcomes, index):
+    from tests.unit.test_bad_input import NOTHING_STARTED
+
     key, result = BAD_INPUTS[index][1], bad_input_outcomes[index]
     assert result["status"] == 2, result["stderr"]
     assert "Traceback" not in result["stderr"] + result["stdout"]
     errors = [line for line in result["stderr"].splitlines() if line.startswith("error: ")]
     assert len(errors) == 1, result["stderr"]
     assert errors[0].startswith(f"error: {key}")
-    assert not result["ray_started"]  # no Ray was started (not in this process, no .sweeper/ray folder)
+    # Nothing started: Ray not even imported, no store, Ray folder, Tune results or report made.
+    assert not result["ray_imported"] and set(result["made"]) <= NOTHING_STARTED, result
 
 
 def test_cli_dashboard_port_in_use_names_the_key(tmp_path):

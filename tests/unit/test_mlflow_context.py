@@ -5,7 +5,6 @@ and `sweeper.results()` reading a sweep back as a DataFrame."""
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 from hydra.core.hydra_config import HydraConfig
@@ -18,7 +17,7 @@ from sweeper.plan import GridPoint
 from sweeper.schema import PointResult, SweepSummary
 from sweeper.tracking import Monitor, Tracker
 from tests.harness import compose_cfg, mlflow_store
-from tests.helpers import REPO
+from tests.helpers import REPO, wait_for
 
 
 
@@ -103,15 +102,18 @@ def test_system_metrics_fill_the_parent_run_while_it_runs_and_stop_at_its_end(ur
     monkeypatch.delenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", raising=False)
     tracker = Tracker(uri, "system", monitor=Monitor(node=node, interval_seconds=0.2))
     parent = tracker.start_sweep("sweep-sys", {}, "a: 1\n")
-    time.sleep(1.5)
+    prefix = "system/" + (f"{node}/" if node else "")
+    client = MlflowClient(uri)
+    # While the run is open, the monitor logs a sample every 0.2 s: wait for two.
+    wait_for(lambda: len(client.get_metric_history(parent, f"{prefix}cpu_utilization_percentage")) >= 2,
+             "two system-metric samples on the running parent", every=0.2)
+    assert client.get_run(parent).info.status == "RUNNING"
     tracker.end_sweep(SweepSummary(), status)
     assert not [t for t in threading.enumerate() if t.name == "SystemMetricsMonitor" and t.is_alive()]
-    run = MlflowClient(uri).get_run(parent)
-    prefix = "system/" + (f"{node}/" if node else "")
+    run = client.get_run(parent)
     names = set(run.data.metrics)
     assert {f"{prefix}cpu_utilization_percentage", f"{prefix}system_memory_usage_megabytes"} <= names, names
-    history = MlflowClient(uri).get_metric_history(parent, f"{prefix}cpu_utilization_percentage")
-    assert len(history) >= 2 and run.info.status == status
+    assert run.info.status == status
 
 
 def test_system_metrics_can_be_turned_off_with_mlflows_own_variable(monkeypatch):

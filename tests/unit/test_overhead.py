@@ -1,12 +1,13 @@
 """The harness's own cost: a worker group's start-up in its parts and the sweep's wall time in its
 phases, against cases with known answers."""
 
+from collections import Counter
+from types import SimpleNamespace
+
 import pytest
 
-from collections import Counter
-
 from sweeper.driver.skeleton import Phases
-from sweeper.driver.train import summary
+from sweeper.driver.train_sweep import summary
 from sweeper.plan import GridPoint
 from sweeper.schema import PointResult
 from sweeper.worker.points import startup_split
@@ -37,6 +38,21 @@ def phases(**seconds):
     out = Phases()
     out.seconds = dict(seconds)
     return out
+
+
+def test_the_phases_cover_the_clock_from_the_sweeps_start_to_its_last_phase(monkeypatch):
+    from sweeper.driver import skeleton
+
+    readings = iter([100.0, 102.5, 107.5, 111.0, 120.0, 121.5, 123.0])
+    monkeypatch.setattr(skeleton, "time", SimpleNamespace(perf_counter=lambda: next(readings)))
+    out = Phases()  # the sweep starts at 100.0
+    for name in ("setup", "ray_start", "frontier", "grid", "report", "grid"):
+        out(name)
+    # Each phase is the span since the one before: setup 102.5 - 100 = 2.5, ray_start 107.5 - 102.5 = 5,
+    # frontier 111 - 107.5 = 3.5, report 121.5 - 120 = 1.5; grid twice, 120 - 111 = 9 and 123 - 121.5
+    # = 1.5, adds up to 10.5. Nothing is left between them: the wall is 123 - 100 = 23.
+    assert out.seconds == {"setup": 2.5, "ray_start": 5.0, "frontier": 3.5, "grid": 10.5, "report": 1.5}
+    assert out.wall == 23.0
 
 
 def test_the_summary_adds_the_phases_and_divides_by_both_point_and_training_time():

@@ -10,8 +10,8 @@ from sweeper.driver import predicted
 from sweeper.measure import frontier, sharded_memory
 from sweeper.plan import GridPoint, expand_grid, gradient_sync, stream_indices, worker_groups
 from sweeper.report.output import override_line
-from sweeper.report.trials import Trial
 from sweeper.worker.points import implied_oom
+from tests.helpers import trial
 
 MIB = 2 ** 20
 
@@ -115,17 +115,18 @@ def test_a_skipped_point_is_recorded_once_as_out_of_memory_by_prediction_and_nev
     assert launched == [ZERO3] and skipped == [] and recorded == []
 
 
-def _trial(parallelism, key="mb4-acc1-w2-zero3", **more):
-    return Trial(key=key, micro_batch_size=4, accumulation_steps=1, num_workers=2,
-                 global_batch_size=8, status="ok", parallelism=parallelism, precision="fp32", **more)
+def _sharded(parallelism, suffix="-zero3", **more):
+    """The point mb4-acc1-w2-zero3 (`suffix`), with `parallelism` as its record has it (None: a record from before
+    the axis)."""
+    return trial(4, 1, 2, suffix=suffix, parallelism=parallelism, precision="fp32", **more)
 
 
 def test_the_override_line_names_a_sharded_parallelism_and_leaves_the_default_out():
-    assert "sweep.num_workers=[2] sweep.parallelism=[zero3] sweep.precisions=[fp32]" in override_line(_trial("zero3"))
-    assert "sweep.parallelism" not in override_line(_trial("ddp"))  # the headline's 3 lines (test_e2e_answer)
-    assert "sweep.parallelism" not in override_line(_trial(None, "mb4-acc1-w2"))
-    assert "sweep.gradient_sync=[every]" in override_line(_trial("zero3", gradient_sync="every"))
-    assert "sweep.gradient_sync" not in override_line(_trial("zero3", gradient_sync="final"))
+    assert "sweep.num_workers=[2] sweep.parallelism=[zero3] sweep.precisions=[fp32]" in override_line(_sharded("zero3"))
+    assert "sweep.parallelism" not in override_line(_sharded("ddp"))  # the headline's 3 lines (test_e2e_answer)
+    assert "sweep.parallelism" not in override_line(_sharded(None, ""))
+    assert "sweep.gradient_sync=[every]" in override_line(_sharded("zero3", gradient_sync="every"))
+    assert "sweep.gradient_sync" not in override_line(_sharded("zero3", gradient_sync="final"))
 
 
 def test_a_record_without_the_param_is_read_one_way_everywhere_from_its_key():
@@ -135,7 +136,7 @@ def test_a_record_without_the_param_is_read_one_way_everywhere_from_its_key():
     from sweeper.report.output import _chosen
     from sweeper.report.trials import Recommendation
 
-    unrecorded = _trial(None)  # key mb4-acc1-w2-zero3, no param
+    unrecorded = _sharded(None)  # key mb4-acc1-w2-zero3, no param
     assert parallelism.of(unrecorded) == "zero3"
     assert "sweep.parallelism=[zero3]" in override_line(unrecorded)
     assert _chosen(Recommendation(unrecorded, [], "", {}, "throughput"))["parallelism"] == "zero3"
@@ -145,8 +146,8 @@ def test_the_recommendation_yaml_carries_the_parallelism_absent_meaning_ddp():
     from sweeper.report.output import _chosen
     from sweeper.report.trials import Recommendation
 
-    for recorded, key, named in (("zero3", "mb4-acc1-w2-zero3", "zero3"), (None, "mb4-acc1-w2", "ddp")):
-        rec = Recommendation(_trial(recorded, key), [], "", {}, "throughput")
+    for recorded, suffix, named in (("zero3", "-zero3", "zero3"), (None, "", "ddp")):
+        rec = Recommendation(_sharded(recorded, suffix), [], "", {}, "throughput")
         assert _chosen(rec)["parallelism"] == named and _chosen(rec)["gradient_sync"] == "final"
         assert yaml.safe_load(yaml.safe_dump(_chosen(rec)))["parallelism"] == named
 
@@ -155,7 +156,7 @@ def test_the_recommendation_yaml_carries_the_parallelism_absent_meaning_ddp():
 def test_a_point_params_record_the_gradient_sync_its_worker_did_not_the_one_asked(parallelism):
     from sweeper import config
     from sweeper.driver.preflight import _point_spec
-    from sweeper.driver.train import point_params
+    from sweeper.driver.params import point_params
     from sweeper.schema import PointResult
     from tests.harness import compose_cfg
 

@@ -8,32 +8,30 @@ from matplotlib.image import imread
 
 from sweeper.report import headline, parallelism
 from sweeper.report.plots import by_parallelism
-from sweeper.report.analysis import Trial, recommend
+from sweeper.report.analysis import recommend
+from tests.helpers import trial
 
 MIB = 2 ** 20
 
 
-def trial(mb, acc, w, p="ddp", sps=100.0, peak=100.0, status="ok", seed=None):
-    suffix = "" if p == "ddp" else f"-{p}"
-    key = f"mb{mb}-acc{acc}-w{w}{suffix}"
-    return Trial(key=key + ("" if seed is None else f"-s{seed}"), point_key=key if seed is not None else None,
-                 micro_batch_size=mb, accumulation_steps=acc, num_workers=w, global_batch_size=mb * acc * w,
-                 status=status, samples_per_second=sps, peak_memory_bytes=None if peak is None else peak * MIB,
-                 val_accuracy=0.9,
-                 val_samples=20000, lr=0.01, seed=seed)
+def layout(mb, acc, w, p="ddp", sps=100.0, peak=100.0, status="ok", seed=None):
+    """A run (tests.helpers.trial) of parallelism `p`, named by its key only (as before the record had it), at
+    `sps` samples/s and `peak` MiB."""
+    return trial(mb, acc, w, status, suffix="" if p == "ddp" else f"-{p}", seed=seed, samples_per_second=sps,
+                 peak_memory_bytes=None if peak is None else peak * MIB, val_accuracy=0.9, val_samples=20000, lr=0.01)
 
 
 SWEEP = [
-    trial(4, 2, 1, sps=40, peak=70), trial(4, 1, 2, sps=60, peak=68), trial(8, 1, 1, sps=50, peak=90),
-    trial(4, 2, 1, "zero3", sps=30, peak=72), trial(4, 1, 2, "zero3", sps=45, peak=46),
-    trial(8, 1, 2, "zero3", sps=55, peak=60), trial(4, 2, 2, "zero3", sps=44, peak=58),
-    trial(4, 1, 2, "zero2", sps=50, peak=51), trial(16, 1, 2, "zero2", status="oom", sps=None, peak=None),
+    layout(4, 2, 1, sps=40, peak=70), layout(4, 1, 2, sps=60, peak=68), layout(8, 1, 1, sps=50, peak=90),
+    layout(4, 2, 1, "zero3", sps=30, peak=72), layout(4, 1, 2, "zero3", sps=45, peak=46),
+    layout(8, 1, 2, "zero3", sps=55, peak=60), layout(4, 2, 2, "zero3", sps=44, peak=58),
+    layout(4, 1, 2, "zero2", sps=50, peak=51), layout(16, 1, 2, "zero2", status="oom", sps=None, peak=None),
 ]
 
 
 def test_a_points_parallelism_is_its_record_else_its_keys_suffix():
     assert [parallelism.of(t) for t in SWEEP[:5]] == ["ddp", "ddp", "ddp", "zero3", "zero3"]
-    assert parallelism.of(trial(4, 1, 2, "zero2", seed=1)) == "zero2"  # mb4-acc1-w2-zero2-s1
+    assert parallelism.of(layout(4, 1, 2, "zero2", seed=1)) == "zero2"  # mb4-acc1-w2-zero2-s1
     assert parallelism.of(type("Recorded", (), {"key": "mb4-acc1-w2", "parallelism": "zero3"})()) == "zero3"
     assert parallelism.of(type("Old", (), {"key": "mb4-acc1-w2-bf16", "parallelism": "None"})()) == "ddp"
 
@@ -61,7 +59,7 @@ def test_one_line_per_parallelism_in_both_figures(tmp_path):
 
 
 def test_the_headline_and_the_alternatives_name_the_recommended_sharding():
-    sweep = [trial(4, 1, 2, sps=60, peak=200), trial(8, 1, 2, "zero3", sps=80, peak=60)]
+    sweep = [layout(4, 1, 2, sps=60, peak=200), layout(8, 1, 2, "zero3", sps=80, peak=60)]
     rec = recommend(sweep, objective="throughput", memory_budget_bytes=100 * MIB)
     assert rec.best.key == "mb8-acc1-w2-zero3"
     assert headline.headline(rec, None)[0].startswith("Train mb8-acc1-w2-zero3: ")
@@ -73,12 +71,12 @@ def test_layouts_at_the_same_micro_batch_that_differ_by_sharding_or_sync_are_ser
     series, so the knees and the throughput plot build (they raised 'appears twice in one series')."""
     from dataclasses import replace
 
-    from sweeper.report.build import knees_per_recipe
+    from sweeper.report.figures import knees_per_recipe
     from sweeper.report.plots import throughput_vs_micro_batch
 
-    every = replace(trial(4, 2, 2, "zero3", sps=40), key="mb4-acc2-w2-zero3-every", gradient_sync="every")
-    layouts = [trial(4, 2, 2, sps=50), trial(8, 2, 2, sps=80), trial(4, 2, 2, "zero3", sps=45),
-               trial(8, 2, 2, "zero3", sps=70), every]
+    every = replace(layout(4, 2, 2, "zero3", sps=40), key="mb4-acc2-w2-zero3-every", gradient_sync="every")
+    layouts = [layout(4, 2, 2, sps=50), layout(8, 2, 2, sps=80), layout(4, 2, 2, "zero3", sps=45),
+               layout(8, 2, 2, "zero3", sps=70), every]
     knees = knees_per_recipe(layouts, 0.10)
     assert set(knees) == {(2, 2, ""), (2, 2, "zero3"), (2, 2, "zero3, sync every")}
     assert knees[(2, 2, "")] is None  # 50 -> 80: still climbing

@@ -13,29 +13,22 @@ from matplotlib.image import imread
 from sweeper.report import analysis, plots
 from sweeper.report import folding
 from sweeper.report import html as html_report
-from sweeper.report.analysis import Trial
 from sweeper.report.plots import canvas
+from tests.helpers import trial
 
 MiB = 2**20
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PIXELS = (round(plots.FIGSIZE[1] * plots.DPI), round(plots.FIGSIZE[0] * plots.DPI))  # rows, columns
 
 
-def trial(micro, accum=1, workers=1, status="ok", **figures):
+def measured(micro, accum=1, workers=1, status="ok", **figures):
+    """A run (tests.helpers.trial) whose figures, unless given, follow a plausible curve for its layout."""
     if status == "ok":
         figures.setdefault("samples_per_second", 100.0 * workers * min(micro, 32) / (1 + micro / 256))
         figures.setdefault("samples_per_second_cv", 0.03)
         figures.setdefault("peak_memory_bytes", 40 * MiB + micro * 600 * 1024)
         figures.setdefault("val_accuracy", 0.95 - 0.01 * (micro * accum * workers) / 64)
-    return Trial(
-        key=f"mb{micro}-acc{accum}-w{workers}",
-        micro_batch_size=micro,
-        accumulation_steps=accum,
-        num_workers=workers,
-        global_batch_size=micro * accum * workers,
-        status=status,
-        **figures,
-    )
+    return trial(micro, accum, workers, status, **figures)
 
 
 @pytest.fixture
@@ -45,10 +38,10 @@ def sweep():
     for accum in (1, 2):
         for workers in (1, 2):
             for micro in (8, 16, 32, 64):
-                trials.append(trial(micro, accum, workers))
-            trials.append(trial(128, accum, workers, status="oom"))
-    trials[0] = trial(8, 1, 1, samples_per_second_cv=None)
-    trials[6] = trial(16, 1, 2, status="failed")
+                trials.append(measured(micro, accum, workers))
+            trials.append(measured(128, accum, workers, status="oom"))
+    trials[0] = measured(8, 1, 1, samples_per_second_cv=None)
+    trials[6] = measured(16, 1, 2, status="failed")
     return trials
 
 
@@ -75,23 +68,45 @@ def test_every_plot_writes_a_png_of_the_fixed_size(sweep, tmp_path):
         assert_png(path)
 
 
-def test_memory_plot_with_a_given_fit_and_no_budget(sweep, tmp_path):
+def test_memory_plot_with_a_given_fit_and_no_budget(monkeypatch, sweep, tmp_path):
+    ax = _drawn(monkeypatch, lambda: plots.memory_vs_micro_batch(sweep, tmp_path / "m.png", fit=(40 * MiB, 600 * 1024)))
+    # The given fit is the one dashed line (no series fits its own), from 0 to the largest size tried, 128
+    # (it ran out of memory): 40 MiB there, 40 MiB + 128 x 600 KiB = 40 + 75 = 115 MiB at 128.
+    (fit,) = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+    xs, ys = fit.get_data()
+    assert list(xs) == [0.0, 128.0] and list(ys) == pytest.approx([40.0, 115.0])
+    assert "fit: 40 MiB fixed\n  + 600 KiB/sample x micro" in _legend_texts(ax)
+    # No budget: no budget line, and the size that ran out of memory marked near the top of the axes.
+    assert not any(t.startswith("budget") for t in _legend_texts(ax))
+    (oom,) = [line for line in ax.get_lines() if line.get_label() == "oom"]
+    assert list(oom.get_xdata()) == [128] and list(oom.get_ydata()) == [0.96]
+    monkeypatch.undo()
     assert_png(plots.memory_vs_micro_batch(sweep, tmp_path / "m.png", fit=(40 * MiB, 600 * 1024)))
 
 
-def test_a_single_point_and_missing_figures_still_plot(tmp_path):
-    one = [trial(32, samples_per_second_cv=None)]
+def test_a_single_point_and_missing_figures_still_plot(monkeypatch, tmp_path):
+    one = [measured(32, samples_per_second_cv=None)]
     for path in draw_all(one, tmp_path).values():
         assert_png(path)
-    # Throughput but no memory, memory but no accuracy: each plot draws what it has.
-    sparse = [trial(16, peak_memory_bytes=None), trial(32, val_accuracy=None), trial(64, status="oom")]
-    written = draw_all(sparse, tmp_path / "sparse")
-    for path in written.values():
+    # Throughput but no memory, memory but no accuracy: each plot draws what it has. Throughput at 16 is
+    # 100 x 16 / (1 + 16/256) = 1505.9 samples/s, at 32: 3200 / 1.125 = 2844.4; peak memory at 32:
+    # 40 MiB + 32 x 600 KiB = 58.75 MiB; accuracy at 16: 0.95 - 0.01 x 16/64 = 0.9475.
+    sparse = [measured(16, peak_memory_bytes=None), measured(32, val_accuracy=None), measured(64, status="oom")]
+    drawn = _draw_all_figures(monkeypatch, sparse, tmp_path)
+    (rates,) = drawn["throughput"].containers
+    assert _points(rates.lines[0]) == [pytest.approx((16, 1505.882), rel=1e-6), pytest.approx((32, 2844.444), rel=1e-6)]
+    assert "oom" in [t.get_text() for t in drawn["throughput"].texts]  # 64, on the floor
+    assert _marked(drawn["memory"], "o") == [[(32, 58.75)]]
+    (accuracy,) = drawn["accuracy"].containers
+    assert _points(accuracy.lines[0]) == [(16, 0.9475)]
+    assert _marked(drawn["pareto"], "o") == [[pytest.approx((58.75, 2844.444), rel=1e-6)]]  # needs both figures
+    monkeypatch.undo()
+    for path in draw_all(sparse, tmp_path / "sparse").values():
         assert_png(path)
 
 
-def test_no_ok_trial_gives_a_placeholder_and_no_accuracy_plot(tmp_path):
-    failed = [trial(64, status="oom"), trial(128, status="oom"), trial(32, status="failed")]
+def test_no_ok_trial_gives_a_placeholder_and_no_accuracy_plot(monkeypatch, tmp_path):
+    failed = [measured(64, status="oom"), measured(128, status="oom"), measured(32, status="failed")]
     for trials, folder in ((failed, tmp_path / "failed"), ([], tmp_path / "empty")):
         written = draw_all(trials, folder, budget_bytes=100 * MiB)
         # A picture that says "no ok points" keeps the report's layout; accuracy has nothing to say.
@@ -99,17 +114,23 @@ def test_no_ok_trial_gives_a_placeholder_and_no_accuracy_plot(tmp_path):
             assert_png(written[name])
         assert written["accuracy"] is None
         assert not (folder / "accuracy.png").exists()
+    # What the placeholder says: its plot's title, why it is empty, and what the points did.
+    fig = _figure(monkeypatch, lambda: plots.throughput_vs_micro_batch(failed, {}, tmp_path / "t.png"))
+    assert fig.axes == [] and [t.get_text() for t in fig.texts] == [
+        "Throughput vs micro-batch size", "no ok points with a throughput", "(1 failed, 2 oom)"]
+    fig = _figure(monkeypatch, lambda: plots.memory_vs_micro_batch([], tmp_path / "m.png"))
+    assert [t.get_text() for t in fig.texts][1:] == ["no ok points with a peak memory", "(no points)"]
 
 
 def test_synthetic_data_has_no_accuracy_plot(tmp_path):
-    trials = [trial(m, val_accuracy=None) for m in (8, 16)]
+    trials = [measured(m, val_accuracy=None) for m in (8, 16)]
     assert plots.accuracy_vs_global_batch(trials, tmp_path / "a.png", "LR scaling: none") is None
 
 
 def test_a_dollar_sign_in_a_key_is_not_typeset(tmp_path):
     # A pair of "$" around what mathtext cannot parse: drawn as typed, or the figure fails to draw
     # (issue 46: "$x$-$y", an odd count, is never mathtext, so it passed without the escaping).
-    t = trial(8)
+    t = measured(8)
     odd = dataclasses.replace(t, key="mb8-$^$")
     assert_png(plots.pareto_throughput_memory([odd], [odd], tmp_path / "p.png"))
 
@@ -162,13 +183,42 @@ def test_html_page_without_trials_or_images():
     assert "<img" not in page
 
 
-def _drawn(monkeypatch, draw):
-    """The figure a plot function saved, to read what it shows."""
+def _figure(monkeypatch, draw):
+    """The figure a plot function saved (instead of writing it), to read what it shows."""
     saved = []
     monkeypatch.setattr(canvas, "save", lambda fig, path: saved.append(fig) or os.fspath(path))
     draw()
     (fig,) = saved
-    return fig.axes[0]
+    return fig
+
+
+def _drawn(monkeypatch, draw):
+    """The axes of the figure a plot function saved."""
+    return _figure(monkeypatch, draw).axes[0]
+
+
+def _draw_all_figures(monkeypatch, trials, folder):
+    """draw_all's four figures' axes, by name (the accuracy plot's: None when it draws nothing)."""
+    saved = {}
+    for name in ("throughput", "memory", "accuracy", "pareto"):
+        monkeypatch.setattr(canvas, "save",
+                            lambda fig, path, name=name: saved.setdefault(name, fig) and os.fspath(path))
+        {"throughput": lambda: plots.throughput_vs_micro_batch(trials, analysis.knees(trials), folder / "t.png"),
+         "memory": lambda: plots.memory_vs_micro_batch(trials, folder / "m.png"),
+         "accuracy": lambda: plots.accuracy_vs_global_batch(trials, folder / "a.png", "LR scaling: none"),
+         "pareto": lambda: plots.pareto_throughput_memory(trials, analysis.pareto(trials), folder / "p.png")}[name]()
+    return {name: saved[name].axes[0] if name in saved else None for name in ("throughput", "memory", "accuracy",
+                                                                                 "pareto")}
+
+
+def _points(line):
+    """A drawn line's (x, y) points, as plain floats."""
+    return [(float(x), float(y)) for x, y in zip(*line.get_data())]
+
+
+def _marked(ax, marker):
+    """The (x, y) points of each line drawn with `marker`, line by line."""
+    return [_points(line) for line in ax.get_lines() if line.get_marker() == marker and len(line.get_xdata())]
 
 
 def _legend_texts(ax):
@@ -176,26 +226,26 @@ def _legend_texts(ax):
 
 
 def test_the_throughput_plot_names_its_knee_rule_or_says_there_is_no_knee_yet(monkeypatch, tmp_path):
-    bending = [trial(16, samples_per_second=300.0), trial(32, samples_per_second=450.0),
-               trial(64, samples_per_second=470.0)]
+    bending = [measured(16, samples_per_second=300.0), measured(32, samples_per_second=450.0),
+               measured(64, samples_per_second=470.0)]
     ax = _drawn(monkeypatch, lambda: plots.throughput_vs_micro_batch(
         bending, analysis.knees(bending, 0.10), tmp_path / "t.png", 0.10))
     assert "knee: next doubling gains < 10%" in _legend_texts(ax)
-    climbing = [trial(16, samples_per_second=300.0), trial(64, samples_per_second=700.0)]
+    climbing = [measured(16, samples_per_second=300.0), measured(64, samples_per_second=700.0)]
     ax = _drawn(monkeypatch, lambda: plots.throughput_vs_micro_batch(
         climbing, analysis.knees(climbing, 0.10), tmp_path / "c.png", 0.10))
     texts = _legend_texts(ax)
     assert any(t.startswith("no knee yet: every doubling gained >= 10%") for t in texts), texts
     assert not any(t.startswith("knee") for t in texts)
     # One ok size and one that ran out of memory: no doubling was measured, so nothing is claimed.
-    single = [trial(16, samples_per_second=300.0), trial(32, status="oom")]
+    single = [measured(16, samples_per_second=300.0), measured(32, status="oom")]
     ax = _drawn(monkeypatch, lambda: plots.throughput_vs_micro_batch(
         single, analysis.knees(single, 0.10), tmp_path / "s.png", 0.10))
     assert not any(t.startswith(("knee", "no knee")) for t in _legend_texts(ax))
 
 
 def test_the_memory_fit_is_a_straight_line_from_the_fixed_memory_on_a_linear_axis(monkeypatch, tmp_path):
-    points = [trial(16), trial(32), trial(64)]  # 40 MiB + 600 KiB per sample, exactly
+    points = [measured(16), measured(32), measured(64)]  # 40 MiB + 600 KiB per sample, exactly
     ax = _drawn(monkeypatch, lambda: plots.memory_vs_micro_batch(points, tmp_path / "m.png"))
     assert ax.get_xscale() == "linear" and ax.get_xlim()[0] == 0
     (fit,) = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
@@ -206,8 +256,8 @@ def test_the_memory_fit_is_a_straight_line_from_the_fixed_memory_on_a_linear_axi
 
 
 def test_the_pareto_view_stars_the_recommended_trial_even_off_the_front(monkeypatch, tmp_path):
-    fast = trial(64, samples_per_second=700.0, peak_memory_bytes=100 * MiB)
-    slow = trial(16, samples_per_second=300.0, peak_memory_bytes=120 * MiB)  # beaten on both figures
+    fast = measured(64, samples_per_second=700.0, peak_memory_bytes=100 * MiB)
+    slow = measured(16, samples_per_second=300.0, peak_memory_bytes=120 * MiB)  # beaten on both figures
     ax = _drawn(monkeypatch, lambda: plots.pareto_throughput_memory(
         [fast, slow], analysis.pareto([fast, slow]), tmp_path / "p.png", recommended=slow))
     assert "recommended: mb16-acc1-w1" in _legend_texts(ax)
@@ -229,17 +279,17 @@ def replicate(t, seed, **figures):
 
 
 def seeded(micro, accums=(1,), accuracies=(0.90, 0.92, 0.94), **figures):
-    return [replicate(trial(micro, a, **figures), s, val_accuracy=acc, val_samples=360)
+    return [replicate(measured(micro, a, **figures), s, val_accuracy=acc, val_samples=360)
             for a in accums for s, acc in enumerate(accuracies)]
 
 
 def diverged(micro, seed=0, reason="nonfinite", step=7):
-    return replicate(trial(micro, status="diverged"), seed, diverged_reason=reason, diverged_at_step=step)
+    return replicate(measured(micro, status="diverged"), seed, diverged_reason=reason, diverged_at_step=step)
 
 
 def test_the_accuracy_plot_draws_one_mark_per_point_with_its_interval(monkeypatch, tmp_path):
     trials = seeded(16) + seeded(32)
-    trials += [diverged(64, 0), diverged(64, 1, step=9), replicate(trial(64), 2, val_samples=360)]
+    trials += [diverged(64, 0), diverged(64, 1, step=9), replicate(measured(64), 2, val_samples=360)]
     ax = _drawn(monkeypatch, lambda: plots.accuracy_vs_global_batch(trials, tmp_path / "a.png", "LR scaling: none"))
     marks = [line for line in ax.get_lines() if line.get_marker() == "o" and len(line.get_xdata()) > 0]
     # Three points (16, 32 and 64's one ok seed), not seven runs; the mean over seeds.
@@ -254,20 +304,34 @@ def test_the_accuracy_plot_draws_one_mark_per_point_with_its_interval(monkeypatc
     assert_png(plots.accuracy_vs_global_batch(trials, tmp_path / "a.png", "LR scaling: none"))
 
 
-def test_seeds_lr_multipliers_and_recipes_are_one_mark_per_layout_on_the_throughput_plot(tmp_path):
+def test_seeds_lr_multipliers_and_recipes_are_one_mark_per_layout_on_the_throughput_plot(monkeypatch, tmp_path):
     trials = []
-    for precision in ("fp32", "bf16"):
+    for precision, faster in (("fp32", 0.0), ("bf16", 1000.0)):
         for multiplier in (1.0, 2.0):
             for micro in (16, 32, 64):
-                base = dataclasses.replace(trial(micro), precision=precision, lr_multiplier=multiplier,
+                base = dataclasses.replace(measured(micro), precision=precision, lr_multiplier=multiplier,
                                            point_key=f"mb{micro}-acc1-w1-{precision}-lrx{multiplier:g}")
-                trials += [replicate(base, s) for s in (0, 1)]
+                # 100 samples/s per sample of micro-batch, seed 1 10 more than seed 0, LR x2 40 more.
+                rate = 100.0 * micro + faster + 40 * (multiplier - 1)
+                trials += [replicate(base, s, samples_per_second=rate + 10 * s) for s in (0, 1)]
     layouts = folding.fold_layouts(trials)
     assert len(layouts) == 6  # 3 micro-batches x 2 recipes
     knees = {(1, 1, ""): 32, (1, 1, "bf16"): None}
+    ax = _drawn(monkeypatch, lambda: plots.throughput_vs_micro_batch(trials, knees, tmp_path / "t.png", 0.1))
+    # One line per recipe, one mark per micro-batch: the mean of its 2 seeds x 2 LR multipliers, +5 for the
+    # seeds and +20 for the multipliers: 100 x micro + 25 (fp32), 1000 more for bf16.
+    assert {c.get_label(): _points(c.lines[0]) for c in ax.containers} == {
+        "accum 1, workers 1": [(16, 1625.0), (32, 3225.0), (64, 6425.0)],
+        "accum 1, workers 1, bf16": [(16, 2625.0), (32, 4225.0), (64, 7425.0)],
+    }
+    (ring,) = [c for c in ax.collections if list(getattr(c, "get_sizes", list)()) == [230]]  # the knee's ring
+    assert [tuple(map(float, xy)) for xy in ring.get_offsets()] == [(32.0, 3225.0)]
+    memory = _drawn(monkeypatch, lambda: plots.memory_vs_micro_batch(trials, tmp_path / "m.png"))
+    assert [len(points) for points in _marked(memory, "o") + _marked(memory, "s")] == [3, 3]  # 3 layouts a recipe
+    by_recipe = _drawn(monkeypatch, lambda: plots.memory_by_recipe(trials, tmp_path / "r.png"))
+    assert [label.split(" (")[0] for label in _legend_texts(by_recipe)][:2] == ["fp32", "bf16"]
+    monkeypatch.undo()
     assert_png(plots.throughput_vs_micro_batch(trials, knees, tmp_path / "t.png", 0.1))
-    assert_png(plots.memory_vs_micro_batch(trials, tmp_path / "m.png"))
-    assert_png(plots.memory_by_recipe(trials, tmp_path / "r.png"))
     # One recipe: nothing to compare.
     assert plots.memory_by_recipe([t for t in trials if t.precision == "fp32"], tmp_path / "one.png") is None
 
@@ -275,11 +339,11 @@ def test_seeds_lr_multipliers_and_recipes_are_one_mark_per_layout_on_the_through
 def test_a_point_smart_stopped_early_keeps_its_layout_figures_but_not_its_rung_accuracy():
     # sweep.strategy=smart: mb64's class was stopped at a rung; its throughput and memory come whole
     # from its layout's own run, its accuracy is a rung's (not comparable with a full budget's).
-    stopped = trial(64, samples_per_second=500.0, peak_memory_bytes=80 * MiB, val_accuracy=0.41,
+    stopped = measured(64, samples_per_second=500.0, peak_memory_bytes=80 * MiB, val_accuracy=0.41,
                     steps_to_target=None, reached_target=False)
     stopped = dataclasses.replace(stopped, status="stopped")
-    diverged = dataclasses.replace(trial(32, samples_per_second=300.0), status="diverged")
-    layouts = {t.key: t for t in folding.fold_layouts([trial(16), stopped, diverged])}
+    diverged = dataclasses.replace(measured(32, samples_per_second=300.0), status="diverged")
+    layouts = {t.key: t for t in folding.fold_layouts([measured(16), stopped, diverged])}
     assert layouts["mb64-acc1-w1"].status == "ok"
     assert layouts["mb64-acc1-w1"].samples_per_second == 500.0
     assert layouts["mb64-acc1-w1"].peak_memory_bytes == 80 * MiB
@@ -288,8 +352,8 @@ def test_a_point_smart_stopped_early_keeps_its_layout_figures_but_not_its_rung_a
 
 
 def test_memory_by_recipe_draws_a_line_per_recipe(monkeypatch, tmp_path):
-    fp32 = [trial(m) for m in (16, 32, 64)]
-    bf16 = [dataclasses.replace(trial(m, peak_memory_bytes=40 * MiB + m * 300 * 1024), precision="bf16",
+    fp32 = [measured(m) for m in (16, 32, 64)]
+    bf16 = [dataclasses.replace(measured(m, peak_memory_bytes=40 * MiB + m * 300 * 1024), precision="bf16",
                                 point_key=f"mb{m}-acc1-w1-bf16") for m in (16, 32, 64)]
     ax = _drawn(monkeypatch, lambda: plots.memory_by_recipe(fp32 + bf16, tmp_path / "r.png"))
     texts = _legend_texts(ax)
@@ -298,7 +362,7 @@ def test_memory_by_recipe_draws_a_line_per_recipe(monkeypatch, tmp_path):
 
 
 def targets(micro, steps, seeds=(0, 1), b_simple=50.0, reached=True):
-    return [replicate(trial(micro), s, steps_to_target=steps * (1 + 0.02 * (-1) ** s), reached_target=reached,
+    return [replicate(measured(micro), s, steps_to_target=steps * (1 + 0.02 * (-1) ** s), reached_target=reached,
                       samples_to_target=steps * micro, time_to_target_seconds=steps * micro / 1000,
                       gns_b_simple=b_simple) for s in seeds]
 
@@ -319,8 +383,12 @@ def test_steps_and_time_to_target_plots(monkeypatch, tmp_path):
     assert_png(plots.steps_to_target_vs_global_batch(trials, tmp_path / "s.png", found, "LR"))
     assert_png(plots.steps_to_target_vs_global_batch(trials, tmp_path / "nofit.png", None, "LR"))
     assert_png(plots.time_to_target_vs_global_batch(trials, tmp_path / "t.png"))
+    # Without a fit: the same triangles, no critical batch line.
+    ax = _drawn(monkeypatch, lambda: plots.steps_to_target_vs_global_batch(trials, tmp_path / "s.png", None, "LR"))
+    assert not [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+    monkeypatch.undo()
     # Nothing reached a target (or none was set): no picture.
-    plain = [trial(16), trial(32), diverged(64)]
+    plain = [measured(16), measured(32), diverged(64)]
     assert plots.steps_to_target_vs_global_batch(plain, tmp_path / "none.png", None, "LR") is None
     assert plots.time_to_target_vs_global_batch(plain, tmp_path / "none2.png") is None
     assert not (tmp_path / "none.png").exists()

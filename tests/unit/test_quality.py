@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from sweeper.config.report import ReportConfig, check
 from sweeper.errors import ConfigError
 from sweeper import stats
 from sweeper.report import analysis, quality
@@ -108,6 +109,20 @@ def test_a_language_model_that_did_not_beat_the_unigram_entropy_is_not_eligible(
     assert nobody.best is None and nobody.reason.startswith("every point did not learn")
 
 
+def test_a_language_model_the_worker_found_did_not_learn_is_named_by_its_loss_and_the_unigram_guess():
+    # The GPT point of issue 54: status did_not_learn from its worker, loss 3.178 nats against a unigram entropy
+    # of 3.147 nats (4.540 bits), next-token accuracy 0.272 over 256 tokens. Its words are the loss's.
+    gpt = lm("mb16-acc1-w1", 1000, 3.178, 0.01, status="did_not_learn", entropy_bits=3.147 / LN2, byte_level=False)
+    rec = recommend([gpt, lm("mb32-acc1-w1", 500, 2.40, 0.02, micro=32, byte_level=False)])
+    why = rec.excluded["mb16-acc1-w1"]
+    assert why.startswith("did not learn (val loss 3.178 nats per token is not below the training stream's unigram "
+                          "entropy 3.147 nats, the loss of a unigram guess, by more than its noise)")
+    assert "accuracy" not in why and "chance" not in why
+    nobody = recommend([gpt])
+    assert "mb16-acc1-w1 did not learn (val loss 3.178 nats per token" in nobody.reason
+    assert "val accuracy" not in nobody.reason
+
+
 def test_a_one_seed_loss_interval_is_its_mean_plus_minus_z_standard_errors():
     point = summarize([lm("a", 100, 2.4, 0.01)])
     interval = LOSS.interval(point, 0.95)
@@ -118,8 +133,15 @@ def test_a_one_seed_loss_interval_is_its_mean_plus_minus_z_standard_errors():
 
 
 def test_the_quality_settings_are_checked():
-    with pytest.raises(ConfigError, match="report.quality 'accuracy' is invalid"):
-        recommend([lm("a", 100, 2.4)], quality="accuracy")
+    # A name other than the built-in qualities is a metric of eval.metrics_fn's (report.quality_metric): one no
+    # run recorded is judged by auto's choice, and the reason says so first.
+    unknown = recommend([lm("a", 100, 2.4)], quality="accuracy")
+    assert unknown.quality == "val_bits_per_byte"
+    assert unknown.reason.startswith("report.quality_metric=accuracy is not a metric this sweep recorded (its runs "
+                                     "recorded no metric of eval.metrics_fn), so it is judged by val_bits_per_byte")
+    assert check(ReportConfig(quality="accuracy")) == [
+        "report.quality 'accuracy' is invalid. Should be one of ('auto', 'val_accuracy', 'val_loss', "
+        "'val_bits_per_byte')."]
     with pytest.raises(ConfigError, match="report.max_loss_rise=-0.1"):
         recommend([lm("a", 100, 2.4)], max_loss_rise=-0.1)
     assert set(quality.CHOICES) == {"auto", *quality.QUALITIES}

@@ -42,7 +42,7 @@ TINY = ["model=mlp", "model.depth=2", "model.width=64", "model.input_shape=[1,8,
 
 
 def test_nothing_on_the_drivers_way_to_connect_imports_ray():
-    modules = ["sweeper.__main__", "sweeper.driver.train", "sweeper.driver.inference", "sweeper.driver.resume",
+    modules = ["sweeper.__main__", "sweeper.driver.train_sweep", "sweeper.driver.inference", "sweeper.driver.resume",
                "sweeper.driver.skeleton", "sweeper.cluster.connect", "sweeper.cluster.environment"]
     code = f"import sys; import {', '.join(modules)}; print(sorted(m for m in sys.modules if m.split('.')[0] == 'ray'))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)

@@ -2,6 +2,8 @@
 the MLP, real tensors on this CPU), its optimizer state has the size it must, and a point trains in
 it (bf16 and fp16 autocast, a GradScaler, checkpointing, AdamW, label smoothing, torch.compile)."""
 
+import time
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,9 +13,11 @@ from sweeper import recipe
 from sweeper.config import DataConfig, LossConfig, MeasureConfig, ModelConfig, OptimConfig, TrainConfig
 from sweeper.measure import flops, memory
 from sweeper.plan import GridPoint
+from sweeper.worker import train as train_module
 from sweeper.worker.spec import PointSpec, WorkerContext
 from sweeper.worker.train import train_point
 from sweeper.workloads import models
+from tests.helpers import forwards_take
 
 RESNET = ModelConfig(name="resnet18", input_shape=[3, 32, 32])
 MLP = ModelConfig(name="mlp", depth=4, width=256, input_shape=[1, 16, 16])
@@ -163,13 +167,48 @@ def test_fp16_counts_the_step_its_grad_scaler_skipped_and_the_halved_scale():
     assert result["grad_scaler_scale"] == torch.amp.GradScaler("cpu").get_scale() / 2
 
 
-def test_a_compiled_point_times_its_compilation_apart():
-    measure = MeasureConfig(warmup_steps=2, windows=2, stable_windows=2, flops=False, memory_breakdown=False)
-    spec = PointSpec(**{**SPEC, "train": TrainConfig(seed=1, compile=True), "measure": measure},
-                     point=GridPoint(16, 1, 1))
-    result = train_point(spec, WorkerContext())
-    # Compilation happens in the first, untimed step: it took far longer than a timed step does.
-    assert result["compile_step_seconds"] > 5 * result["step_time_seconds"]
+def test_a_compiled_point_times_its_compilation_apart(monkeypatch):
+    # Counted, not timed against the step: torch's own compile callbacks say when each compilation ran,
+    # against the steps done and the timed windows open at that moment.
+    from torch._dynamo.callback import callback_handler
+
+    at = {"steps": 0, "window": False}
+    compiles = []  # (steps done, a window open, started, ended) of each compilation
+    clock = train_module.Clock
+
+    def counted(name, change):
+        real = getattr(clock, name)
+
+        def wrapper(self, *args):
+            change()
+            return real(self, *args)
+        monkeypatch.setattr(clock, name, wrapper)
+
+    counted("after_step", lambda: at.update(steps=at["steps"] + 1))
+    counted("open", lambda: at.update(window=True))
+    counted("close", lambda: at.update(window=False))
+
+    def start(args):
+        compiles.append([at["steps"], at["window"], time.time(), None])
+
+    def end(args):
+        compiles[-1][3] = time.time()
+
+    callback_handler.register_start_callback(start)
+    callback_handler.register_end_callback(end)
+    try:
+        measure = MeasureConfig(warmup_steps=2, windows=2, stable_windows=2, flops=False, memory_breakdown=False)
+        spec = PointSpec(**{**SPEC, "train": TrainConfig(seed=1, compile=True), "measure": measure},
+                         point=GridPoint(16, 1, 1))
+        result = train_point(spec, WorkerContext())
+    finally:
+        callback_handler.remove_start_callback(start)
+        callback_handler.remove_end_callback(end)
+    assert compiles and not [c for c in compiles if c[1]], compiles  # none inside a timed window
+    first_step = [c for c in compiles if c[0] == 0]
+    assert first_step == compiles[:len(first_step)] and first_step, compiles  # the first step compiled
+    # ... and its recorded time holds those compilations, from the first one's start to the last one's end.
+    assert first_step[-1][3] - first_step[0][2] <= result["compile_step_seconds"]
 
 
 def test_checkpointing_wraps_only_what_it_knows_and_what_the_user_names():
@@ -181,21 +220,27 @@ def test_checkpointing_wraps_only_what_it_knows_and_what_the_user_names():
     assert recipe.wrappable(plain) == [] and recipe.apply_checkpointing(plain, "blocks", ["Linear"]) == 1
 
 
-def test_a_checkpointed_points_hfu_over_mfu_is_its_recompute_share(cfg_of):
-    """HFU and MFU reach a point's record from the sweep's FLOP counts: with every MLP layer
-    checkpointed, the hardware does one more forward than the model needs (HFU/MFU > 1), and the
-    recorded ratio is the counted one exactly."""
+def test_a_checkpointed_points_hfu_and_mfu_count_the_recomputed_forward(cfg_of, monkeypatch):
+    """HFU and MFU reach a point's record from the sweep's FLOP counts: with every MLP block
+    checkpointed, the hardware runs each block's forward once more in the backward."""
     from sweeper.driver.preflight import count_flops
     from sweeper.worker.points import run_point
     from sweeper.worker.spec import GroupFacts
 
     cfg = cfg_of("model=mlp", "model.depth=4", "model.width=256", "model.input_shape=[1,16,16]",
                  "sweep.activation_checkpointing=[none,blocks]")
-    counts = count_flops(cfg, 10)
+    counts = count_flops(cfg, 10)["blocks"]
+    # Per sample, a multiply-add 2 FLOPs: the forward is 4 blocks x 2 x 256 x 256 = 524288 plus the head's
+    # 2 x 256 x 10 = 5120, 529408; training, 3 x 529408 less the first layer's unneeded input gradient
+    # (2 x 256 x 256 = 131072), 1457152; the hardware also runs the 4 blocks' forward again, 1981440.
+    assert (counts.forward_per_sample, counts.train_per_sample, counts.hardware_per_sample) == (
+        529408, 1457152, 1981440)
+    # Each training forward (one a step of 16 samples) takes 1/64 s on the loop's clock: 1024 samples/s.
+    forwards_take(monkeypatch, 2 ** -6, train_module, training_only=True)
     measure = MeasureConfig(warmup_steps=2, windows=2, stable_windows=2, flops=True)
-    spec = PointSpec(**{**SPEC, "measure": measure}, point=GridPoint(16, 1, 1, "fp32", "blocks"),
-                     flop_count=counts["blocks"])
+    spec = PointSpec(**{**SPEC, "measure": measure}, point=GridPoint(16, 1, 1, "fp32", "blocks"), flop_count=counts)
     result = run_point(spec, WorkerContext(), facts=GroupFacts(peaks={"fp32": flops.PeakFlops(1e10, "a test's")}))
-    expected = counts["blocks"].hardware_per_sample / counts["blocks"].train_per_sample
-    assert 1.2 < expected < 1.5
-    assert result["hfu"] / result["mfu"] == pytest.approx(expected, rel=1e-9)
+    assert result["samples_per_second"] == 1024.0
+    # Against the peak of 1e10 FLOP/s: MFU 1457152 x 1024 / 1e10 = 0.14921, HFU 1981440 x 1024 / 1e10 = 0.20290.
+    assert result["mfu"] == pytest.approx(0.1492123648, rel=1e-12)
+    assert result["hfu"] == pytest.approx(0.2028994560, rel=1e-12)

@@ -1,4 +1,4 @@
-"""Recipes compared (sweeper/report/recipes.py): deltas against fp32 without checkpointing, what
+"""Recipes compared (sweeper/report/recipe_comparison.py): deltas against fp32 without checkpointing, what
 checkpointing saved, and checkpointing vs accumulation at equal global batch. Pure, no processes."""
 
 from dataclasses import replace
@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 
 from sweeper.report.analysis import Trial
-from sweeper.report.recipes import compare_recipes
+from sweeper.report.recipe_comparison import compare_recipes
 
 MiB = 2**20
 

@@ -28,7 +28,7 @@ KILLED_DRIVER = textwrap.dedent("""
     uri, kill_after, result = sys.argv[1], int(sys.argv[2]), eval(sys.argv[3])
     tracker = Tracker(uri, "faults")
     print(tracker.start_sweep("sweep-killed", {"model": "mlp"}, "a: 1\\n"), flush=True)
-    client, writes = tracker.client, [0]
+    client, writes = tracker.store.client, [0]
     def counted(method):
         def call(*args, **kwargs):
             out = method(*args, **kwargs)
@@ -55,15 +55,15 @@ def test_a_driver_killed_after_any_write_of_a_point_leaves_it_recorded_once_afte
     _, half_written = tracker.resume_sweep(parent)
     complete = kill_after >= POINT_WRITES - 1  # the identity (write 4) makes it a record
     assert half_written == (0 if complete else 1)
-    assert tracker.recorded_keys() == ([POINT.key] if complete else [])
+    assert tracker.reader.recorded_keys() == ([POINT.key] if complete else [])
     # Resume measures what is not recorded; a re-delivered result is never recorded twice.
     tracker.log_point(POINT, {"micro_batch_size": 8}, PointResult.from_flat(RESULT))
     tracker.log_point(POINT, {"micro_batch_size": 8}, PointResult.from_flat(RESULT))
     tracker.end_sweep(SweepSummary(num_trials_ok=1), "FINISHED")
 
-    runs = MlflowClient(uri).search_runs([tracker.experiment_id], max_results=100)
+    runs = MlflowClient(uri).search_runs([tracker.store.experiment_id], max_results=100)
     assert [r.info.status for r in runs if r.info.status == "RUNNING"] == []
-    points = tracker.load_sweep(parent).children
+    points = tracker.reader.load().children
     assert [p["key"] for p in points] == [POINT.key] and points[0]["samples_per_second"] == 10.0
     killed_runs = [r for r in runs if r.info.status == "KILLED"]
     assert len(killed_runs) == (0 if complete else 1)  # the half-written run is kept, marked, not counted
@@ -74,12 +74,12 @@ def test_writes_the_store_refuses_wait_in_the_journal_and_are_recorded_once_it_i
     uri = mlflow_store(tmp_path)
     tracker = Tracker(uri, "outage")
     parent = tracker.start_sweep("sweep-outage", {}, "")
-    real = tracker.client.create_run
+    real = tracker.store.client.create_run
 
     def store_down(*args, **kwargs):  # what a tracking server that went away raises, simulated
         raise ConnectionError("simulated: the tracking server went away")
 
-    tracker.client.create_run = store_down
+    tracker.store.client.create_run = store_down
     assert tracker.log_point(POINT, {"micro_batch_size": 8}, PointResult.from_flat(RESULT)) is None
     other = GridPoint(16, 1, 1)
     tracker.log_point(other, {"micro_batch_size": 16}, PointResult.from_flat({**RESULT, "trial_key": other.key}))
@@ -89,25 +89,25 @@ def test_writes_the_store_refuses_wait_in_the_journal_and_are_recorded_once_it_i
     assert (replayed, pending) == (0, 3)
     assert MlflowClient(uri).get_run(parent).info.status == "RUNNING"
 
-    tracker.client.create_run = real
+    tracker.store.client.create_run = real
     again = Tracker(uri, "outage")
     replayed, half = again.resume_sweep(parent)
     assert (replayed, half, again.pending) == (3, 0, 0)
-    assert sorted(again.recorded_keys()) == sorted([POINT.key, other.key])
+    assert sorted(again.reader.recorded_keys()) == sorted([POINT.key, other.key])
     assert MlflowClient(uri).get_run(parent).info.status == "FINISHED"  # the journal's own end, replayed
 
 
 def test_retrying_a_failed_point_keeps_the_old_run_superseded_and_counts_the_point_once(tmp_path):
     uri = mlflow_store(tmp_path)
     tracker = Tracker(uri, "retry")
-    parent = tracker.start_sweep("sweep-retry", {}, "")
+    tracker.start_sweep("sweep-retry", {}, "")
     tracker.log_point(POINT, {}, PointResult(trial_key=POINT.key, status="failed", error="RuntimeError: flaky node"))
-    assert tracker.failed_keys() == [POINT.key]
+    assert tracker.reader.failed_keys() == [POINT.key]
     assert tracker.log_point(POINT, {}, PointResult.from_flat(RESULT)) is None  # without retry: kept as it was
     assert tracker.log_point(POINT, {}, PointResult.from_flat(RESULT), replace_failed=True) is not None
-    points = tracker.load_sweep(parent).children
+    points = tracker.reader.load().children
     assert [(p["key"], p["status"]) for p in points] == [(POINT.key, "ok")]
-    roles = sorted(r.data.tags["sweeper.role"] for r in tracker.children())
+    roles = sorted(r.data.tags["sweeper.role"] for r in tracker.reader.children())
     assert roles == ["superseded", "trial"]
 
 
@@ -134,7 +134,7 @@ def test_credentials_in_a_tracking_uri_are_never_printed():
 def test_a_planted_run_name_cannot_place_a_report_outside_the_reports_folder(tmp_path, name):
     import os
 
-    from sweeper.report.build import default_folder
+    from sweeper.report.folders import default_folder
 
     reports = os.path.realpath(tmp_path / "reports") + os.sep
     for folder in (default_folder(f"sqlite:///{tmp_path}/mlflow.db", name),

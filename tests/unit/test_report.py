@@ -8,8 +8,10 @@ from mlflow.tracking import MlflowClient
 
 from sweeper.config import ReportConfig
 from sweeper.plan import GridPoint
-from sweeper.report import build as report
 from sweeper.report import sections
+from sweeper.report.build import build
+from sweeper.report.cli import main
+from sweeper.report.recorded import settings_params, trials_of
 from sweeper.report.quality import ACCURACY, BITS_PER_BYTE
 from sweeper.schema import PointResult
 from sweeper.tracking import Tracker
@@ -33,7 +35,7 @@ def recorded_sweep(tmp_path, experiment="exp", settings=None):
     tracker = Tracker(uri, experiment)
     params = {"lr_scaling": "sqrt", "base_batch_size": 32}
     if settings is not None:
-        params.update(report.settings_params(settings))
+        params.update(settings_params(settings))
     parent = tracker.start_sweep("sweep-test", params, "a: 1\n")
     for (micro, accum, workers), (status, speed, peak, acc) in TRIALS.items():
         point = GridPoint(micro, accum, workers)
@@ -52,7 +54,7 @@ def recorded_sweep(tmp_path, experiment="exp", settings=None):
 
 def test_report_files_artifacts_and_recommendation(tmp_path):
     uri, tracker, parent = recorded_sweep(tmp_path)
-    made = report.build(tracker, parent, ReportConfig(), str(tmp_path / "out"))
+    made = build(tracker.store, parent, ReportConfig(), str(tmp_path / "out"))
     # The fastest ok trial within report.max_accuracy_drop (0.02) of the best accuracy (0.90); the
     # faster mb64 (0.80) is named as passed over, and the oom one is never a candidate.
     assert made.recommendation.best.key == "mb32-acc1-w1"
@@ -80,7 +82,7 @@ def test_report_files_artifacts_and_recommendation(tmp_path):
     assert artifacts == {f"report/{name}" for name in os.listdir(made.folder)}
     assert client.get_run(parent).data.tags["sweeper.recommendation"].startswith("Train mb32-acc1-w1: ")
     # Without the guard the objective alone decides.
-    free = report.build(tracker, parent, ReportConfig(max_accuracy_drop=None), str(tmp_path / "free"), log=False)
+    free = build(tracker.store, parent, ReportConfig(max_accuracy_drop=None), str(tmp_path / "free"), log=False)
     assert free.recommendation.best.key == "mb64-acc1-w1"
 
 
@@ -89,19 +91,19 @@ def test_a_rebuild_never_loses_or_duplicates_what_the_sweep_recorded(tmp_path):
     client = MlflowClient(uri)
     (tmp_path / "stray").mkdir()
     (tmp_path / "stray" / "frontier.json").write_text("{}")  # a file of someone else's in the folder
-    own = report.build(tracker, parent, ReportConfig(objective="accuracy"), str(tmp_path / "stray"))
+    own = build(tracker.store, parent, ReportConfig(objective="accuracy"), str(tmp_path / "stray"))
     assert own.recommendation.best.key == "mb16-acc1-w1"
     listing = sorted(a.path for a in client.list_artifacts(parent, "report"))
     assert "report/frontier.json" not in listing  # only the report's own files are logged
     tag = client.get_run(parent).data.tags["sweeper.recommendation"]
 
     # The same question again (the sweep's recorded settings are the CLI's defaults): the same files.
-    assert report.main([parent, "--tracking-uri", uri, "--out", str(tmp_path / "again")]) == 0
+    assert main([parent, "--tracking-uri", uri, "--out", str(tmp_path / "again")]) == 0
     assert sorted(a.path for a in client.list_artifacts(parent, "report")) == listing
     assert client.get_run(parent).data.tags["sweeper.recommendation"] == tag
 
     # Another question: kept beside the sweep's answer, which stays as it was.
-    assert report.main([parent, "--tracking-uri", uri, "--objective", "throughput", "--min-accuracy", "none"]) == 0
+    assert main([parent, "--tracking-uri", uri, "--objective", "throughput", "--min-accuracy", "none"]) == 0
     assert client.get_run(parent).data.tags["sweeper.recommendation"] == tag
     variant = "report/variants/objective=throughput"
     assert variant in {a.path for a in client.list_artifacts(parent, "report/variants")}
@@ -111,37 +113,37 @@ def test_a_rebuild_never_loses_or_duplicates_what_the_sweep_recorded(tmp_path):
 
 def test_constraints_change_the_answer(tmp_path):
     _, tracker, parent = recorded_sweep(tmp_path)
-    budget = report.build(tracker, parent, ReportConfig(memory_budget_gb=150 / 1024), str(tmp_path / "a"), log=False)
+    budget = build(tracker.store, parent, ReportConfig(memory_budget_gb=150 / 1024), str(tmp_path / "a"), log=False)
     assert budget.recommendation.best.key == "mb32-acc1-w1"  # 220 MiB no longer fits
-    accurate = report.build(tracker, parent, ReportConfig(objective="accuracy"), str(tmp_path / "b"), log=False)
+    accurate = build(tracker.store, parent, ReportConfig(objective="accuracy"), str(tmp_path / "b"), log=False)
     assert accurate.recommendation.best.key == "mb16-acc1-w1"
-    none = report.build(tracker, parent, ReportConfig(min_accuracy=0.95), str(tmp_path / "c"), log=False)
+    none = build(tracker.store, parent, ReportConfig(min_accuracy=0.95), str(tmp_path / "c"), log=False)
     assert none.recommendation.best is None and none.override_line is None
     assert none.text.startswith("No recommendation")
 
 
 def test_cli_rebuilds_from_mlflow_by_run_id_or_experiment(tmp_path, capsys):
     uri, _, parent = recorded_sweep(tmp_path, experiment="mine")
-    assert report.main([parent, "--tracking-uri", uri, "--out", str(tmp_path / "r1")]) == 0
+    assert main([parent, "--tracking-uri", uri, "--out", str(tmp_path / "r1")]) == 0
     assert capsys.readouterr().out.startswith("Train mb32-acc1-w1: ")
-    assert report.main(["mine", "--tracking-uri", uri, "--no-log", "--objective", "accuracy"]) == 0
+    assert main(["mine", "--tracking-uri", uri, "--no-log", "--objective", "accuracy"]) == 0
     assert "Train mb16-acc1-w1: " in capsys.readouterr().out
     # A recorded sweep without report settings (before they were recorded) reads as the defaults,
     # so the accuracy question is a variant, kept beside the sweep's own report.
     assert (tmp_path / "reports" / "sweep-test" / "variants" / "objective=accuracy" / "report.html").exists()
-    assert report.main(["no-such-thing", "--tracking-uri", uri]) == 2
+    assert main(["no-such-thing", "--tracking-uri", uri]) == 2
     assert capsys.readouterr().err.startswith("error: LookupError: 'no-such-thing' is neither an experiment nor a run")
     # A store that is not there is named, not created empty.
     missing = f"sqlite:///{tmp_path / 'elsewhere.db'}"
-    assert report.main([parent, "--tracking-uri", missing]) == 2
+    assert main([parent, "--tracking-uri", missing]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: tracking.uri={missing!r}: no MLflow store there") and err.count("\n") == 1
     assert not (tmp_path / "elsewhere.db").exists()
-    assert report.main([parent, "--tracking-uri", uri, "--max-accuracy-drop", "5"]) == 2
+    assert main([parent, "--tracking-uri", uri, "--max-accuracy-drop", "5"]) == 2
     assert capsys.readouterr().err.startswith("error: --max-accuracy-drop=5.0: must be between 0 and 1")
     # Option names in the message, values as the user typed them.
     to_accuracy = ["--objective", "time_to_accuracy", "--min-accuracy", "none"]
-    assert report.main([parent, "--tracking-uri", uri, *to_accuracy]) == 2
+    assert main([parent, "--tracking-uri", uri, *to_accuracy]) == 2
     assert capsys.readouterr().err.startswith(
         "error: --objective=time_to_accuracy needs --min-accuracy (the accuracy to reach), e.g. --min-accuracy=0.9")
 
@@ -200,7 +202,7 @@ def seeded_result(micro, multiplier, precision, seed, wobble):
 
 def test_the_critical_batch_size_is_fitted_and_recorded_on_the_parent_run(tmp_path):
     uri, tracker, parent = seeded_sweep(tmp_path)
-    made = report.build(tracker, parent, ReportConfig(), str(tmp_path / "out"))
+    made = build(tracker.store, parent, ReportConfig(), str(tmp_path / "out"))
     found = made.critical_batch
     assert found.critical_batch_size == pytest.approx(B_CRIT, rel=1e-6) and found.s_min == pytest.approx(S_MIN)
     assert found.points == 5 and found.low <= B_CRIT <= found.high
@@ -226,7 +228,7 @@ def test_the_critical_batch_size_is_fitted_and_recorded_on_the_parent_run(tmp_pa
 
 def test_a_sweep_without_a_target_says_why_there_is_no_critical_batch(tmp_path):
     uri, tracker, parent = recorded_sweep(tmp_path)
-    made = report.build(tracker, parent, ReportConfig(), str(tmp_path / "out"))
+    made = build(tracker.store, parent, ReportConfig(), str(tmp_path / "out"))
     assert made.critical_batch is None and "Critical batch" not in made.text
     run = MlflowClient(uri).get_run(parent)
     assert "critical_batch_size" not in run.data.metrics
@@ -302,15 +304,15 @@ def test_the_report_knows_the_class_count_so_its_pooled_chance_check_runs():
 
     # Each seed alone is close to chance (1/10); pooled, the report can tell, once it knows the classes.
     rows = [row(s, a) for s, a in enumerate([0.11, 0.10, 0.12])]
-    digits = report.trials_of(SimpleNamespace(params={"dataset": "digits"}, children=rows))
+    digits = trials_of(SimpleNamespace(params={"dataset": "digits"}, children=rows))
     assert {t.num_classes for t in digits} == {10}
     rec = analysis.recommend(digits)
     assert rec.best is None and "did not learn" in rec.excluded["mb16-acc1-w1"]
     # data=synthetic's labels are random: no chance check; a run's own record wins over the dataset.
-    assert {t.num_classes for t in report.trials_of(SimpleNamespace(params={"dataset": "synthetic"},
+    assert {t.num_classes for t in trials_of(SimpleNamespace(params={"dataset": "synthetic"},
                                                                     children=rows))} == {None}
     own = [row(0, 0.5, num_classes="4")]
-    assert report.trials_of(SimpleNamespace(params={"dataset": "digits"}, children=own))[0].num_classes == 4
+    assert trials_of(SimpleNamespace(params={"dataset": "digits"}, children=own))[0].num_classes == 4
 
 
 def test_the_lr_table_and_recipe_sections_judge_by_the_sweeps_recorded_drop():
@@ -350,9 +352,10 @@ def test_when_data_parallelism_cannot_hold_the_model_the_answer_says_so(tmp_path
             "More workers shard it further; tensor or pipeline parallelism, which split each layer or the layers "
             "themselves, are outside sweeper's scope")
     tracker.log_sweep_params({"data_parallel_limit": line})
-    made = report.build(tracker, parent, ReportConfig(), str(tmp_path / "out"))
+    made = build(tracker.store, parent, ReportConfig(), str(tmp_path / "out"))
     assert f"Data parallelism is not enough: {line}." in made.text
     assert yaml.safe_load(open(made.yaml_path))["beyond_data_parallelism"] == line
     assert "Beyond data parallelism" in open(made.html_path).read()
-    plain = report.build(*recorded_sweep(tmp_path / "plain")[1:], ReportConfig(), str(tmp_path / "plain-out"))
+    _, other, other_parent = recorded_sweep(tmp_path / "plain")
+    plain = build(other.store, other_parent, ReportConfig(), str(tmp_path / "plain-out"))
     assert "Data parallelism is not enough" not in plain.text

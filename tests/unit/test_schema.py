@@ -33,19 +33,21 @@ NOT_ON_ONE_CPU_POINT = LANGUAGE_MODEL_ONLY | {
     # a sweep with a sharded parallelism's prediction (test_parallelism, test_e2e_parallelism)
     "memory_predicted_bytes", "memory_prediction_error",
     "communication_predicted_bytes_per_step", "communication_prediction_error",
-    # the recipe's: fp16's loss scaling, checkpointing and compilation (not asked for here)
+    # the recipe's: fp16's loss scaling, checkpointing, compilation, clipping and a loss that counts items
+    # (not asked for here: tests/unit/test_your_step.py checks them)
     "grad_scaler_scale", "grad_scaler_skipped_steps", "checkpointed_blocks", "compile_step_seconds",
+    "grad_clipped_steps", "grad_clipped_fraction", "items_per_second", "items_seen",
     # a target's and a divergence's (none here)
     "reached_target", "samples_to_target", "steps_to_target", "time_to_target_seconds", "eval_seconds_to_target",
     "diverged_at_step",
     # a loss spike's warning (none here)
     "spike_at_step", "spike_peak_over_mean", "spike_recovered_after_steps",
     # sweep.strategy=smart's: set by the driver on a point whose class successive halving stopped, never
-    # by a worker (tests/test_smart.py checks them)
+    # by a worker (tests/unit/test_smart.py checks them)
     "stopped_at_rung", "stopped_at_samples",
-    # sweep.strategy=branch's: set by the driver on its trunk and branch runs (tests/test_branch.py checks them)
+    # sweep.strategy=branch's: set by the driver on its trunk and branch runs (tests/unit/test_branch.py checks them)
     "branch_checkpoint_samples", "branch_global_batch", "branch_window_samples",
-    # a training-state checkpoint's (not asked for here: tests/test_state.py checks them)
+    # a training-state checkpoint's (not asked for here: tests/unit/test_state.py checks them)
     "start_samples", "checkpoint_read_seconds", "checkpoint_samples", "checkpoint_write_seconds", "checkpoint_bytes",
 }
 
@@ -98,7 +100,7 @@ def test_every_metric_a_cpu_point_can_have_is_produced_and_recorded(tmp_path):
     tracker = Tracker(mlflow_store(tmp_path), "schema")
     tracker.start_sweep("sweep-schema", {}, "")
     run_id = tracker.log_point(spec.point, {}, result)
-    recorded = MlflowClient(tracker.uri).get_run(run_id).data
+    recorded = MlflowClient(tracker.store.uri).get_run(run_id).data
     assert set(recorded.metrics) == produced
     assert {k: v for k, v in recorded.tags.items() if k in result.tags()} == result.tags()
 

@@ -1,14 +1,13 @@
-"""The paste-able answers for a sharded layout (zero2, zero3): each trainer's file names the sharding, checked by
-running it where it runs here (FSDP2's fully_shard over a one-process gloo group for Lightning's configure_model
-and Ray Train's shard_model; transformers' own parser of `fsdp_config`; Ray's ScalingConfig and TorchTrainer;
-tomllib for torchtitan's TOML) and by the library's source names where it is not installed (Lightning,
-DeepSpeed, torchtitan). A DDP layout's files are byte for byte what they were before the axis."""
+"""The paste-able answers for a sharded layout (zero2, zero3): each trainer's file names the sharding and carries
+the recipe, checked by running it where it runs here (FSDP2's fully_shard over a one-process gloo group for
+Lightning's configure_model and Ray Train's prepare; Lightning's own Trainer and ModelParallelStrategy;
+transformers' own parser of `fsdp_config`; DeepSpeed's ZeRO check and deepspeed.initialize; Ray's ScalingConfig and
+TorchTrainer) and, for torchtitan (not installed: its 0.2 release pulls datasets, tensorboard and wandb), against
+its JobConfig's fields, which its ConfigManager checks the same way (an unknown field is refused)."""
 
 import ast
-import hashlib
-import importlib.util
 import json
-import sys
+import socket
 import tomllib
 import types
 from pathlib import Path
@@ -19,47 +18,44 @@ import torch.distributed as dist
 from torch import nn
 
 from sweeper.report.snippets import Layout, deepspeed_config, write_snippets
+from tests.unit.test_snippets import ADAMW_COSINE, LAYOUTS, SGD_WSD, point, snippet_module
 
-# sha256 (first 16 hex digits) of every file of test_snippets.LAYOUTS as written at bcc3477, before the axis.
-BEFORE_THE_AXIS = [
-    ((64, 2, 2, 0.0707, "sgd", "bf16", "blocks", "cpu", "mb64-acc2-w2-bf16-ckpt"), {
-        "layout.yaml": "4e213a318dce0445", "lightning_trainer.py": "2602328f1217c527",
-        "hf_training_arguments.py": "e2d9675b68a18f17", "deepspeed_config.json": "794fb60ed241f5a0",
-        "ray_train.py": "6f375cef07410fd0", "torchrun.sh": "c249379670922796", "README.md": "c6c946bb46fca464"}),
-    ((32, 1, 1, 0.05, "adamw", "fp32", "none", "gpu", None), {
-        "layout.yaml": "9e421096c4e97c64", "lightning_trainer.py": "9e5b244e56ce15b7",
-        "hf_training_arguments.py": "f1a84e406c2ca491", "deepspeed_config.json": "1d30f811e94c96a5",
-        "ray_train.py": "52a530e0de40884a", "torchrun.sh": "ce255fc9e525d75b", "README.md": "d85c566737d84a47"}),
-    ((8, 4, 8, 1e-3, "adamw", "fp16", "none", "gpu", None), {
-        "layout.yaml": "55f6299d019b91db", "lightning_trainer.py": "ce2054c24c88c0ef",
-        "hf_training_arguments.py": "31210ac908aa3496", "deepspeed_config.json": "122d04519c969e75",
-        "ray_train.py": "e4ab5176fe1df56a", "torchrun.sh": "13f88aa66265d7ef", "README.md": "848f36af204ac9b1"}),
-]
-# Lightning's ModelParallelStrategy.__init__ keywords (lightning/pytorch/strategies/model_parallel.py, 2.4+).
-MODEL_PARALLEL_KEYWORDS = {"data_parallel_size", "tensor_parallel_size", "save_distributed_checkpoint",
-                           "process_group_backend", "timeout"}
-# torchtitan's JobConfig sections and fields used here (torchtitan/config/job_config.py at 000204a4).
+# torchtitan v0.2.2's JobConfig (torchtitan/config/job_config.py at tag v0.2.2, the last release that reads TOML):
+# for each section the snippet writes, every field and what it takes (a type, or the Literal's values).
 TORCHTITAN_FIELDS = {
-    "training": {"local_batch_size", "global_batch_size", "mixed_precision_param", "mixed_precision_reduce"},
-    "parallelism": {"data_parallel_replicate_degree", "data_parallel_shard_degree", "fsdp_reshard_after_forward"},
-    "activation_checkpoint": {"mode"},
-    "optimizer": {"name", "lr"},
+    "job": {"config_file": str, "dump_folder": str, "description": str, "print_config": bool,
+            "save_config_file": str, "custom_config_module": str},
+    "model": {"name": str, "flavor": str, "hf_assets_path": str, "tokenizer_path": str, "converters": list,
+              "print_after_conversion": bool},
+    "optimizer": {"name": str, "lr": float, "beta1": float, "beta2": float, "eps": float, "weight_decay": float,
+                  "implementation": {"for-loop", "foreach", "fused"}, "early_step_in_backward": bool},
+    "lr_scheduler": {"warmup_steps": int, "total_steps": int, "decay_ratio": float,
+                     "decay_type": {"linear", "sqrt", "cosine"}, "min_lr_factor": float},
+    "training": {"dataset": str, "dataset_path": str, "local_batch_size": int, "global_batch_size": int,
+                 "seq_len": int, "max_norm": (float, int), "steps": int, "enable_cpu_offload": bool,
+                 "dtype": {"bfloat16", "float32"}, "mixed_precision_param": {"bfloat16", "float32"},
+                 "mixed_precision_reduce": {"float32"}, "gc_freq": int, "gc_debug": bool},
+    "parallelism": {"data_parallel_replicate_degree": int, "data_parallel_shard_degree": int,
+                    "fsdp_reshard_after_forward": {"default", "always", "never"}, "tensor_parallel_degree": int},
+    "activation_checkpoint": {"mode": {"selective", "full", "memory_budget", "none"}},
+    "checkpoint": {"enable": bool, "folder": str, "interval": int},
 }
-# accelerate's FSDP_AUTO_WRAP_POLICY (accelerate/utils/constants.py), the one name transformers' parser imports.
-AUTO_WRAP_POLICIES = ["TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"]
 
 SHARDED = [
-    Layout(16, 2, 2, 0.01, "sgd", "bf16", "blocks", "cpu", key="mb16-acc2-w2-bf16-ckpt-zero2", parallelism="zero2"),
-    Layout(4, 1, 4, 1e-3, "adamw", "fp32", "none", "gpu", key="mb4-acc1-w4-zero3", parallelism="zero3"),
+    Layout.from_params(point(16, 2, 2, 0.01, SGD_WSD, precision="bf16", activation_checkpointing="blocks",
+                             parallelism="zero2", gradient_sync="set_requires_gradient_sync",
+                             key="mb16-acc2-w2-bf16-ckpt-zero2"), "cpu"),
+    Layout.from_params(point(4, 1, 4, 1e-3, ADAMW_COSINE, parallelism="zero3", key="mb4-acc1-w4-zero3"), "gpu"),
+    Layout.from_params(point(4, 2, 2, 1e-3, ADAMW_COSINE, parallelism="zero3", gradient_sync="every",
+                             context="128", key="mb4-acc2-w2-zero3-every"), "gpu"),
 ]
 
 
-@pytest.mark.parametrize("args, digests", BEFORE_THE_AXIS, ids=["bf16-w2-cpu", "fp32-w1-gpu", "fp16-w8-gpu"])
-def test_a_ddp_layouts_files_are_byte_for_byte_what_they_were(args, digests, tmp_path):
-    *fields, key = args
-    for layout in (Layout(*fields, key=key), Layout(*fields, key=key, parallelism="ddp")):
-        paths = write_snippets(layout, str(tmp_path / layout.parallelism))
-        assert {Path(p).name: hashlib.sha256(Path(p).read_bytes()).hexdigest()[:16] for p in paths} == digests
+def test_a_ddp_layouts_files_name_no_sharding(tmp_path):
+    for name, layout in LAYOUTS.items():
+        for path in write_snippets(layout, str(tmp_path / name)):
+            text = Path(path).read_text()
+            assert "sharding:" not in text and "fully_shard" not in text and "zero_optimization" not in text, path
 
 
 def test_parallelism_is_read_from_a_points_params_and_checked():
@@ -68,15 +64,19 @@ def test_parallelism_is_read_from_a_points_params_and_checked():
     assert Layout.from_params(params).parallelism == "ddp"  # a sweep from before the axis measured DDP
     assert Layout.from_params({**params, "parallelism": "None"}).parallelism == "ddp"
     assert Layout.from_params({**params, "parallelism": "zero3"}).parallelism == "zero3"
+    # Today's workers reduce once at the last micro-step; "every" (issue 56's second mode) as recorded.
+    assert Layout.from_params({**params, "gradient_sync": "set_requires_gradient_sync"}).gradient_sync == "final"
+    assert Layout.from_params({**params, "gradient_sync": "every"}).gradient_sync == "every"
     with pytest.raises(ValueError, match=r"parallelism='zero4' is invalid. Should be one of \['ddp', 'zero2', 'zero3'"):
         Layout(8, 1, 1, 0.1, parallelism="zero4")
 
 
-@pytest.fixture(params=SHARDED, ids=lambda layout: layout.parallelism)
-def written(request, tmp_path):
+@pytest.fixture(params=SHARDED, ids=lambda layout: layout.key)
+def written(request, tmp_path, monkeypatch):
     layout = request.param
-    paths = write_snippets(layout, str(tmp_path / "snippets"))
-    return layout, {Path(p).name: Path(p) for p in paths}
+    folder = tmp_path / "snippets"
+    paths = write_snippets(layout, str(folder))
+    return layout, {Path(p).name: Path(p) for p in paths}, snippet_module(folder, monkeypatch)
 
 
 @pytest.fixture
@@ -117,62 +117,73 @@ def _function(source: str, name: str, namespace: dict):
 
 
 def test_every_file_names_the_sharding_and_torchtitans_is_written(written):
-    layout, files = written
-    assert list(files) == ["layout.yaml", "lightning_trainer.py", "hf_training_arguments.py", "deepspeed_config.json",
-                           "ray_train.py", "torchrun.sh", "torchtitan.toml", "README.md"]
-    for name in ("lightning_trainer.py", "hf_training_arguments.py", "ray_train.py", "torchrun.sh",
-                 "torchtitan.toml", "README.md"):
-        assert f"sharding: {layout.parallelism} = " in files[name].read_text(), name
+    layout, files, _ = written
+    assert list(files) == ["layout.yaml", "measured_recipe.py", "lightning_trainer.py", "hf_training_arguments.py",
+                           "deepspeed_config.json", "deepspeed_initialize.py", "ray_train.py", "torchrun.sh",
+                           "torchtitan.toml", "README.md"]
+    for name in files:
+        if name not in ("layout.yaml", "deepspeed_config.json"):
+            assert f"sharding: {layout.parallelism} = " in files[name].read_text(), name
     assert "`torchtitan.toml`" in files["README.md"].read_text()
     assert "parallelism: " + layout.parallelism in files["layout.yaml"].read_text()
 
 
-def test_lightning_model_parallel_strategy_shards_for_real(written, one_rank):
+def test_lightning_model_parallel_strategy_trainer_and_sync_for_real(written, one_rank):
+    import lightning as L
+    from lightning.pytorch.strategies import ModelParallelStrategy
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-    layout, files = written
+    layout, files, _ = written
     source = files["lightning_trainer.py"].read_text()
     tree = ast.parse(source)
     [strategy] = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
                   and getattr(n.func, "id", None) == "ModelParallelStrategy"]
     keywords = {k.arg: ast.literal_eval(k.value) for k in strategy.keywords}
     assert keywords == {"data_parallel_size": layout.num_workers, "tensor_parallel_size": 1}
-    if importlib.util.find_spec("lightning"):
-        import inspect
-
-        from lightning.pytorch.strategies import ModelParallelStrategy
-        assert set(keywords) <= set(inspect.signature(ModelParallelStrategy).parameters)
-    else:
-        assert set(keywords) <= MODEL_PARALLEL_KEYWORDS
+    [call] = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "attr", None) == "Trainer"]
+    args = {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg != "strategy"}
+    assert args["gradient_clip_val"] == layout.recipe.grad_clip_norm and args["max_steps"] == int(
+        layout.recipe.total_steps)
+    trainer = L.Trainer(**{**args, "accelerator": "cpu"}, strategy=ModelParallelStrategy(**keywords), logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False)
+    assert isinstance(trainer.strategy, ModelParallelStrategy)
+    assert (trainer.accumulate_grad_batches, trainer.gradient_clip_val) == (layout.accumulation_steps,
+                                                                           layout.recipe.grad_clip_norm)
     assert _reshards(tree) == [layout.parallelism == "zero3", False]  # the blocks, then the root
     configure_model = _function(source, "configure_model", {"fully_shard": fully_shard, "torch": torch,
                                                              "MixedPrecisionPolicy": MixedPrecisionPolicy})
-    module = types.SimpleNamespace(model=_Blocks(),
-                                   device_mesh={"data_parallel": init_device_mesh("cpu", (1,))})
+    module = types.SimpleNamespace(model=_Blocks(), device_mesh={"data_parallel": init_device_mesh("cpu", (1,))})
     configure_model(module)
     assert isinstance(module.model, FSDPModule) and all(isinstance(b, FSDPModule) for b in module.model.layers)
     assert module.model(torch.ones(2, 8)).shape == (2, 8)
+    # Accumulation as measured: "final" holds the gradients until the last micro-step of each optimizer step (and
+    # the epoch's last batch); "every" is Lightning's own behaviour, so nothing is written.
+    has_sync = "def sync_at_last_micro_step" in source
+    assert has_sync == (layout.gradient_sync == "final" and layout.accumulation_steps > 1)
+    if has_sync:
+        sync = _function(source, "sync_at_last_micro_step", {})
+        asked = []
+        model = types.SimpleNamespace(set_requires_gradient_sync=asked.append)
+        owner = types.SimpleNamespace(model=model, trainer=types.SimpleNamespace(accumulate_grad_batches=2,
+                                                                                 num_training_batches=5))
+        for batch_idx in range(5):
+            sync(owner, batch_idx)
+        assert asked == [False, True, False, True, True]
+        sync(types.SimpleNamespace(model=module.model, trainer=owner.trainer), 0)  # FSDP2's own method takes it
 
 
-def test_hugging_face_fsdp_arguments_through_transformers_own_parser(written, monkeypatch):
+def test_hugging_face_fsdp_arguments_through_transformers_own_parser(written):
+    import inspect
+
     from transformers import TrainingArguments
 
-    layout, files = written
+    layout, files, _ = written
     call = next(n for n in ast.walk(ast.parse(files["hf_training_arguments.py"].read_text()))
                 if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "TrainingArguments")
     args = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
-    import inspect
     assert set(args) <= set(inspect.signature(TrainingArguments).parameters)
-    assert args["fsdp"] is True and args["gradient_checkpointing"] is False
-    if not importlib.util.find_spec("accelerate"):
-        # transformers' parser imports accelerate for one list of names; accelerate is not installed here.
-        stub = types.ModuleType("accelerate.utils.constants")
-        stub.FSDP_AUTO_WRAP_POLICY = AUTO_WRAP_POLICIES
-        for name, module in (("accelerate", types.ModuleType("accelerate")),
-                             ("accelerate.utils", types.ModuleType("accelerate.utils")),
-                             ("accelerate.utils.constants", stub)):
-            monkeypatch.setitem(sys.modules, name, module)
+    assert args["fsdp"] is True and args["activation_checkpointing"] is False
     parsed = types.SimpleNamespace(fsdp=args["fsdp"], fsdp_config=dict(args["fsdp_config"]),
                                    activation_checkpointing=False)
     plugin = TrainingArguments._process_fsdp_args(parsed)
@@ -181,38 +192,123 @@ def test_hugging_face_fsdp_arguments_through_transformers_own_parser(written, mo
     assert plugin.get("activation_checkpointing", False) is (layout.activation_checkpointing == "blocks")
 
 
-def test_deepspeed_zero_stage(written):
-    layout, files = written
+def test_deepspeed_zero_stage_and_its_untested_optimizer_check(written):
+    from deepspeed.runtime.zero.utils import ZERO_SUPPORTED_OPTIMIZERS
+
+    layout, files, _ = written
     config = json.loads(files["deepspeed_config.json"].read_text())
     assert config == deepspeed_config(layout)
     assert config["zero_optimization"] == {"stage": {"zero2": 2, "zero3": 3}[layout.parallelism]}
     assert config["train_batch_size"] == layout.global_batch_size
-    # deepspeed.initialize (0.19.8) refuses a ZeRO stage with torch's SGD unless this is set; AdamW is its own
-    assert config.get("zero_allow_untested_optimizer") is ({"sgd": True, "adamw": None}[layout.optimizer])
+    # deepspeed.initialize asserts on a ZeRO optimizer outside its list unless the config allows it: torch's SGD.
+    # (is_zero_supported_optimizer's list; the function itself asks the process group for its rank.)
+    assert torch.optim.SGD not in ZERO_SUPPORTED_OPTIMIZERS and torch.optim.AdamW in ZERO_SUPPORTED_OPTIMIZERS
+    assert config.get("zero_allow_untested_optimizer", False) is (layout.optimizer == "sgd")
 
 
-def test_torchtitan_toml_parses_into_its_job_config_fields(written):
-    layout, files = written
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_deepspeed_initialize_takes_the_sgd_zero_snippets_and_steps_the_measured_schedule(tmp_path, monkeypatch):
+    """deepspeed.initialize on one gloo rank through deepspeed_initialize.py, for SGD under ZeRO-2 and ZeRO-3 (what
+    issue 56 found refused): with zero_allow_untested_optimizer it builds and steps at the measured LR; without
+    it DeepSpeed refuses. Its CPU shared-memory all-reduce kernel is not compiled here (built on first use, about 2
+    minutes): the one-rank group needs none."""
+    import importlib
+
+    import deepspeed
+
+    monkeypatch.setattr(importlib.import_module("deepspeed.comm.torch"), "build_shm_op", lambda: None)
+    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
+                        ("MASTER_PORT", str(_free_port()))):
+        monkeypatch.setenv(name, value)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous", rank=0, world_size=1)
+    try:
+        for parallelism in ("zero2", "zero3"):
+            layout = Layout.from_params(point(2, 2, 1, 0.01, SGD_WSD, parallelism=parallelism), "cpu")
+            folder = tmp_path / parallelism
+            write_snippets(layout, str(folder))
+            recipe = snippet_module(folder, monkeypatch)
+            monkeypatch.chdir(folder)  # the snippet names its config file beside it
+            namespace = {"model": _Blocks()}
+            exec(compile((folder / "deepspeed_initialize.py").read_text(), "ds", "exec"), namespace)  # noqa: S102
+            engine, optimizer = namespace["engine"], namespace["optimizer"]
+            lrs = []
+            for _ in range(2 * 4):  # four optimizer steps of two micro-steps
+                engine.backward(engine(torch.randn(2, 8)).pow(2).mean())
+                lrs.append(optimizer.param_groups[0]["lr"])
+                engine.step()
+            assert lrs[::2] == pytest.approx([0.01 * recipe.lr_factor(k) for k in range(4)])
+            assert {g["momentum"] for g in optimizer.param_groups} == {0.8}
+            refused = {k: v for k, v in json.loads((folder / "deepspeed_config.json").read_text()).items()
+                       if k != "zero_allow_untested_optimizer"}
+            with pytest.raises(AssertionError, match="untested ZeRO Optimizer"):
+                deepspeed.initialize(model=_Blocks(), config=refused,
+                                     optimizer=recipe.build_optimizer(_Blocks()))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_torchtitan_toml_is_a_job_config_of_the_measured_recipe(written):
+    layout, files, _ = written
     config = tomllib.loads(files["torchtitan.toml"].read_text())
-    assert all(set(v) <= TORCHTITAN_FIELDS[k] for k, v in config.items())
-    assert config["training"]["local_batch_size"] == layout.micro_batch_size
+    for section, values in config.items():
+        known = TORCHTITAN_FIELDS[section]
+        for name, value in values.items():
+            kind = known[name]
+            assert value in kind if isinstance(kind, set) else isinstance(value, kind), f"{section}.{name}={value!r}"
+    training, r = config["training"], layout.recipe
+    assert training["local_batch_size"] == layout.micro_batch_size
     # torchtitan derives accumulation from these: global / (local x shard degree).
-    assert config["training"]["global_batch_size"] // (layout.micro_batch_size * layout.num_workers) == \
-        layout.accumulation_steps
+    assert training["global_batch_size"] // (layout.micro_batch_size * layout.num_workers) == layout.accumulation_steps
+    assert training["steps"] == int(r.total_steps) and training["seq_len"] == (layout.context or 2048)
+    assert training["max_norm"] == r.grad_clip_norm  # both clip (torchtitan always clips: no clip is an inf norm)
     assert config["parallelism"]["data_parallel_shard_degree"] == layout.num_workers
     assert config["parallelism"]["fsdp_reshard_after_forward"] == {"zero2": "never", "zero3": "always"}[
         layout.parallelism]
     checkpointing = "full" if layout.activation_checkpointing == "blocks" else "none"
     assert config["activation_checkpoint"]["mode"] == checkpointing
-    assert ("optimizer" in config) == (layout.optimizer == "adamw")
+    schedule, optimizer = config["lr_scheduler"], config["optimizer"]
+    assert schedule["warmup_steps"] == r.warmup_steps and schedule["min_lr_factor"] == r.min_lr_ratio
+    assert schedule["decay_type"] == ("cosine" if r.lr_schedule == "cosine" else "linear")
+    assert schedule.get("decay_ratio") == (r.decay_fraction if r.lr_schedule == "wsd" else None)
+    text = files["torchtitan.toml"].read_text()
+    if layout.optimizer == "adamw":
+        assert (optimizer["beta1"], optimizer["beta2"], optimizer["eps"], optimizer["weight_decay"]) == (
+            *r.betas, r.eps, r.weight_decay)
+        assert "It cannot set no_decay bias,norm" in text
+    else:
+        assert "It cannot set optimizer sgd" in text
+    assert ("It cannot set gradient_sync final" in text) == (layout.accumulation_steps > 1
+                                                              and layout.gradient_sync == "final")
 
 
-def test_ray_train_builds_and_its_shard_model_shards_for_real(written, one_rank):
+def test_torchtitan_without_clipping_and_with_a_constant_lr(tmp_path):
+    """No clipping is an infinite max_norm (torchtitan always clips: clip_grad_norm_ by inf scales by 1); a
+    constant LR is decay_ratio 0.0 (its schedule never reaches the decay)."""
+    constant = {"optimizer": "adamw", "lr_schedule": "constant", "warmup_steps": "5", "grad_clip_norm": "None"}
+    layout = Layout.from_params(point(4, 1, 2, 1e-3, constant, parallelism="zero3"), "gpu")
+    write_snippets(layout, str(tmp_path))
+    config = tomllib.loads((tmp_path / "torchtitan.toml").read_text())
+    assert config["training"]["max_norm"] == float("inf") and config["lr_scheduler"]["decay_ratio"] == 0.0
+    grads = nn.Linear(3, 3)
+    for p in grads.parameters():
+        p.grad = torch.full_like(p, 10.0)
+    before = [p.grad.clone() for p in grads.parameters()]
+    torch.nn.utils.clip_grad_norm_(grads.parameters(), config["training"]["max_norm"])
+    assert all(torch.equal(a, p.grad) for a, p in zip(before, grads.parameters()))
+
+
+def test_ray_train_builds_and_its_prepare_shards_on_the_workers_device(written, one_rank, monkeypatch):
+    import ray.train.torch
     from ray.train import ScalingConfig
     from ray.train.torch import TorchTrainer
     from torch.distributed.fsdp import FSDPModule
 
-    layout, files = written
+    layout, files, _ = written
     source = files["ray_train.py"].read_text()
     namespace = {"train_loop_per_worker": lambda config: None}
     exec(compile(source, "ray_train.py", "exec"), namespace)  # noqa: S102 - our own file
@@ -220,28 +316,14 @@ def test_ray_train_builds_and_its_shard_model_shards_for_real(written, one_rank)
     assert namespace["scaling_config"].num_workers == layout.num_workers
     assert namespace["train_loop_config"]["parallelism"] == layout.parallelism
     assert _reshards(ast.parse(source)) == [layout.parallelism == "zero3", False]
+    # prepare(model, blocks): on the device Ray Train gives this worker (outside a Ray Train run: asked here).
+    asked = []
+    monkeypatch.setattr(ray.train.torch, "get_device", lambda: asked.append(1) or torch.device("cpu"))
     model = _Blocks()
     before = model(torch.ones(2, 8))
-    sharded = namespace["shard_model"](model, model.layers)
-    assert isinstance(sharded, FSDPModule) and all(isinstance(b, FSDPModule) for b in model.layers)
+    sharded = namespace["prepare"](model, model.layers)
+    assert asked and isinstance(sharded, FSDPModule) and all(isinstance(b, FSDPModule) for b in model.layers)
     # bf16 as sweeper trained it: FSDP2's policy gathers bf16 weights, torch.autocast stays around forward.
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=layout.precision == "bf16"):
         after = sharded(torch.ones(2, 8))
     assert torch.allclose(before, after.float(), atol=5e-2 if layout.precision == "bf16" else 1e-6)
-
-
-@pytest.mark.parametrize("sync", ["final", "every"])
-def test_the_accumulation_rule_follows_the_sync_the_worker_did(sync, tmp_path):
-    params = {"micro_batch_size": "4", "accumulation_steps": "2", "num_workers": "2", "lr": "0.001",
-              "parallelism": "zero3", "gradient_sync": sync, "optimizer": "adamw"}
-    layout = Layout.from_params(params)
-    assert layout.gradient_sync == sync
-    files = {Path(p).name: Path(p).read_text() for p in write_snippets(layout, str(tmp_path))}
-    ray, lightning = files["ray_train.py"], files["lightning_trainer.py"]
-    assert ("set_requires_gradient_sync(micro_step == accumulation_steps - 1)" in ray) == (sync == "final")
-    assert ("leave the gradient sync on" in ray) == (sync == "every")
-    # Lightning reduces at every micro-batch under FSDP2: said where that is not what was measured
-    assert ("measured: final, one reduce per step" in lightning) == (sync == "final")
-    assert "torch.cuda.set_device(ray.train.torch.get_device())" in ray  # FSDP2's mesh on this worker's GPU
-    assert Layout.from_params({**params, "gradient_sync": "none"}).gradient_sync == "final"
-    assert Layout.from_params({k: v for k, v in params.items() if k != "gradient_sync"}).gradient_sync == "final"

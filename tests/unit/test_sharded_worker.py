@@ -76,12 +76,11 @@ def _held_by_the_worker(spec: PointSpec, rank: int, world: int) -> list:
 def _sharded_evaluation(rank: int, world: int) -> dict:
     """evaluate() of a ZeRO-3 GPT over 5 sequences in batches of 2: rank 0's share (3) takes 2 batches, rank 1's
     (2) one; and the same in one process, unsharded."""
-    evaluation.EVAL_BATCH_SIZE = 2
-    data = _sequences(5)
+    data, in_twos = _sequences(5), evaluation.Settings(batch_size=2)
     model, _ = sharding.apply(_gpt(), "zero3")
     ctx = WorkerContext(rank, world)
-    sharded = evaluation.evaluate(model, data, torch.device("cpu"), ctx)
-    alone = evaluation.evaluate(_gpt(), data, torch.device("cpu"), WorkerContext())
+    sharded = evaluation.evaluate(model, data, torch.device("cpu"), ctx, in_twos)
+    alone = evaluation.evaluate(_gpt(), data, torch.device("cpu"), WorkerContext(), in_twos)
     return dict(sharded=sharded, alone=alone)
 
 
@@ -105,7 +104,6 @@ def _rank(rank: int, world: int, folder: str, specs) -> None:
     try:
         out = {"evaluation": _sharded_evaluation(rank, world), "grad_norm": _sharded_grad_norm(),
                "held": {name: _held_by_the_worker(spec, rank, world) for name, spec in specs.items()}}
-        evaluation.EVAL_BATCH_SIZE = 256
         for name, spec in specs.items():
             out[name] = _figures(train_point(spec, WorkerContext(rank, world)))
     finally:

@@ -16,7 +16,6 @@ from sweeper.report import sections
 from sweeper.workloads import models
 from sweeper.schema import PointResult
 from sweeper.strategies import smart
-from sweeper.strategies import smart_driver as driver
 from sweeper.worker.spec import PointSpec
 
 # The demo's layouts (conf/experiment/resnet_batch.yaml): micro-batch [16,64] x accumulation [1,2] x workers [1,2].
@@ -206,7 +205,7 @@ def test_a_rung_run_is_the_points_run_cut_short_and_not_judged_as_learned_or_not
     point = GridPoint(16, 1, 1, seed=0)
     spec = PointSpec(model=ModelConfig(name="mlp"), data=DataConfig(name="digits"), train=TrainConfig(),
                      point=point, lr=0.1, steps=90)
-    first, last = driver.rung_spec(spec, 1 / 9), driver.rung_spec(spec, 1.0)
+    first, last = smart.rung_spec(spec, 1 / 9), smart.rung_spec(spec, 1.0)
     assert (first.steps, last.steps) == (10, 90)
     assert (first.point, first.lr, first.seed, first.eval) == (spec.point, spec.lr, spec.seed, spec.eval)
     # near a guess a ninth into the budget is a model still learning: only the full budget may call it
@@ -219,17 +218,17 @@ def test_a_rung_continues_from_the_rung_befores_checkpoint_and_trains_only_the_s
     point = GridPoint(16, 1, 1, seed=0)
     spec = PointSpec(model=ModelConfig(name="mlp"), data=DataConfig(name="digits"), train=TrainConfig(),
                      point=point, lr=0.1, steps=90)
-    first = driver.rung_spec(spec, 1 / 3, save_to="/ckpt/r1-x")
+    first = smart.rung_spec(spec, 1 / 3, save_to="/ckpt/r1-x")
     assert (first.steps, first.start_from, first.save_state_to) == (30, None, "/ckpt/r1-x")
     before = PointResult(status="ok")
     before.cost.optimizer_steps = 30
     before.state.saved_state_path = "/ckpt/r1-x"
-    last = driver.rung_spec(spec, 1.0, before)
+    last = smart.rung_spec(spec, 1.0, before)
     assert (last.steps, last.start_from, last.save_state_to, last.partial) == (60, "/ckpt/r1-x", None, False)
     # no checkpoint to continue from (its save failed, or the run did not end ok): from step 0, the whole rung
     for unusable in (replace(before, state=replace(before.state, saved_state_path=None)),
                      replace(before, status="diverged")):
-        again = driver.rung_spec(spec, 1.0, unusable)
+        again = smart.rung_spec(spec, 1.0, unusable)
         assert (again.steps, again.start_from) == (90, None)
 
 
@@ -245,7 +244,7 @@ def test_a_continued_rung_run_is_recorded_as_one_run_from_step_0():
     after.noise.update(dict(gns_b_simple_ema=[7.5, 8.0], gns_trace_sigma_per_step=[2.0, 2.0]))
     after.divergence.update(dict(grad_norm=[0.9, 0.8], spike_at_step=1))
     after.state.continued_from = "/ckpt/r1-x"
-    out = driver.carried(before, after)
+    out = smart.carried(before, after)
     assert out.train_loss == [2.3, 2.0, 1.8, 1.5, 1.2]
     assert out.progress.val_loss_curve == [(48, 1.9), (112, 1.1)] and out.progress.evaluations == 2  # not twice
     assert out.noise.gns_b_simple_ema == [5.0, 6.0, 7.0, 7.5, 8.0] and len(out.noise.gns_trace_sigma_per_step) == 5
@@ -258,7 +257,7 @@ def test_a_continued_rung_run_is_recorded_as_one_run_from_step_0():
 
 
 def test_the_ledger_counts_what_continuing_saved():
-    ledger = driver.Ledger()
+    ledger = smart.Ledger()
     ledger.continued_runs, ledger.continuation_saved = 2, 3.5
     assert ledger.metrics()["smart_continued_runs"] == 2
     assert ledger.metrics()["compute_continuation_saved_point_seconds"] == 3.5
@@ -290,7 +289,7 @@ CLASS = smart.classes([GridPoint(16, 2, 1, seed=0), GridPoint(32, 1, 1, seed=0)]
 def test_a_members_accuracy_is_its_representatives_exactly_and_its_throughput_its_layouts():
     unit = replace(CLASS.representative, seed=0)
     point = GridPoint(16, 2, 1, seed=0)
-    out = driver.compose(point, TP, unit, REP, CLASS, rung=3, stopped=None)
+    out = smart.compose(point, TP, unit, REP, CLASS, rung=3, stopped=None)
     assert out.status == "ok" and out.trial_key == "mb16-acc2-w1-s0"
     for section in ("accuracy", "divergence", "noise"):
         assert getattr(out, section).to_flat() == getattr(REP, section).to_flat()  # every figure, bit for bit
@@ -307,31 +306,31 @@ def test_a_members_accuracy_is_its_representatives_exactly_and_its_throughput_it
     assert tags["sweeper.accuracy_class"] == "gb32" and tags["sweeper.time_to_target"].startswith("derived")
     assert REP.progress.time_to_target_seconds == 9.0  # the representative's own record is untouched
     # two members of one class carry the same accuracy figures
-    other = driver.compose(GridPoint(32, 1, 1, seed=0), TP, unit, REP, CLASS, 3, None)
+    other = smart.compose(GridPoint(32, 1, 1, seed=0), TP, unit, REP, CLASS, 3, None)
     assert other.accuracy == out.accuracy and other.provenance.accuracy_from == out.provenance.accuracy_from
 
 
 def test_a_stopped_or_failed_representative_marks_its_members():
     unit = replace(CLASS.representative, seed=0)
-    stopped = driver.compose(GridPoint(16, 2, 1, seed=0), TP, unit, REP, CLASS, 1, "val loss 2 against 1")
+    stopped = smart.compose(GridPoint(16, 2, 1, seed=0), TP, unit, REP, CLASS, 1, "val loss 2 against 1")
     assert stopped.status == "stopped" and "rung 1: val loss 2 against 1" in stopped.error
     assert stopped.metrics()["stopped_at_rung"] == 1 and stopped.metrics()["stopped_at_samples"] == 1440
     assert stopped.tags()["sweeper.stopped"] == "val loss 2 against 1"
     diverged = replace(REP, status="diverged", error="loss nan at step 3")
-    out = driver.compose(GridPoint(16, 2, 1, seed=0), TP, unit, diverged, CLASS, 1, None)
+    out = smart.compose(GridPoint(16, 2, 1, seed=0), TP, unit, diverged, CLASS, 1, None)
     assert out.status == "diverged" and "(in its class representative r1-mb32-acc1-w1-s0)" in out.error
-    lost = driver.compose(GridPoint(16, 2, 1, seed=0), TP, unit, None, CLASS, 2, None)
+    lost = smart.compose(GridPoint(16, 2, 1, seed=0), TP, unit, None, CLASS, 2, None)
     assert lost.status == "failed" and lost.throughput == TP.throughput
 
 
 def test_a_class_that_ends_early_on_one_bad_seed_marks_its_ok_seeds_stopped():
     unit0, unit1 = replace(CLASS.representative, seed=0), replace(CLASS.representative, seed=1)
     spiked = replace(REP, status="diverged", error="spike")
-    why = driver.ended_early([(unit0, REP), (unit1, spiked)])
+    why = smart.ended_early([(unit0, REP), (unit1, spiked)])
     assert why.startswith("a seed of its class did not end ok") and "mb32-acc1-w1-s1" in why
-    assert driver.compose(GridPoint(16, 2, 1, seed=0), TP, unit0, REP, CLASS, 2, why).status == "stopped"
-    assert driver.compose(GridPoint(16, 2, 1, seed=1), TP, unit1, spiked, CLASS, 2, why).status == "diverged"
-    assert driver.ended_early([(unit0, REP), (unit1, REP)]) is None  # every seed reached its target
+    assert smart.compose(GridPoint(16, 2, 1, seed=0), TP, unit0, REP, CLASS, 2, why).status == "stopped"
+    assert smart.compose(GridPoint(16, 2, 1, seed=1), TP, unit1, spiked, CLASS, 2, why).status == "diverged"
+    assert smart.ended_early([(unit0, REP), (unit1, REP)]) is None  # every seed reached its target
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -345,7 +344,7 @@ def run_of(seconds, status="ok"):
 
 
 def test_the_ledger_sums_point_seconds_by_phase():
-    ledger = driver.Ledger(classes=3)
+    ledger = smart.Ledger(classes=3)
     for seconds in (1.0, 2.0):
         ledger.add(GridPoint(16, 1, 1), run_of(seconds))
     ledger.add(GridPoint(16, 1, 1, seed=0), run_of(4.0), "gb16")
@@ -377,9 +376,9 @@ def test_the_full_grid_estimate_is_each_points_whole_budget_and_evaluations():
                      point=point, lr=0.1, steps=100)
     spec = replace(spec, eval=replace(spec.eval, every_samples=400))  # every 25 steps: 4 evaluations
     rung = measured(progress=dict(evaluations=2, eval_seconds=1.0))
-    estimate = driver.full_grid_estimate([point], {point: spec}, {smart.layout(point): TP},
+    estimate = smart.full_grid_estimate([point], {point: spec}, {smart.layout(point): TP},
                                          {replace(point, seed=None): "gb16"}, {"gb16": [rung]})
     # its throughput run (1.5 s, 30 steps) + the other 70 steps at 0.032 s + 4 evaluations at 0.5 s
     assert estimate == pytest.approx(1.5 + 70 * 0.032 + 4 * 0.5)
     oom = replace(TP, status="oom")
-    assert driver.full_grid_estimate([point], {point: spec}, {smart.layout(point): oom}, {}, {}) == 1.5
+    assert smart.full_grid_estimate([point], {point: spec}, {smart.layout(point): oom}, {}, {}) == 1.5

@@ -22,7 +22,7 @@ def test_a_point_is_a_nested_child_and_is_never_recorded_twice(tmp_path):
     tracker.end_sweep(SweepSummary(num_trials_ok=1, num_trials_oom=0, num_trials_failed=0), "FINISHED")
 
     client = MlflowClient(uri)
-    children = tracker.children()
+    children = tracker.reader.children()
     assert [c.info.run_id for c in children] == [first]
     child = children[0]
     assert child.data.tags["mlflow.parentRunId"] == parent
@@ -97,3 +97,20 @@ def test_every_point_logs_its_dataset_as_an_mlflow_input(tmp_path):
         tracker.dataset.digest
     assert DatasetRecord.of("digits", "sklearn.datasets.load_digits", {"val_fraction": 0.3}, 1258, 539).digest != \
         tracker.dataset.digest
+
+
+def test_a_sweep_tag_the_store_refuses_waits_in_the_journal_and_lands_on_the_parent_simulated(tmp_path):
+    uri = mlflow_store(tmp_path)
+    tracker = Tracker(uri, "exp")
+    parent = tracker.start_sweep("sweep-x", {}, "")
+    real = tracker.store.client.log_batch
+
+    def store_down(*args, **kwargs):  # what a tracking server that went away raises, simulated
+        raise ConnectionError("simulated: the tracking server went away")
+
+    tracker.store.client.log_batch = store_down
+    tracker.log_sweep_tags({"sweeper.bandwidth_source": "measured"})
+    assert tracker.pending == 1 and "sweeper.bandwidth_source" not in MlflowClient(uri).get_run(parent).data.tags
+    tracker.store.client.log_batch = real
+    assert tracker.replay() == (1, 0)
+    assert MlflowClient(uri).get_run(parent).data.tags["sweeper.bandwidth_source"] == "measured"

@@ -8,7 +8,7 @@ import pytest
 
 from sweeper import stats
 from sweeper.report.analysis import Trial, gap_words, judge_gap, lr_table, recommend, summarize
-from sweeper.report.recipes import compare_recipes
+from sweeper.report.recipe_comparison import compare_recipes
 
 
 def run(mb, acc=1, w=1, seed=0, accuracy=0.9, rate=100.0, lr_multiplier=None, precision=None, **figures):
@@ -169,7 +169,7 @@ def test_batch_norm_keeps_the_micro_batch_in_the_class():
 
 def test_the_headline_fits_three_lines_and_the_table_names_each_verdict():
     from sweeper.report import classes, headline
-    from sweeper.report.build import answer_text
+    from sweeper.report.text import answer_text
     from sweeper.report.output import override_line
 
     rec = recommend(_issue_sweep(), max_accuracy_drop=0.02, coupled=False)
@@ -198,11 +198,12 @@ def _lm_runs():
 
 
 def test_a_language_models_rows_lead_with_tokens_per_second_and_the_judged_loss():
-    from sweeper.report import build, sections
+    from sweeper.report import sections
     from sweeper.report.quality import BITS_PER_BYTE
+    from sweeper.report.text import table_row
 
-    assert list(build._row(_lm_runs()[0]))[:3] == ["point", "tokens/s", "bits/byte"]
-    assert list(build._row(run(16)))[0] == "point"  # one word, "points", for the rows too
+    assert list(table_row(_lm_runs()[0]))[:3] == ["point", "tokens/s", "bits/byte"]
+    assert list(table_row(run(16)))[0] == "point"  # one word, "points", for the rows too
     rows = sections._point_rows(_lm_runs(), BITS_PER_BYTE)
     assert list(rows[0])[:3] == ["point", "tokens/s", "val_bits_per_byte [interval]"]
     assert rows[0]["tokens/s"] == "2,560"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 from collections import defaultdict
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 from matplotlib.axes import Axes
@@ -50,14 +50,15 @@ def accuracy_vs_global_batch(trials: Sequence[Trial], path: str | os.PathLike, l
         ax.errorbar([t.global_batch_size * shift for t in members], values,
                     yerr=[low, high], linestyle="none", marker=marks.marker(i), markersize=7, color=marks.color(i),
                     alpha=0.9, capsize=3, elinewidth=1.1, label=marks.series_label(series), zorder=3)
-    _mean_line(ax, ok, quality.metric)
+    _mean_line(ax, ok, quality.value)
     extra = [Line2D([], [], color="0.3", marker="|", linestyle="none", markersize=10,
                     label=f"error bar: {kind}") for kind in kinds]
     if quality.is_accuracy:
         ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0, decimals=1))
     canvas.size_axis(ax, [t.global_batch_size for t in folded])
     extra += marks.mark_diverged(ax, trials)
-    what = "accuracy" if quality.is_accuracy else f"loss ({quality.units}, lower is better)"
+    what = "accuracy" if quality.is_accuracy else f"loss ({quality.units}, lower is better)" if not quality.user \
+        else f"{quality.metric} ({'higher' if quality.higher_is_better else 'lower'} is better)"
     canvas.titles(ax, f"Validation {what.split(' (')[0]} vs global batch size",
                    "global batch size (micro x accumulation x workers, log2)", f"validation {what} (mean over seeds)")
     canvas.legend(ax, extra, title=lr_label)
@@ -78,12 +79,12 @@ def _interval_kind(how: str) -> str:
     return how
 
 
-def _mean_line(ax: Axes, ok: Sequence[Trial], name: str) -> None:
-    """A grey line through the mean of figure `name` per global batch (two global batches or more)."""
+def _mean_line(ax: Axes, ok: Sequence[Trial], figure: Callable[[Trial], Optional[float]]) -> None:
+    """A grey line through the mean of `figure` per global batch (two global batches or more)."""
     per_global: Dict[int, List[float]] = defaultdict(list)
     for t in ok:
-        if getattr(t, name) is not None:
-            per_global[t.global_batch_size].append(getattr(t, name))
+        if figure(t) is not None:
+            per_global[t.global_batch_size].append(figure(t))
     sizes = sorted(per_global)
     if len(sizes) >= 2:
         ax.plot(sizes, [float(np.mean(per_global[g])) for g in sizes], color="0.6", linewidth=1.2, zorder=2,
@@ -120,7 +121,7 @@ def time_to_target_vs_global_batch(trials: Sequence[Trial], path: str | os.PathL
                         markerfacecolor=marks.color(i) if every else "none", zorder=3)
         ax.plot([], [], linestyle="none", marker=marks.marker(i), color=marks.color(i),
                 label=marks.series_label(series))
-    _mean_line(ax, [t for t, _ in shown], "time_to_target_seconds")
+    _mean_line(ax, [t for t, _ in shown], lambda t: t.time_to_target_seconds)
     extra = [Line2D([], [], color="0.3", marker="|", linestyle="none", markersize=10,
                     label="error bar: lowest-highest over seeds"),
              Line2D([], [], color="0.3", marker="o", linestyle="none", markerfacecolor="none",

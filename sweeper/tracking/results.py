@@ -1,11 +1,13 @@
 """`sweeper.results(...)`: a sweep's points read back from MLflow as a pandas DataFrame, one row per
-point. Reads through sweeper/tracking.py (the only MLflow importer); pandas comes with mlflow."""
+point, through read.py's SweepReader; pandas comes with mlflow."""
 
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from sweeper import config, tracking
+from sweeper import config
+from sweeper.tracking.read import SweepReader
+from sweeper.tracking.store import check
 
 # The first columns, in this order; then the params, the metrics and the other sweeper.* tags, sorted.
 LEADING = ["key", "status", "micro_batch_size", "accumulation_steps", "num_workers", "global_batch_size",
@@ -24,11 +26,10 @@ def results(experiment_or_run: str = "sweeper", tracking_uri: Optional[str] = No
     import pandas as pd
 
     uri = tracking_uri or config.tracking_uri(config.TrackingConfig())
-    problems = tracking.check(uri, must_exist=True)
+    problems = check(uri, must_exist=True)
     if problems:
         raise LookupError(problems[0])
-    tracker, run_id = tracking.Tracker.for_sweep(uri, experiment_or_run)
-    record = tracker.load_sweep(run_id)
+    record = SweepReader.of(uri, experiment_or_run).load()
     rows = [_typed(row) for row in record.children]
     frame = pd.DataFrame(rows, columns=_columns(rows))
     frame = frame.sort_values("key", ignore_index=True) if len(frame) else frame

@@ -1,5 +1,5 @@
 """Writes the tracking store could not take, kept on local disk until it can: nothing measured is lost
-to a tracking server that went away. Standard library only; tracking.Tracker decides what to write.
+to a tracking server that went away. Standard library only; the Tracker (write.py) decides what to write.
 
 One JSON line per write (its kind and its arguments), in a file per sweep beside the store. Writes
 are replayed in order at the end of the sweep and when it is resumed; what still fails stays.
