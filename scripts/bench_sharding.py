@@ -1,7 +1,7 @@
-"""Predicted against measured peak memory per worker, and predicted against counted communication per step, for
-DDP, ZeRO-2 and ZeRO-3 (FSDP2) at 1, 2 and 4 gloo workers on the CPU, with and without accumulation in both
-gradient syncs: sweeper's GPT with AdamW in three shapes (activation-heavy, weight-heavy at micro-batch 1, and
-the weight-heavy one in bf16).
+"""Predicted against measured peak memory per worker, and predicted against counted communication per step, for DDP,
+ZeRO-1, ZeRO-2, ZeRO-3 and HSDP (FSDP2; HSDP on simulated nodes of 2) at 1, 2 and 4 gloo workers on the CPU, with and
+without accumulation in both gradient syncs: sweeper's GPT with AdamW in three shapes (activation-heavy, weight-heavy
+at micro-batch 1, and the weight-heavy one in bf16).
 
 Each world size runs in its own gloo processes (no Ray), every layout of a shape one after another: a warm-up
 step, then one step under torch's MemTracker per rank (the figure: the largest rank's tracked peak, and the
@@ -31,13 +31,15 @@ import torch.nn.functional as F
 
 from sweeper import plan, recipe
 from sweeper.config import OptimConfig
-from sweeper.measure import collective_count, communication, fake_memory, memory, sharded_memory
-from sweeper.worker import sharding
+from sweeper.measure import collective_count, communication, fake_memory, memory, node_traffic, sharded_memory
+from sweeper.worker import collectives, sharding
+from sweeper.worker.spec import WorkerContext
 from sweeper.workloads.gpt import GPT
 from sweeper.workloads.samples import Samples
 
 MIB = 2 ** 20
 VOCAB, HEADS = 256, 4
+RANKS_PER_NODE = 2  # hsdp's simulated nodes
 
 
 @dataclass(frozen=True)
@@ -88,8 +90,14 @@ def _rank(rank: int, world: int, folder: str, shape: Shape) -> None:
 
 def _measure(shape: Shape, parallelism: str, accumulation: int, sync: str, rank: int):
     """(the tracked step's breakdown, the collectives it issued) of one layout on this rank."""
-    model, _ = sharding.apply(_model(shape), parallelism, precision=shape.precision)
-    optimizer = recipe.build_optimizer(OptimConfig(name="adamw"), model.parameters(), 1e-3)
+    world = dist.get_world_size()
+    # hsdp: nodes of RANKS_PER_NODE ranks, simulated (a node id per rank, as Ray reports them)
+    nodes = [f"node{r // min(world, RANKS_PER_NODE)}" for r in range(world)]
+    mesh = collectives.node_meshes([world], nodes, WorkerContext(rank, world)).get(world) \
+        if parallelism == "hsdp" else None
+    model, _ = sharding.apply(_model(shape), parallelism, precision=shape.precision, node_mesh=mesh)
+    optimizer = sharding.optimizer_for(parallelism, recipe.build_optimizer(OptimConfig(name="adamw"),
+                                                                           model.parameters(), 1e-3))
     tokens = torch.randint(0, VOCAB, (accumulation, shape.micro, shape.context + 1),
                            generator=torch.Generator().manual_seed(rank))
     cpu = torch.device("cpu")
@@ -106,7 +114,7 @@ def _measure(shape: Shape, parallelism: str, accumulation: int, sync: str, rank:
 
     step()
     with collective_count.CollectiveCounter() as counter:
-        breakdown = memory.track_step(model, optimizer, step, cpu)
+        breakdown = memory.track_step(model, sharding.local_optimizer(optimizer), step, cpu)
     return breakdown, counter.calls
 
 
@@ -128,9 +136,15 @@ def predictions(shape: Shape, world: int) -> Dict[Tuple[str, int, str], Tuple[sh
     for parallelism, accumulation, sync in layouts(world):
         gather = 2 if (shape.precision != "fp32" and parallelism != "ddp") else None
         memory_ = sharded_memory.peak(units, parallelism, world, shape.micro, accumulation, per_sample, fixed,
-                                      gather_bytes_per_value=gather, optimizer=cost, gradient_sync=sync)
-        sent = communication.per_step(units, parallelism, world, accumulation, sync, gather_bytes_per_value=gather)
-        out[(parallelism, accumulation, sync)] = (memory_, sent.bytes)
+                                      gather_bytes_per_value=gather, optimizer=cost, gradient_sync=sync,
+                                      ranks_per_node=min(world, RANKS_PER_NODE))
+        if parallelism in ("zero1", "hsdp"):  # measure.node_traffic's, on the simulated nodes
+            sent = node_traffic.per_step(units, parallelism, world, accumulation,
+                                         nodes=-(-world // RANKS_PER_NODE)).total_bytes
+        else:
+            sent = communication.per_step(units, parallelism, world, accumulation, sync,
+                                          gather_bytes_per_value=gather).bytes
+        out[(parallelism, accumulation, sync)] = (memory_, sent)
     return out
 
 
@@ -160,6 +174,7 @@ def main(argv=None) -> int:
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--workers", nargs="+", type=int, default=[1, 2, 4])
     parser.add_argument("--verbose", action="store_true", help="each layout's measured and predicted parts")
+    parser.add_argument("--parallelism", nargs="+", default=list(sharding.PARALLELISMS), help="the layouts to run")
     args = parser.parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = "1"
     for name in args.shapes:

@@ -14,8 +14,9 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 # The recipe axes' defaults: a point that uses them keeps the key it had before they existed.
 DEFAULT_PRECISION, DEFAULT_CHECKPOINTING = "fp32", "none"
 # The data-parallel layouts (sweep.parallelism): worker.sharding applies them, measure.sharded_memory prices
-# them. The default, DDP: a DDP point keeps the key it had before the axis.
-PARALLELISMS = ("ddp", "zero2", "zero3")
+# them. The default, DDP: a DDP point keeps the key it had before the axis. zero1 is DDP with the optimizer
+# state sharded; hsdp shards within a node and replicates across nodes (its mesh: mesh_by_node).
+PARALLELISMS = ("ddp", "zero1", "zero2", "zero3", "hsdp")
 DEFAULT_PARALLELISM = "ddp"
 # How gradient accumulation reduces (sweep.gradient_sync): `final` skips the reduce until the last micro-step
 # (the gradients held unsharded meanwhile), `every` reduces at every micro-step (sharded gradients held, more
@@ -30,7 +31,8 @@ class GridPoint:
     micro-batches per optimizer step on each of `num_workers` data-parallel workers, trained in
     `precision` (fp32 | bf16 | fp16 autocast) with activation `checkpointing` (none | blocks), at the
     scaled LR times `lr_multiplier`. `seed`: one replicate of it (None: train.seed, one replicate).
-    `parallelism`: how the workers hold the model (ddp | zero2 | zero3: worker.sharding); `gradient_sync`: how
+    `parallelism`: how the workers hold the model (ddp | zero1 | zero2 | zero3 | hsdp:
+    worker.sharding); `gradient_sync`: how
     accumulation reduces the gradients (final | every: worker.sharding.accumulation_context)."""
 
     micro_batch_size: int
@@ -55,10 +57,9 @@ class GridPoint:
     @property
     def key(self) -> str:
         """A stable name for the point, used for Ray trial names and to avoid duplicate MLflow runs:
-        mb64-acc2-w1, then -zero2 / -zero3 for a sharded layout, -every for gradient_sync every, -bf16 / -ckpt for
-        a recipe other than fp32 without checkpointing, -lrx2
-        for an LR multiplier other than 1, -ctx256 for a context from sweep.context_lengths, -s1 for
-        one seed of several."""
+        mb64-acc2-w1, then -zero1 / -zero2 / -zero3 / -hsdp for a sharded layout, -every for gradient_sync every,
+        -bf16 / -ckpt for a recipe other than fp32 without checkpointing, -lrx2 for an LR multiplier other than 1,
+        -ctx256 for a context from sweep.context_lengths, -s1 for one seed of several."""
         key = self.point_key
         return key if self.seed is None else f"{key}-s{self.seed}"
 
@@ -98,10 +99,31 @@ def frontier_label(search: GridPoint) -> str:
 
 def gradient_sync(parallelism: str, num_workers: int, accumulation_steps: int, asked: str) -> str:
     """The gradient sync a point runs: `asked`, except where both modes are one and the same (one micro-step
-    reduces once either way; one DDP worker reduces nothing), which is `final`, so no point is measured twice."""
-    if accumulation_steps == 1 or (parallelism == DEFAULT_PARALLELISM and num_workers == 1):
+    reduces once either way; one DDP or zero1 worker reduces nothing), which is `final`, so no point is measured
+    twice."""
+    if accumulation_steps == 1 or (parallelism in (DEFAULT_PARALLELISM, "zero1") and num_workers == 1):
         return DEFAULT_GRADIENT_SYNC
     return asked
+
+
+def mesh_by_node(rank_nodes: Sequence[str]) -> List[List[int]]:
+    """HSDP's mesh from the node each rank runs on (`rank_nodes[r]`: rank r's node): one row per node, in the
+    order the nodes first appear, holding that node's ranks in rank order. A row is a shard group (one node's
+    ranks, over its fast links), a column a replicate group (one rank per node). Ranks a node holds need not be
+    contiguous (Ray Train 2.60 numbers them node by node, but nothing promises it): the mesh follows the nodes,
+    not the rank order. ValueError, in one line, when the nodes hold different numbers of ranks: such ranks
+    make no (nodes, ranks per node) mesh."""
+    rows: Dict[str, List[int]] = {}
+    for rank, node in enumerate(rank_nodes):
+        rows.setdefault(node, []).append(rank)
+    sizes = [len(r) for r in rows.values()]
+    if len(set(sizes)) > 1:
+        held = ", ".join(f"{n}" for n in sizes)
+        raise ValueError(
+            f"sweep.parallelism=hsdp at {len(rank_nodes)} workers: its nodes hold {held} ranks, and HSDP's mesh "
+            "(nodes, ranks per node) needs the same number on every node; use a worker count the nodes split "
+            "evenly (cluster.placement_strategy=PACK fills a node first), or parallelism zero3")
+    return list(rows.values())
 
 
 def expand_grid(

@@ -19,8 +19,7 @@ from sweeper.record import (  # noqa: F401 - re-exported
 )
 
 # How a point ends, best to worst: the worst over a point's ranks is its status.
-# `stopped` (sweep.strategy=smart: its class was stopped early by successive halving) is set by the
-# driver only, never by a worker.
+# `stopped` (sweep.strategy=smart: its class stopped early by successive halving) is the driver's, never a worker's.
 STATUSES = ("ok", "stopped", "did_not_learn", "diverged", "oom", "failed")
 
 
@@ -53,8 +52,7 @@ class Throughput(Record):
 
 @dataclass
 class Memory(Record):
-    """The largest worker's memory, each figure named for what it counts (measure.telemetry,
-    measure.memory)."""
+    """The largest worker's memory, each figure named for what it counts (measure.telemetry, measure.memory)."""
 
     peak_memory_bytes: Optional[int] = metric()
     memory_measure: Optional[str] = tag("sweeper.memory_measure")
@@ -80,6 +78,7 @@ class Memory(Record):
     # a sweep with a sharded parallelism: measure.sharded_memory's peak per worker, against the tracked one
     memory_predicted_bytes: Optional[int] = metric()
     memory_prediction_error: Optional[float] = metric()
+    memory_optimizer_state_bytes_by_rank: Optional[List[float]] = series()  # each rank's, at the end (step: rank)
     # the device's own figures (measure.telemetry.Device.memory_metrics)
     cuda_max_memory_allocated_bytes: Optional[int] = metric()
     cuda_max_memory_reserved_bytes: Optional[int] = metric()
@@ -148,8 +147,8 @@ class Accuracy(Record):
     # why there is no accuracy (e.g. synthetic data), set by the driver
     accuracy_note: Optional[str] = tag("sweeper.accuracy")
     eval_batch_size: Optional[int] = metric()  # validation samples per forward on each worker (eval.batch_size)
-    # eval.metrics_fn's metrics over the whole validation split, their bootstrap standard errors, and which
-    # way each is better ("f1=higher,wer=lower", as its class declares)
+    # eval.metrics_fn's metrics over the whole validation split (or what your loop or LightningModule reported),
+    # their bootstrap standard errors, and which way each is better ("f1=higher,wer=lower")
     val_metrics: Optional[Dict[str, float]] = metric_map("val_metric/")
     val_metrics_se: Optional[Dict[str, float]] = metric_map("val_metric_se/")
     val_metric_directions: Optional[str] = tag("sweeper.metric_directions")
@@ -282,11 +281,9 @@ class TrainingState(Record):
 
 @dataclass
 class Recipe(Record):
-    """What the point's recipe did beyond the figures above: fp16's loss scaling, checkpointing,
-    compilation."""
+    """What the point's recipe did beyond the figures above: fp16's loss scaling, checkpointing, compilation."""
 
-    # fp16: the GradScaler's scale after the last step, and the optimizer steps it skipped because a
-    # gradient was not finite (each halves the scale).
+    # fp16: the GradScaler's scale after the last step, and the optimizer steps it skipped (a gradient not finite)
     grad_scaler_scale: Optional[float] = metric()
     grad_scaler_skipped_steps: Optional[int] = metric()
     # train.grad_clip_norm: the steps whose whole gradient (series grad_norm: before clipping) was over it and
@@ -319,9 +316,16 @@ class Cost(Record):
     worker_group_setup_seconds: Optional[float] = metric()
     between_points_seconds: Optional[float] = metric()  # the harness's gap since the previous point
     worker_group_points: Optional[int] = metric()
-    # faults and placement: restarts of the worker group before this point, nodes its workers spanned
+    # faults and placement: restarts of the worker group before this point, nodes its workers spanned, each rank's
+    # node ("0,0,1,1": an index into `nodes`, Ray's node ids), an hsdp point's mesh (sharding.mesh_text); zero1's
+    # and hsdp's bytes a rank sends per step within its node and across nodes, predicted (measure.node_traffic)
     worker_group_restarts: Optional[int] = metric()
     num_nodes: Optional[int] = metric()
+    rank_nodes: Optional[str] = tag("sweeper.rank_nodes")
+    nodes: Optional[str] = tag("sweeper.nodes")
+    mesh: Optional[str] = tag("sweeper.mesh")
+    communication_within_node_bytes_per_step: Optional[int] = metric()
+    communication_across_nodes_bytes_per_step: Optional[int] = metric()
 
 
 @dataclass
@@ -541,8 +545,7 @@ class SweepSummary(Record):
     num_trials_did_not_learn: Optional[int] = metric()
     num_trials_diverged: Optional[int] = metric()
     num_trials_oom: Optional[int] = metric()
-    num_trials_failed: Optional[int] = metric()
-    # the sweep's wall time in phases that add up to it
+    num_trials_failed: Optional[int] = metric()  # then the sweep's wall time in phases that add up to it
     sweep_wall_seconds: Optional[float] = metric()
     sweep_setup_seconds: Optional[float] = metric()
     sweep_ray_start_seconds: Optional[float] = metric()
@@ -550,13 +553,12 @@ class SweepSummary(Record):
     sweep_frontier_seconds: Optional[float] = metric()
     sweep_grid_seconds: Optional[float] = metric()
     sweep_report_seconds: Optional[float] = metric()
-    # against its points' own time (trial_seconds) and their optimizer steps alone (train_seconds)
-    sum_trial_seconds: Optional[float] = metric()
+    sum_trial_seconds: Optional[float] = metric()  # its points' own time, then their optimizer steps alone
     sweep_wall_over_trial_seconds: Optional[float] = metric()
     sum_train_seconds: Optional[float] = metric()
     sweep_wall_over_train_seconds: Optional[float] = metric()
-    # sweep.strategy=smart: the compute ledger, in point-seconds (each measurement run's wall time in
-    # its worker) by phase, and what the whole grid would have spent, estimated from the same runs
+    # sweep.strategy=smart: the compute ledger in point-seconds (each measurement run's wall time in its worker)
+    # by phase, and what the whole grid would have spent, estimated from the same runs
     compute_throughput_point_seconds: Optional[float] = metric()
     compute_accuracy_point_seconds: Optional[float] = metric()
     compute_stopped_point_seconds: Optional[float] = metric()
@@ -566,14 +568,13 @@ class SweepSummary(Record):
     smart_measurement_runs: Optional[int] = metric()
     smart_accuracy_classes: Optional[int] = metric()
     smart_classes_stopped: Optional[int] = metric()
-    # smart.continue_rungs: rung runs that continued from the rung before's checkpoint, and the training
-    # seconds of earlier rungs they did not spend again (what rungs from step 0 would have repeated)
+    # smart.continue_rungs: rung runs continued from the rung before's checkpoint, and the training seconds of
+    # earlier rungs they did not spend again (what rungs from step 0 would have repeated)
     smart_continued_runs: Optional[int] = metric()
     compute_continuation_saved_point_seconds: Optional[float] = metric()
-    # sweep.strategy=branch: the ledger (trunk and branch runs beside the throughput runs) and the answer: the
-    # local critical batch size at each checkpoint (a curve over samples seen: its lower end, the largest
-    # global batch that kept up, and the next one tried), where it flattens, z x the trunk's noise over the
-    # window's tail (each global batch was judged by its own: branch/answer.json's tolerances)
+    # sweep.strategy=branch: the ledger (trunk and branch runs) and the answer: the local critical batch size at each
+    # checkpoint (a curve over samples seen: the largest global batch that kept up, and the next one tried), where
+    # it flattens, z x the trunk's noise over the window's tail (each global batch's own: branch/answer.json's)
     compute_trunk_point_seconds: Optional[float] = metric()
     compute_branch_point_seconds: Optional[float] = metric()
     branch_runs: Optional[int] = metric()

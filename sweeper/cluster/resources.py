@@ -90,6 +90,7 @@ def plan_resources(cfg: ClusterConfig, cluster: Cluster, points: List[GridPoint]
             f"cannot be placed {strategy} on nodes with {cpus} CPUs; lower cluster.cpus_per_worker (null "
             "picks the largest share that fits) or change cluster.placement_strategy"
         )
+    problems += mesh_problems(points, _workers_per_node(cluster, cpus_per_worker, cfg.cpus_per_trial, use_gpu))
     if problems:
         raise ConfigError(problems)
     held = held_by_others(cfg, cluster, max_workers, cpus_per_worker, use_gpu)
@@ -117,6 +118,33 @@ def held_by_others(cfg: ClusterConfig, cluster: Cluster, max_workers: int, cpus_
             f"{_round([c for c, _ in cluster.node_resources])}{f', GPUs {_round(gpus)}' if use_gpu else ''}); this "
             f"sweep's largest worker group ({need:g} CPUs{f', {max_workers} GPUs' if use_gpu else ''}) waits until "
             "they are released")
+
+
+def _workers_per_node(cluster: Cluster, cpus_per_worker: float, cpus_per_trial: float, use_gpu: bool) -> List[int]:
+    """How many workers each node holds (by CPUs, and GPUs when workers take one), a trial's driver on the largest."""
+    free = sorted(((c, g) for c, g in cluster.node_resources), reverse=True)
+    held = []
+    for i, (cpus, gpus) in enumerate(free):
+        by_cpu = int((cpus - (cpus_per_trial if i == 0 else 0.0) + 1e-9) // cpus_per_worker) if cpus_per_worker > 0 \
+            else 0
+        held.append(min(by_cpu, int(gpus + 1e-9)) if use_gpu else by_cpu)
+    return held
+
+
+def mesh_problems(points: Sequence[GridPoint], per_node: List[int]) -> List[str]:
+    """An hsdp point's mesh is (nodes, ranks per node), the same count on every node it spans: a worker count w
+    for which no k dividing w has w / k nodes holding k workers each can never be placed so (its ranks would
+    split unevenly whatever Ray chose); one line per such count. A placement Ray makes unevenly although an even
+    one exists is the point's error when it trains (plan.mesh_by_node)."""
+    found = []
+    for workers in sorted({p.num_workers for p in points if p.parallelism == "hsdp" and not in_trial(p.num_workers)}):
+        splits = [k for k in range(1, workers + 1) if workers % k == 0]
+        if any(sum(n >= k for n in per_node) >= workers // k for k in splits):
+            continue
+        found.append(f"sweep.parallelism=hsdp at {workers} workers: the Ray cluster's nodes hold {per_node} workers "
+                     f"each, so no placement puts the same number of ranks on every node it uses, and HSDP's mesh "
+                     "(nodes, ranks per node) needs that; use a worker count they split evenly, or parallelism zero3")
+    return found
 
 
 def _round(values: List[float]) -> List[float]:

@@ -4,9 +4,9 @@ point. Everything after `load()` works with these dataclasses, never with a `Dic
 One module per section, each holding its fields' defaults (once) and its checks: sweep.py (sweep and the
 strategies: smart, branch, frontier), training.py (optim, loss, train, eval, divergence, gns, measure),
 workload.py (model, data, inference; each built-in model's own fields: model_sections.py), runtime.py (device,
-cluster, tracking), report.py. This module composes them (SweeperConfig), loads Hydra's config (`load`) and
-checks what spans sections. Imports only the standard library, Hydra, OmegaConf and sweeper.errors/plan: every
-other package reads the config, so it imports none of them.
+cluster, tracking), report.py, loop.py (your own loop, model=lightning). This module composes them (SweeperConfig),
+loads Hydra's config (`load`) and checks what spans sections. Imports only the standard library, Hydra, OmegaConf
+and sweeper.errors/plan: every other package reads the config, so it imports none of them.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from sweeper.config.workload import (
     InferenceConfig, check_data, check_model, check_inference, is_language_model, is_token_data, sample_bytes,
     check_factory,
 )
+from sweeper.config.loop import LoopConfig, check_yours, yours
 from sweeper.config.runtime import (
     USE_GPU_CHOICES, PLACEMENT_STRATEGIES, DeviceConfig, TrackingConfig, ClusterConfig, normalize_use_gpu,
     normalize_batch_coupled, check_device, check_tracking, check_cluster, physical_memory_bytes, is_auto,
@@ -83,6 +84,8 @@ class SweeperConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     inference: InferenceConfig = field(default_factory=InferenceConfig)
+    # Your own training loop (loop.fn), swept as it is: sweeper/config/loop.py.
+    loop: LoopConfig = field(default_factory=LoopConfig)
     # train: the micro-batch x accumulation x workers sweep; inference: latency and throughput per
     # inference batch size, with the roofline's predicted knee.
     task: str = "train"
@@ -131,6 +134,8 @@ def to_typed(cfg: DictConfig) -> SweeperConfig:
     for key in ("precisions", "activation_checkpointing"):
         if isinstance(getattr(typed.sweep, key), str) and not is_auto(getattr(typed.sweep, key)):
             setattr(typed.sweep, key, [getattr(typed.sweep, key)])
+    if typed.loop.fn:  # the model and the data are the loop's own: the sweep's labels say so
+        typed.model.name, typed.data.name = "loop", "loop"
     if typed.divergence.confidence is None:  # the worker judges did_not_learn at the report's level
         typed.divergence.confidence = typed.report.confidence
     return typed
@@ -189,6 +194,7 @@ def validate(cfg: SweeperConfig) -> List[str]:
         *check_data(cfg.data, local_cpus),
         *check_model(cfg.model),
         *check_inference(cfg.inference),
+        *check_yours(cfg),
         *check_combinations(cfg),
     ]
 
@@ -224,7 +230,8 @@ def check_combinations(cfg: SweeperConfig) -> List[str]:
     target = settings.target_problem(cfg.report.objective, cfg.eval.target_accuracy, cfg.eval.target_loss)
     problems += [target] if target else []
     problems += _check_contexts(cfg)
-    problems += parallelism_problems(cfg.sweep, cfg.train.compile, cfg.gns.enabled, cfg.train.batch_schedule)
+    problems += parallelism_problems(cfg.sweep, cfg.train.compile, cfg.gns.enabled, cfg.train.batch_schedule,
+                                     cfg.cluster.placement_strategy)
     strategy = cfg.sweep.strategy
     if strategy in ("smart", "branch") and (cfg.train.save_state or cfg.train.start_from or cfg.train.batch_schedule):
         problems.append(f"train.save_state / train.start_from / train.batch_schedule with sweep.strategy={strategy}: "
@@ -239,6 +246,9 @@ def check_combinations(cfg: SweeperConfig) -> List[str]:
     if getattr(cfg.report, judged) == "val_bits_per_byte" and not (is_token_data(cfg.data) and cfg.data.name == "text"):
         problems.append(f"report.{judged}=val_bits_per_byte needs byte-level text (data=text), not "
                         f"data={cfg.data.name}: use report.{judged}=val_loss (nats per token) or {other}")
+    if cfg.report.run_tokens is not None and not is_language_model(cfg.model):
+        problems.append(f"report.run_tokens={cfg.report.run_tokens} needs a language model (model=gpt or hf), not "
+                        f"model={cfg.model.name}: give the run in samples, report.run_samples")
     return problems + _quality_metric_problems(cfg) + check_model_data(cfg.model, cfg.data)
 
 

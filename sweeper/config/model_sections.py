@@ -7,7 +7,7 @@ other way round; adding one: docs/adding-a-workload.md.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 from sweeper.config.rules import check_rule, is_positive
 
@@ -43,6 +43,14 @@ class HFConfig(LanguageModelConfig):
     # vocabulary is the data's, its position table `context`. Its rules that need transformers are
     # workloads/hf.py's check_config.
     hf_type: str = "gpt2"
+
+
+@dataclass
+class LightningFields:
+    # model=lightning: the import path of your LightningModule class (or a factory of one), made with
+    # model.kwargs and trained by Lightning's own Trainer on data.datamodule (docs/your-training.md). Not in
+    # MODEL_SECTIONS: sweeper builds no model for it; its rules are config/loop.py's.
+    module: Optional[str] = None
 
 
 def check_mlp(model: Any) -> List[str]:

@@ -44,6 +44,21 @@ class ReportConfig:
     # 0.02 bits is 0.0139 nats): a faster point's loss must be certified no more than this above the best's.
     # report.max_accuracy_drop is the margin for val_accuracy; null: the objective alone decides.
     max_loss_rise: Optional[float] = 0.02
+    # The run the answer configures (report/projection.py): the samples it will train (sequences for a language
+    # model), or report.run_tokens for a language model (tokens: samples x its context), never both. The headline
+    # then gives its wall time, device-hours and price at the recommended layout's measured throughput, with its
+    # evaluations and checkpoints at their measured cost and the LR schedule stretched over it (train.samples on
+    # the override line), and this sweep's own device-hours as a share of it. null: the sweep's budget only.
+    run_samples: Optional[int] = None
+    run_tokens: Optional[int] = None
+    # Money per device-hour (one GPU, or one CPU worker, for an hour), in your currency: the run's price (null: none).
+    price_per_device_hour: Optional[float] = None
+    # Worker counts the throughput model predicts up to (the measured ones, powers of two and this; null: the
+    # largest measured), each prediction with its measured error.
+    max_workers: Optional[int] = None
+    # A cluster you do not have: the micro-batch and accumulation that keep the recommended global batch at this
+    # many workers, their predicted throughput, memory and time to the run's end (null: none).
+    target_workers: Optional[int] = None
     # Judge by this recorded metric instead: the name of one that eval.metrics_fn computes (e.g. f1, its
     # direction the one the metrics class declares), or a built-in quality (val_accuracy, val_loss,
     # val_bits_per_byte). Its margin is report.max_accuracy_drop when higher is better, report.max_loss_rise
@@ -94,6 +109,7 @@ def check(report: ReportConfig, key: Callable[[str], str] = lambda name: f"repor
     budget = report.memory_budget_gb
     if budget is not None and not (math.isfinite(budget) and budget > 0):
         problems.append(f"{key('memory_budget_gb')}={budget}: must be a positive number of GiB, or null")
+    problems += _run_problems(report, key)
     if not 0.5 <= report.confidence < 1.0:
         problems.append(f"{key('confidence')}={report.confidence}: must be a level in [0.5, 1), e.g. 0.95")
     if not 0.0 < report.knee_min_gain < 1.0:
@@ -109,3 +125,30 @@ def target_problem(objective: str, target_accuracy: Optional[float], target_loss
         return None
     return (f"{key('objective')}=time_to_target needs a target to time: set eval.target_accuracy (e.g. 0.9) or "
             "eval.target_loss (and eval.every_samples to evaluate during training, not only at its end)")
+
+
+def _count(value: Any) -> bool:
+    """A whole number >= 1 (YAML may hand over 1e6 as a float)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+        and value >= 1 and float(value).is_integer()
+
+
+def _run_problems(report: ReportConfig, key: Callable[[str], str]) -> List[str]:
+    """The run the answer configures and the clusters it predicts for: whole counts >= 1, a price >= 0, and the
+    run given once (in samples or in tokens)."""
+    problems = []
+    for name, what in (("run_samples", "samples the run will train (sequences for a language model), e.g. 1e6"),
+                       ("run_tokens", "tokens a language model's run will train, e.g. 2e9"),
+                       ("max_workers", "worker count to predict up to, e.g. 64"),
+                       ("target_workers", "worker count of the cluster to answer for, e.g. 64")):
+        value = getattr(report, name)
+        if value is not None and not _count(value):
+            problems.append(f"{key(name)}={value}: must be a whole number >= 1 ({what}), or null")
+    if report.run_samples is not None and report.run_tokens is not None:
+        problems.append(f"{key('run_samples')} and {key('run_tokens')} are both set: give the run once, in samples "
+                        f"or (a language model) in tokens; set the other to null")
+    price = report.price_per_device_hour
+    if price is not None and not (isinstance(price, (int, float)) and math.isfinite(price) and price >= 0):
+        problems.append(f"{key('price_per_device_hour')}={price}: must be a price >= 0 per device-hour, e.g. 2.5, "
+                        "or null")
+    return problems

@@ -83,6 +83,10 @@ class ClusterConfig:
     # group is lost (a node, a worker process) continues from its last save instead of step 0. Needs a
     # folder every node reads (cluster.storage_path, or the default on one machine). null: no saves.
     checkpoint_every_steps: Optional[int] = None
+    # The network between workers, in gigabits per second per worker (400 for 400 Gb/s InfiniBand): what the
+    # report's throughput model divides each parallelism's bytes per step by (report/throughput_model.py). null:
+    # fitted from the sweep's points with more than one worker (none such: worker counts beyond one unpredicted).
+    interconnect_gbps: Optional[float] = None
 
 
 def normalize_use_gpu(value: Any) -> str:
@@ -130,6 +134,9 @@ def check_cluster(cluster: ClusterConfig) -> List[str]:
                    "must be a positive number of seconds")
     check_rule(problems, "cluster.checkpoint_every_steps", cluster.checkpoint_every_steps, is_positive,
                "must be a positive number of optimizer steps, or null for no saves on the way")
+    check_rule(problems, "cluster.interconnect_gbps", cluster.interconnect_gbps, is_positive,
+               "must be a positive bandwidth in gigabits per second per worker (e.g. 400), or null to fit it from the "
+               "points")
     check_rule(
         problems, "cluster.dashboard_port", cluster.dashboard_port, lambda port: 1 <= port <= 65535,
         "a TCP port must be between 1 and 65535, e.g. 8265",

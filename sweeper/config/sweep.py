@@ -16,27 +16,35 @@ from sweeper.plan import GRADIENT_SYNCS, PARALLELISMS
 
 
 STRATEGIES = ("grid", "smart", "branch")
-# sweep.parallelism's sharded choices (worker.sharding applies them; measure.sharded_memory prices them)
+# sweep.parallelism's sharded choices (worker.sharding applies them; measure.sharded_memory prices them), and
+# those FSDP2 shards the weights of (zero1 keeps DDP's whole weights and gradients: only its optimizer is sharded)
 SHARDED = tuple(p for p in PARALLELISMS if p != "ddp")
+FSDP = ("zero2", "zero3", "hsdp")
 
 
-def parallelism_problems(sweep: SweepConfig, compile_model: bool, gns_enabled: bool, batch_schedule: Any
-                         ) -> List[str]:
+def parallelism_problems(sweep: SweepConfig, compile_model: bool, gns_enabled: bool, batch_schedule: Any,
+                         placement_strategy: str = "PACK") -> List[str]:
     """What a sharded value of sweep.parallelism cannot be combined with, one line each."""
     sharded = [v for v in sweep.parallelism if v in SHARDED] if isinstance(sweep.parallelism, list) else []
     if not sharded:
         return []
     said = f"sweep.parallelism has {', '.join(sharded)}"
+    fsdp = [v for v in sharded if v in FSDP]
     found = []
     if compile_model:
-        found.append(f"train.compile=true with {said}: torch.compile under FSDP2 is not tested here; set "
+        found.append(f"train.compile=true with {said}: torch.compile with a sharded layout is not tested here; set "
                      "train.compile=false, or sweep.parallelism=[ddp]")
-    if gns_enabled:
-        found.append(f"gns.enabled=true with {said}: the noise scale's hooks see the unsharded parameters, which "
-                     "FSDP2 replaces by shards; set gns.enabled=false, or sweep.parallelism=[ddp]")
+    if gns_enabled and fsdp:
+        found.append(f"gns.enabled=true with sweep.parallelism has {', '.join(fsdp)}: the noise scale's hooks see the "
+                     "unsharded parameters, which FSDP2 replaces by shards; set gns.enabled=false, or "
+                     "sweep.parallelism=[ddp] (or zero1)")
     if batch_schedule:
         found.append(f"train.batch_schedule with {said}: a span hands its training state to the next in memory, "
                      "which sharded ranks do not hold whole; drop train.batch_schedule, or sweep.parallelism=[ddp]")
+    if "hsdp" in sharded and placement_strategy == "STRICT_SPREAD":
+        found.append("sweep.parallelism has hsdp with cluster.placement_strategy=STRICT_SPREAD: every rank on a node "
+                     "of its own makes shard groups of one rank, which shard nothing; use PACK or SPREAD, or "
+                     "parallelism zero1")
     return found
 
 

@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
-from sweeper.config.model_sections import MODEL_SECTIONS, GPTConfig, HFConfig, MLPConfig
+from sweeper.config.model_sections import MODEL_SECTIONS, GPTConfig, HFConfig, LightningFields, MLPConfig
 from sweeper.config.rules import check_rule, is_not_negative, is_positive, check_sizes
 from sweeper.config.runtime import physical_memory_bytes
 from sweeper.errors import first_line
@@ -52,7 +52,7 @@ class _EveryModel:
 
 
 @dataclass
-class ModelConfig(MLPConfig, HFConfig, GPTConfig, _EveryModel):
+class ModelConfig(LightningFields, MLPConfig, HFConfig, GPTConfig, _EveryModel):
     """The `model` section: the fields every model has, then each built-in model's own (MODEL_SECTIONS'
     dataclasses, one flat section: `model.depth`, `model.n_layer`, ... as in the YAML), whichever model
     is chosen."""
@@ -92,6 +92,10 @@ class DataConfig:
     # Import path of `fn(batch) -> int`, the samples a batch holds, only where it cannot be read from the batch
     # (the leading dimension of its `labels`, its `input_ids`, or its first tensor). null: read from the batch.
     samples_fn: Optional[str] = None
+    # model=lightning (data=lightning): the import path of your LightningDataModule class (or a factory of one),
+    # made with data.kwargs; its `batch_size` attribute takes each point's micro-batch (Lightning's tuner
+    # convention) and its train_dataloader's dataset and collate_fn are streamed in the point's order.
+    datamodule: Optional[str] = None
 
 
 @dataclass

@@ -41,6 +41,9 @@ def point_params(cfg: SweeperConfig, spec: PointSpec, result: Optional[PointResu
         "point": point.point_key,
         "model": cfg.model.name,
         "dataset": cfg.data.name,
+        # the training that is yours: your loop (loop.fn), your LightningModule and DataModule (model=lightning)
+        **{key: value for key, value in (("loop_fn", cfg.loop.fn), ("lightning_module", cfg.model.module),
+                                         ("lightning_datamodule", cfg.data.datamodule)) if value},
         "micro_batch_size": point.micro_batch_size,
         "accumulation_steps": point.accumulation_steps,
         "num_workers": point.num_workers,

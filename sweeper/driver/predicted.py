@@ -19,6 +19,7 @@ from sweeper.config.sweep import SHARDED
 from sweeper.driver import console
 from sweeper.errors import first_line
 from sweeper.measure import communication, sharded_memory
+from sweeper.measure.layouts import LAYOUTS
 from sweeper.plan import GridPoint
 from sweeper.schema import PointResult
 
@@ -77,7 +78,25 @@ def communication_per_step(cfg: SweeperConfig, points: Sequence[GridPoint], num_
     return {p: communication.per_step(units, p.parallelism, p.num_workers, p.accumulation_steps, p.gradient_sync,
                                       gather_bytes_per_value=2 if (p.precision != "fp32" and p.parallelism in SHARDED)
                                       else None).bytes
-            for p in points}
+            for p in points if p.parallelism in LAYOUTS}  # zero1's and hsdp's: worker/sharding.traffic, once placed
+def units_param(cfg: SweeperConfig, num_classes: int) -> Dict[str, str]:
+    """{"model_units": the model's units as report/target_cluster.encode_units writes them} for a sweep with a
+    sharded parallelism: the report predicts a sharded layout's memory at worker counts the sweep did not run from
+    them. {} for a DDP sweep, a model that cannot be built here, or units too long for an MLflow param."""
+    if not any(p in SHARDED for p in cfg.sweep.parallelism):
+        return {}
+    from sweeper import recipe
+    from sweeper.report import target_cluster
+    from sweeper.workloads import models
+
+    try:
+        model = models.build_on_meta(cfg.model, num_classes)
+        text = target_cluster.encode_units(sharded_memory.units_of(model, recipe.blocks(model,
+                                                                                        cfg.model.checkpoint_modules)))
+    except Exception as exc:  # noqa: BLE001 - the report says memory unknown without them; the sweep goes on
+        console.warn(f"the model's units were not recorded ({first_line(exc)}): memory at other worker counts unknown")
+        return {}
+    return {"model_units": text} if len(text) <= target_cluster.MAX_PARAM_CHARS else {}
 
 
 def over_budget(predictions: Mapping[GridPoint, sharded_memory.Prediction], budget: Optional[int]

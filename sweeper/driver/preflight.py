@@ -16,7 +16,7 @@ from sweeper.cluster import storage
 from sweeper.cluster.connect import Cluster
 from sweeper.cluster.resources import capacity_problems
 from sweeper.config import (AUTO_NEEDS_BUDGET, SweeperConfig, budget_bytes, is_auto, normalize_batch_coupled,
-                            tracking_uri, validate)
+                            tracking_uri, validate, yours)
 from sweeper.driver import console, predicted
 from sweeper.driver.strategy import strategy_of
 from sweeper.errors import ConfigError, first_line
@@ -54,6 +54,9 @@ class Prepared:
     # Why the batches are the sweep's own (your collate, dict samples, your step), which the fake-tensor FLOP
     # count and memory estimate (built from model.input_shape) do not describe; None: they describe them.
     own_batches: Optional[str] = None
+    # What makes the training yours (loop.fn=..., model=lightning): its model and data are its own, so nothing
+    # of sweeper's model or data is built, counted or predicted; None: sweeper's own loop.
+    yours: Optional[str] = None
 
     def at(self, context: Optional[int]) -> Tuple[int, Dict[str, flops.FlopCount]]:
         """(training samples, FLOP counts by checkpointing mode) at a point's context."""
@@ -66,11 +69,13 @@ class Prepared:
 
 def preflight(cfg: SweeperConfig) -> Tuple[Prepared, Dict[GridPoint, PointSpec]]:
     """Every check that needs no cluster, all problems collected into one ConfigError."""
-    problems = validate(cfg) + models.check(cfg.model, cfg.data.num_classes)
-    problems += datasets.check(cfg.data, cfg.model.context)
+    said = yours(cfg)  # your loop's or your LightningModule's model and data are theirs: not built here
+    problems = validate(cfg)
+    if said is None:
+        problems += models.check(cfg.model, cfg.data.num_classes) + datasets.check(cfg.data, cfg.model.context)
     problems += tracking.check(tracking_uri(cfg.tracking))
     problems += [p for p in [storage.check(cfg.cluster.storage_path)] if p]
-    if not problems:
+    if not problems and said is None:
         problems += check_recipe(cfg)
     auto = is_auto(cfg.sweep.micro_batch_sizes)
     if auto and cfg.device.memory_budget_gb is None and cfg.cluster.use_gpu == "auto" and cfg.cluster.address is None:
@@ -88,6 +93,8 @@ def preflight(cfg: SweeperConfig) -> Tuple[Prepared, Dict[GridPoint, PointSpec]]
     if problems:
         raise ConfigError(problems)
     warn_emulated(cfg)
+    if said is not None:
+        return your_training(cfg, points, said)
     splits = datasets.load(cfg.data, cfg.model.input_shape)
     own = own_batches(cfg, splits.train)
     if own and (cfg.measure.flops or cfg.measure.memory_breakdown):
@@ -101,6 +108,19 @@ def preflight(cfg: SweeperConfig) -> Tuple[Prepared, Dict[GridPoint, PointSpec]]
         train = len(datasets.load(cfg.data, at.model.input_shape).train)
         prepared.contexts[context] = (train, count_flops(at, splits.num_classes) if cfg.measure.flops else {})
     return prepared, (build_specs(cfg, prepared, points) if points else {})
+
+
+def your_training(cfg: SweeperConfig, points: List[GridPoint], said: str
+                  ) -> Tuple[Prepared, Dict[GridPoint, PointSpec]]:
+    """The points of a sweep whose training is yours (`said`: loop.fn=..., model=lightning): the budget is
+    train.samples, and nothing of a model or data is built, counted or estimated here (each point measures its
+    throughput, memory and your evaluations as ever)."""
+    own = f"the training is yours ({said})"
+    if cfg.measure.flops or cfg.measure.memory_breakdown:
+        console.warn(f"FLOPs (MFU) and the fake-tensor memory estimate are skipped: {own}; the points measure "
+                     "throughput and memory as ever")
+    prepared = Prepared(points, 0, 0, {}, own_batches=own, yours=said)
+    return prepared, build_specs(cfg, prepared, points)
 
 
 def own_batches(cfg: SweeperConfig, train: Any) -> Optional[str]:
@@ -196,6 +216,7 @@ def _point_spec(cfg: SweeperConfig, point: GridPoint, steps: int, flop_counts: D
         timeout_seconds=cfg.cluster.point_timeout_seconds,
         start_from=cfg.train.start_from,
         schedule_samples=budget,
+        loop=cfg.loop,
     )
 
 
@@ -209,12 +230,15 @@ def build_specs(cfg: SweeperConfig, prepared: Prepared, points: List[GridPoint])
                                                                     and p.parallelism == "ddp"],
                                          prepared.num_classes))
     device = predicted.device_type(cfg)
-    predictions = predicted.predict(cfg, points, prepared.num_classes, at_context, device)
+    # Your loop's (loop.fn, model=lightning) memory is its own: measured, never predicted from sweeper's step.
+    predictions = {} if prepared.yours is not None else predicted.predict(cfg, points, prepared.num_classes,
+                                                                          at_context, device)
     sent = predicted.communication_per_step(cfg, points, prepared.num_classes)
     if not prepared.auto:  # a frontier's grid is measured to fit: never skipped by prediction
         prepared.over_budget = predicted.over_budget(predictions, budget_bytes(cfg.device))
-        prepared.beyond_data_parallelism = predicted.beyond_data_parallelism(cfg, points, prepared.num_classes,
-                                                                             at_context, device)
+        if prepared.yours is None:
+            prepared.beyond_data_parallelism = predicted.beyond_data_parallelism(cfg, points, prepared.num_classes,
+                                                                                 at_context, device)
     specs: Dict[GridPoint, PointSpec] = {}
     meta = start_meta(cfg, problems)
     start = int(meta["position"]["samples_seen"]) if meta else 0

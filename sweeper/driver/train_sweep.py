@@ -48,13 +48,7 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
             raise ConfigError([NEEDS_BUDGET])  # a cluster without GPUs
         name, parent, done_keys = open_sweep(cfg, s, prepared.auto, resolved_yaml, interrupted)
         s.tracker.dataset = dataset_record(cfg, prepared)
-        opening = strategy.opening_params(prepared.batch_coupled)
-        if not cfg.sweep.resume and opening:
-            s.tracker.log_sweep_params(opening)
-        if prepared.beyond_data_parallelism:  # said now and in the answer (report/text.py reads the param)
-            console.warn(prepared.beyond_data_parallelism)
-            if not cfg.sweep.resume:
-                s.tracker.log_sweep_params({"data_parallel_limit": prepared.beyond_data_parallelism})
+        _opening_params(cfg, s, strategy, prepared)
         phases("tracking")
         console.print_where(s.uri, s.cluster.dashboard_url, s.cluster.token_path, s.cluster.results_dir)
         points, specs, frontier_failed = prepared.points, specs, False
@@ -91,6 +85,18 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
             console.print_report(made.html_path, made.text, made.yaml_path)
         # Writes still pending: the record is not complete, whatever the points did.
         return EXIT_POINT_FAILED if failed or s.tracker.pending else EXIT_OK
+
+
+def _opening_params(cfg: SweeperConfig, s: Session, strategy: Any, prepared: Any) -> None:
+    """The parent run's params known before the first point: the strategy's, a sharded sweep's model units (the
+    report's memory per worker at worker counts it did not run) and the data-parallel limit (said now too)."""
+    opening = {**strategy.opening_params(prepared.batch_coupled), **predicted.units_param(cfg, prepared.num_classes)}
+    if not cfg.sweep.resume and opening:
+        s.tracker.log_sweep_params(opening)
+    if prepared.beyond_data_parallelism:  # said now and in the answer (report/text.py reads the param)
+        console.warn(prepared.beyond_data_parallelism)
+        if not cfg.sweep.resume:
+            s.tracker.log_sweep_params({"data_parallel_limit": prepared.beyond_data_parallelism})
 
 
 def recorded_statuses(s: Session, parent: str, rows: Rows) -> Counter:
@@ -185,6 +191,8 @@ def sweep_params(cfg: SweeperConfig, auto: bool, resources: Resources) -> Dict[s
         "use_gpu": resources.use_gpu,
         "cpus_per_worker": resources.cpus_per_worker,
         "device_memory_budget_gb": cfg.device.memory_budget_gb,
+        # the report's throughput model divides each parallelism's bytes by it (null: fitted from the points)
+        "interconnect_gbps": cfg.cluster.interconnect_gbps,
         # The question the report answers, so `python -m sweeper.report` rebuilds the same answer.
         **settings_params(cfg.report),
     }

@@ -7,8 +7,9 @@ Built on torch's own MemTracker (a dispatch mode) and FakeTensorMode; knows torc
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -277,6 +278,16 @@ def track_step(
     SimulatedOutOfMemoryError (CPU: a budget no allocator enforces).
     Nothing stays installed afterwards: no hooks, no dispatch mode.
     """
+    with tracking(model, optimizer, device, budget_bytes) as breakdown:
+        step()
+    return breakdown()
+
+
+@contextmanager
+def tracking(model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device,
+             budget_bytes: Optional[int] = None) -> Iterator[Callable[[], MemoryBreakdown]]:
+    """track_step's tracker around whatever runs inside (a step someone else drives: your loop, Lightning's
+    Trainer, entered and left at its step's edges); yields the function that reads the breakdown once it is left."""
     device = _resolve(device)
     tracker = _HindsightMemTracker(budget_bytes)
     # A dispatch mode only sees tensors created under it: parameters, buffers, gradients
@@ -302,6 +313,15 @@ def track_step(
         if depth == 0 and not _in_backward():
             tracker.note_forward_end()
 
+    def breakdown() -> MemoryBreakdown:
+        peak = tracker.get_tracker_snapshot("peak").get(device, {})
+        return MemoryBreakdown(
+            **{name: peak.get(ref, 0) for name, ref in _CATEGORIES.items()},
+            peak_bytes=peak.get(_TOTAL_KEY, 0),
+            forward_activations_bytes=tracker.forward_activations(device),
+            **tracker.phase_peaks(device),
+        )
+
     # Registered before MemTracker registers its own global hooks, so these run first.
     handles = (
         register_module_forward_pre_hook(before_forward),
@@ -311,18 +331,10 @@ def track_step(
         handles += (optimizer.register_step_pre_hook(tracker.optimizer_phase),)
     try:
         with tracker:
-            step()
+            yield breakdown
     finally:
         for handle in handles:
             handle.remove()
-
-    peak = tracker.get_tracker_snapshot("peak").get(device, {})
-    return MemoryBreakdown(
-        **{name: peak.get(ref, 0) for name, ref in _CATEGORIES.items()},
-        peak_bytes=peak.get(_TOTAL_KEY, 0),
-        forward_activations_bytes=tracker.forward_activations(device),
-        **tracker.phase_peaks(device),
-    )
 
 
 def estimate_step(

@@ -8,6 +8,9 @@ step (measure.layouts says what each holds). What the figures are compared again
 (the tensors of one step; scripts/bench_sharding.py, docs/parallelism.md). On CUDA the device holds more than
 the tensors (its context, NCCL's buffers, the caching allocator's rounding and fragmentation): `CUDA_MARGIN`,
 added to a prediction only for a CUDA worker.
+zero1 and hsdp (issue 57) are priced from those: zero1 is DDP's phases with the most loaded rank's share of
+the optimizer state (ZeroRedundancyOptimizer's partition by whole tensors), hsdp ZeRO-3's within a node (its
+shard group is a node's ranks; the all-reduce across nodes runs on the sharded gradients in place).
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ from sweeper.measure.layouts import LAYOUTS, PHASES, Sizes
 from sweeper.plan import PARALLELISMS
 
 MIB = 2 ** 20
+# The parallelisms priced from another layout's phases (issue 57): zero1 is DDP's with its optimizer state
+# partitioned, hsdp ZeRO-3's over a node's ranks. Every other one is a measure.layouts class.
+DERIVED = {"zero1": "ddp", "hsdp": "zero3"}
 # autocast's low-precision copies of the weights (bf16/fp16: 2 bytes a parameter; a probe measured 24.29 MiB
 # for a 12.7M-parameter GPT): inside the activation intercept fitted on the unsharded model, and absent under
 # FSDP2's mixed precision, whose gathered weights are already bf16 (counted as `gathered`).
@@ -142,6 +148,11 @@ class Prediction:
     def total(self) -> int:
         return self.tensor_bytes + self.margin_bytes
 
+    @property
+    def optimizer_state_bytes(self) -> int:
+        """The optimizer state held at the peak."""
+        return self.get("optimizer_state")
+
     def get(self, part: str) -> int:
         """One part of the peak phase (0 when it holds none)."""
         return self.parts.get(part, 0)
@@ -181,7 +192,8 @@ def sizes_of(units: Sequence[Unit], parallelism: str, workers: int, micro_batch_
 def peak(units: Sequence[Unit], parallelism: str, workers: int, micro_batch_size: int, accumulation_steps: int,
          activation_bytes_per_sample: float, activation_fixed_bytes: float = 0.0, bytes_per_value: int = 4,
          gather_bytes_per_value: Optional[int] = None, optimizer: OptimizerCost = ADAMW_CPU,
-         gradient_sync: str = "final", margin: DeviceMargin = NO_MARGIN) -> Prediction:
+         gradient_sync: str = "final", margin: DeviceMargin = NO_MARGIN,
+         ranks_per_node: Optional[int] = None) -> Prediction:
     """The peak per worker of one optimizer step at `workers` data-parallel workers (the shard group: FSDP2
     shards over all of them), `micro_batch_size` samples per micro-step and `accumulation_steps` micro-steps.
 
@@ -191,18 +203,54 @@ def peak(units: Sequence[Unit], parallelism: str, workers: int, micro_batch_size
     the gathered weights' (bf16 under FSDP2's MixedPrecisionPolicy: 2; default the same). `optimizer`: its state
     and step temporaries per element. `gradient_sync`: `final` (the reduce skipped before the last micro-step:
     unsharded gradients held) or `every` (a reduce per micro-step: sharded ones held). `margin`: the device's
-    (margin_for)."""
+    (margin_for). `ranks_per_node`: hsdp's shard group (None: every worker on one node, as on a local Ray; the
+    mesh across nodes is known once placed)."""
     if parallelism not in PARALLELISMS:
         raise ValueError(f"parallelism {parallelism!r} is invalid. Should be one of {list(PARALLELISMS)}.")
     if workers < 1 or micro_batch_size < 1 or accumulation_steps < 1:
         raise ValueError(f"workers {workers}, micro-batch {micro_batch_size} and accumulation {accumulation_steps} "
                          "must be at least 1")
+    same = dict(activation_fixed_bytes=activation_fixed_bytes, bytes_per_value=bytes_per_value,
+                gather_bytes_per_value=gather_bytes_per_value, optimizer=optimizer, gradient_sync=gradient_sync,
+                margin=margin)
+    point = (micro_batch_size, accumulation_steps, activation_bytes_per_sample)
+    if parallelism == "zero1":
+        ddp = peak(units, DERIVED["zero1"], workers, *point, **{**same, "margin": NO_MARGIN})
+        return _zero1(ddp, units, workers, optimizer, margin)
+    if parallelism == "hsdp":
+        return peak(units, DERIVED["hsdp"], ranks_per_node or workers, *point, **same)
     sizes = sizes_of(units, parallelism, workers, micro_batch_size, accumulation_steps, activation_bytes_per_sample,
                      activation_fixed_bytes, bytes_per_value, gather_bytes_per_value, optimizer, gradient_sync)
     phases = LAYOUTS[parallelism].phases(sizes)
     frozen = tuple((phase, tuple(sorted(phases[phase].items()))) for phase in PHASES)
     tensors = max(sum(parts.values()) for parts in phases.values())
     return Prediction(frozen, margin.of(tensors) if margin.fraction or margin.fixed_bytes else 0)
+
+
+
+# zero1 (issue 57): DDP's peak, its optimizer state ZeroRedundancyOptimizer's share on the most loaded rank.
+
+def zero1_shares(units: Sequence[Unit], workers: int) -> List[Tuple[int, int]]:
+    """(parameter values, tensors) whose optimizer state each rank holds under ZeroRedundancyOptimizer (torch
+    2.14's `_partition_parameters`): whole tensors, the largest first, each to the rank holding the fewest
+    values so far (the lowest such rank on a tie)."""
+    loads = [[0, 0] for _ in range(workers)]
+    for numel in sorted((math.prod(shape) for u in units for shape in u.shapes), reverse=True):
+        least = min(range(workers), key=lambda r: loads[r][0])
+        loads[least][0] += numel
+        loads[least][1] += 1
+    return [(values, tensors) for values, tensors in loads]
+
+
+def _zero1(ddp: Prediction, units: Sequence[Unit], workers: int, optimizer: OptimizerCost,
+           margin: DeviceMargin) -> Prediction:
+    """DDP's phases (`ddp`, predicted without a margin) with the optimizer state the most loaded rank's share."""
+    values, tensors = max(zero1_shares(units, workers))
+    state = optimizer.state(values, tensors)
+    phases = tuple((name, tuple((part, state if part == "optimizer_state" else value) for part, value in parts))
+                   for name, parts in ddp.phases)
+    tensor_bytes = max(sum(value for _, value in parts) for _, parts in phases)
+    return Prediction(phases, margin.of(tensor_bytes) if margin.fraction or margin.fixed_bytes else 0)
 
 
 def _shown(prediction: Prediction) -> str:

@@ -14,7 +14,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from sweeper import tracking
 from sweeper.config import ReportConfig
-from sweeper.report import analysis, branched, classes, figures, folding, headline, html, sections, snippets
+from sweeper.report import (analysis, branched, classes, figures, folding, headline, html, projection,
+                            projection_sections, sections, snippets)
 from sweeper.report.analysis import Recommendation, Trial
 from sweeper.report.critical_batch import CriticalBatch
 from sweeper.report.folders import default_folder
@@ -31,6 +32,8 @@ class Report:
     yaml_path: str
     text: str  # the recommendation in words, as printed and tagged
     critical_batch: Optional[CriticalBatch] = None  # fitted to the points' steps to target, if it could be
+    # the run at full length, the sweep's cost, the throughput model, goodput, report.target_workers
+    projected: Optional[projection.Projection] = None
 
 
 def build(
@@ -56,42 +59,51 @@ def build(
     budget_gb = cfg.memory_budget_gb or number(sweep.params.get("device_memory_budget_gb"))
     budget = budget_gb * 2**30 if budget_gb else None
     found = folding.critical_batch(trials)
-    # sweep.strategy=branch: the branches' answer, whose critical batch size is the quality rule
-    is_branch = sweep.params.get("strategy") == "branch"
+    is_branch = sweep.params.get("strategy") == "branch"  # the branches' answer: its critical batch rules quality
     answer = branched.read(reader) if is_branch else None
 
     rec = _recommend(trials, cfg, budget, found, branched.limit(answer) if is_branch else None, sweep.params)
+    projected = projection.project(rec, trials, cfg, sweep.params, reader.spent(), budget,
+                                   branched.flat(answer)[0] if answer else None)
     line = analysis.override_line(rec.best) if rec.best else None
-    yaml_path = _write_text(os.path.join(folder, "recommendation.yaml"), analysis.recommendation_yaml(
-        rec, cfg.objective, cfg.min_accuracy, budget, cfg.max_accuracy_drop, cfg.max_loss_rise))
+    yaml_path = _write_yaml(folder, rec, cfg, budget, projected, line)
+    run_line, run = _run_words(projected, line)
     images = figures.draw(folder, trials, cfg, sweep.params, budget, rec, found)
     limit = _append_limit(yaml_path, sweep.params)
-    why = recommendation_text(rec, line, found, folding.single_context(trials))
+    why = recommendation_text(rec, run_line, found, folding.single_context(trials))
     glance = branched.glance(answer, rec.best, trials, line) if answer is not None and rec.best else None
     word = branched.chosen_word(answer, glance)  # the recommended point's verdict in the alternatives
-    text = answer_text(rec, line, found, folding.single_context(trials), glance, word)
+    text = answer_text(rec, line, found, folding.single_context(trials), glance, word, run)
     extra: List[Any] = [("Alternatives", headline.alternatives(rec, word)), ("Why", why),
                         ("Accuracy classes", classes.words(rec.classes, coupled(sweep.params)))]
     if answer is not None:
         extra += _branch_sections(answer, folder, trials, found, images)
         text += "\n" + branched.headline(answer).strip()
-    if limit:
-        extra.insert(0, ("Beyond data parallelism", f"Data parallelism is not enough: {limit}."))
-        text += f"\nData parallelism is not enough: {limit}."
+    text = _say_limit(limit, extra, text)
     # The parent's own figures: the frontier searches' (sweep.micro_batch_sizes=auto) and the smart
     # strategy's compute ledger.
     extra += sections.sections(trials, found, {**sweep.params, **settings_params(cfg)}, reader.metrics())
-    page = html.render(sweep.run_name, table_rows(trials), images, "\n".join(headline.headline(rec, line, glance)),
+    extra += projection_sections.sections(projected, rec.best.key if rec.best else None)
+    page = html.render(sweep.run_name, table_rows(trials), images, "\n".join(headline.headline(rec, line, glance, run)),
                        _settings_shown(parent_run_id, cfg, budget_gb, rec.quality), extra)
     html_path = _write_text(os.path.join(folder, "report.html"), page)
     pasteable = _write_snippets(yaml_path, folder, sweep.params, answer, _record_of(sweep, rec.best))
-    report = Report(folder, html_path, rec, line, yaml_path, text, found)
+    report = Report(folder, html_path, rec, run_line, yaml_path, text, found, projected)
     if log:
         # Only the files written here: the folder may hold others (the frontier's, logged on their own).
         _attach(store, parent_run_id, variant_name, report, [yaml_path, html_path, *images.values()], pasteable)
         if variant_name is None:
             _log_critical_batch(store, parent_run_id, trials, found, sweep.params)
+            tracking.log_sweep_metrics(store, parent_run_id, projection.metrics(projected))
     return report
+
+
+def _say_limit(limit: Optional[str], extra: List[Any], text: str) -> str:
+    """The answer's text with the data-parallel limit said last, and its section put first (nothing without one)."""
+    if not limit:
+        return text
+    extra.insert(0, ("Beyond data parallelism", f"Data parallelism is not enough: {limit}."))
+    return text + f"\nData parallelism is not enough: {limit}."
 
 
 def _append_limit(yaml_path: str, params: Dict[str, str]) -> Optional[str]:
@@ -158,6 +170,24 @@ def _write_snippets(yaml_path: str, folder: str, params: Dict[str, str], answer:
     if answer is not None:
         pasteable += branched.snippets_for(answer, os.path.join(folder, "snippets"))
     return pasteable
+
+
+def _write_yaml(folder: str, rec: Recommendation, cfg: ReportConfig, budget: Optional[float],
+                projected: projection.Projection, line: Optional[str]) -> str:
+    """recommendation.yaml: the recommendation, the projection's blocks and the elastic plan's predicted rows."""
+    return _write_text(os.path.join(folder, "recommendation.yaml"), analysis.recommendation_yaml(
+        rec, cfg.objective, cfg.min_accuracy, budget, cfg.max_accuracy_drop, cfg.max_loss_rise,
+        projection_sections.yaml_blocks(projected, line), projected.elastic_predictor()))
+
+
+def _run_words(projected: projection.Projection, line: Optional[str]
+               ) -> Tuple[Optional[str], Optional[headline.RunWords]]:
+    """With report.run_samples, the override line that trains the run (train.samples stretches the LR schedule
+    over it, not the sweep's budget) and the headline's words of the run; else the sweep's line and None."""
+    run_line = projection.run_override(line, projected)
+    if projected.run is None or not line:
+        return run_line, None
+    return run_line, ((lambda detail: projection.run_words(projected, detail)), run_line)
 
 
 def _log_critical_batch(store: tracking.Store, run_id: str, trials: List[Trial],

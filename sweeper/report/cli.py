@@ -43,6 +43,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-loss-rise", type=_optional_float, default=keep,
                         help="the tolerance when the quality is a loss, in its units, or none")
     parser.add_argument("--knee-min-gain", type=float, default=keep)
+    # The run the answer configures and the clusters it predicts for (report/projection.py).
+    parser.add_argument("--run-samples", type=_optional_float, default=keep,
+                        help="samples the run will train (sequences for a language model), or none")
+    parser.add_argument("--run-tokens", type=_optional_float, default=keep, help="a language model's run in tokens")
+    parser.add_argument("--price-per-device-hour", type=_optional_float, default=keep, help="the run's price, or none")
+    parser.add_argument("--max-workers", type=_optional_float, default=keep,
+                        help="worker counts the throughput model predicts up to")
+    parser.add_argument("--target-workers", type=_optional_float, default=keep,
+                        help="the worker count of a cluster to answer for (predicted), or none")
     parser.add_argument("--out", default=None, help="default: <MLflow store folder>/reports/<sweep run name>")
     parser.add_argument("--no-log", action="store_true", help="write files only; do not attach them to the run")
     return parser

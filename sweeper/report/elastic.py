@@ -12,11 +12,14 @@ the sharded model's prediction recorded on a point of that layout (one skipped b
 measured worker counts the larger of the two neighbours' (sharding only lowers it as workers grow). A layout
 whose memory is neither measured nor predicted does not fit a budget. Throughput between measured counts: per
 worker, interpolated linearly in the worker count.
+With the report's throughput model (`predict`: report/projection.elastic_predictor), a predicted row's throughput
+and memory are the model's instead, each with its measured error (report/throughput_model.py,
+report/target_cluster.py).
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from sweeper.report import parallelism
 from sweeper.report.trials import Trial
@@ -29,10 +32,17 @@ def _recipe(t: Trial) -> Tuple[Any, ...]:
             parallelism.of(t))
 
 
-def plan(trials: Sequence[Trial], best: Trial, budget_bytes: Optional[float] = None) -> Optional[Dict[str, Any]]:
+# (micro-batch, accumulation, workers) -> the model's figures for that layout: samples_per_second,
+# samples_per_second_error (None: unbounded), error_rule, peak_memory_bytes, peak_memory_error; None: no prediction.
+Predictor = Callable[[int, int, int], Optional[Dict[str, Any]]]
+
+
+def plan(trials: Sequence[Trial], best: Trial, budget_bytes: Optional[float] = None,
+         predict: Optional[Predictor] = None) -> Optional[Dict[str, Any]]:
     """{"global_batch_size", "num_workers": [min, max] of the elastic range (None when no two neighbouring
     counts both have a layout), "rows": one per worker count from the fewest to the most measured}. None
-    when the recommended recipe was measured at one worker count only (nothing to resize between)."""
+    when the recommended recipe was measured at one worker count only (nothing to resize between). `predict`:
+    the throughput model's figures for a row the sweep did not run."""
     recorded = [t for t in trials if _recipe(t) == _recipe(best)]
     same = [t for t in recorded if t.status == "ok" and t.samples_per_second]
     counts = sorted({t.num_workers for t in same} | {best.num_workers})
@@ -50,7 +60,19 @@ def plan(trials: Sequence[Trial], best: Trial, budget_bytes: Optional[float] = N
             low = max(c for c in counts if c < workers)
             high = min(c for c in counts if c > workers)
             rows.append(_between(same, workers, batch, budget_bytes, low, high, memory))
+    if predict is not None:
+        rows = [_modelled(r, predict) if r["source"] == "predicted" else r for r in rows]
     return {"global_batch_size": batch, "num_workers": _span(rows, best.num_workers), "rows": rows}
+
+
+def _modelled(row: Dict[str, Any], predict: Predictor) -> Dict[str, Any]:
+    """A predicted row with the throughput model's figures and their errors, where it has them."""
+    found = predict(row["micro_batch_size"], row["accumulation_steps"], row["num_workers"])
+    if not found:
+        return row
+    kept = {k: v for k, v in found.items() if v is not None or k.endswith("_error")}
+    why = f"{row['why']}; throughput from the throughput model ({found.get('error_rule')})"
+    return {**row, **kept, "why": why}
 
 
 def _fits(peak: Optional[float], budget_bytes: Optional[float]) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import textwrap
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from sweeper import stats
 from sweeper.report.noninferiority import Gap, judge_gap, one_sided
@@ -21,13 +21,22 @@ MAX_ROWS = 6  # the recommended point and up to five alternatives
 VERDICTS = {"eligible": "certified", "unproven": "unproven", "excluded": "worse", "untested": "not tested"}
 
 
+# The run the answer configures (report.run_samples): its words by detail (report/projection.run_words: 2, 1, 0;
+# -1 names train.samples inline for when the run's override line does not fit), and the run's override line.
+RunWords = Tuple[Callable[[int], Optional[str]], str]
+
+
 def headline(rec: Recommendation, line: Optional[str],
-             glance: Optional[Tuple[List[str], Optional[str]]] = None) -> List[str]:
+             glance: Optional[Tuple[List[str], Optional[str]]] = None,
+             run: Optional[RunWords] = None) -> List[str]:
     """The answer in at most 3 lines of WIDTH characters: what to train and why in figures, then the
     override line (wrapped at its spaces). Details are dropped, least useful first, until it fits; an
     override line that alone takes 3 lines is kept whole (it must be copied). `glance` (a branch sweep's:
     report/branched.glance) replaces the sentences, most detailed first, and the override line: one answer,
-    the schedule or the constant layout, per sweep."""
+    the schedule or the constant layout, per sweep. `run` puts the run's time, device-hours and price and the
+    sweep's share of it in place of the budget's device-hours, with the run's override line (train.samples: the
+    LR schedule over the run); at the least detail the quality gives way to it (the table below the headline has
+    it), and last the sweep's own line with train.samples named in the sentence."""
     if rec.best is None:
         lines = _wrap(f"No recommendation: {rec.reason}")
         # The full reason is the report's "Why"; three lines say what happened.
@@ -35,15 +44,22 @@ def headline(rec: Recommendation, line: Optional[str],
     quality = judged_by(rec)
     best = rec.points[rec.best.key]
     if glance is not None:
-        sentences, line = glance
+        tries = [(text, glance[1]) for text in glance[0]]
+    elif run is not None:
+        tries = [(_sentence(rec, best, quality, detail, run[0]), run[1]) for detail in (2, 1, 0, -1)]
+        tries.append((f"Train {best.key}: {run[0](-1)}", line))
     else:
-        sentences = [_sentence(rec, best, quality, detail) for detail in (2, 1, 0)]
-    override = _wrap(f"Overrides: {line}") if line else []
-    room = max(1, 3 - len(override))
-    for text in sentences:
+        tries = [(_sentence(rec, best, quality, detail), line) for detail in (2, 1, 0)]
+    for i, (text, shown) in enumerate(tries):
+        override = _wrap(f"Overrides: {shown}") if shown else []
         sentence = _wrap(text)
-        if len(sentence) <= room:
-            break
+        # The run's own line is tried only while the whole fits; the sweep's line, as ever, is kept whole.
+        whole = run is not None and i < len(tries) - 1
+        if len(sentence) <= (3 - len(override) if whole else max(1, 3 - len(override))):
+            return sentence + override
+    room = max(1, 3 - len(override))
+    if run is not None:  # the run's figures are cut short rather than the line that must be copied
+        sentence = sentence[:room - 1] + [textwrap.shorten(" ".join(sentence[room - 1:]), WIDTH, placeholder=" ...")]
     return sentence + override
 
 
@@ -51,10 +67,12 @@ def _wrap(text: str) -> List[str]:
     return textwrap.wrap(text, WIDTH, break_on_hyphens=False, break_long_words=False)
 
 
-def _sentence(rec: Recommendation, best: PointSummary, quality: Quality, detail: int) -> str:
+def _sentence(rec: Recommendation, best: PointSummary, quality: Quality, detail: int,
+              run: Optional[Callable[[int], Optional[str]]] = None) -> str:
     """'Train mb32-acc1-w1: 1.50x the speed of the most accurate (mb16-acc1-w1); 0.0012 device-hours (1 x 4 s);
     gap -0.010 [-0.015, -0.005] certified'; `detail` 2 names the most accurate point and the budget's workers and
-    seconds, 1 the workers and seconds, 0 neither."""
+    seconds, 1 the workers and seconds, 0 neither; with `run`, its words at that detail instead of the budget's,
+    and at -1 without the quality."""
     top = most_accurate(rec)
     mine = rec.classes.get(best.key, best)
     if top is None:
@@ -64,14 +82,21 @@ def _sentence(rec: Recommendation, best: PointSummary, quality: Quality, detail:
     else:
         standing = f"{rate(best.trial) / rate(top.trial):.2f}x the speed of the {quality.most()}" + (
             f" ({top.key})" if detail >= 2 else "")
-    parts = [device_hours(best, detail >= 1)]
-    if rec.top is None or mine.key == rec.top:
-        parts.append(f"{quality.metric} {quality.text(mine, rec.level)}")
-    else:
-        gap = rec.gaps.get(best.key)
-        if gap is not None and gap.interval is not None:
-            parts.append(f"gap {gap_text(gap.interval, quality)} certified")
+    parts = [device_hours(best, detail >= 1) if run is None else run(max(detail, 0))]
+    # At the least detail (detail -1, with a run) the run's figures go before the quality's: the alternatives'
+    # table under the headline shows the gap.
+    if detail >= 0:
+        parts.append(_quality_part(rec, best, mine, quality))
     return f"Train {best.key}: " + "; ".join(p for p in [standing, *parts] if p)
+
+
+def _quality_part(rec: Recommendation, best: PointSummary, mine: PointSummary, quality: Quality) -> Optional[str]:
+    if rec.top is None or mine.key == rec.top:
+        return f"{quality.metric} {quality.text(mine, rec.level)}"
+    gap = rec.gaps.get(best.key)
+    if gap is not None and gap.interval is not None:
+        return f"gap {gap_text(gap.interval, quality)} certified"
+    return None
 
 
 def most_accurate(rec: Recommendation) -> Optional[PointSummary]:

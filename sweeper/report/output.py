@@ -166,6 +166,8 @@ def recommendation_yaml(
     memory_budget_bytes: Optional[float] = None,
     max_accuracy_drop: Optional[float] = None,
     max_loss_rise: Optional[float] = None,
+    extra: Optional[Dict[str, object]] = None,
+    elastic_predict: Optional[elastic.Predictor] = None,
 ) -> str:
     """A small YAML report of `rec`: the objective and constraints, the confidence level, the chosen
     configuration with its measured figures (means over seeds), seeds and intervals and a Hydra
@@ -174,7 +176,9 @@ def recommendation_yaml(
     of two or more layouts and the console's table of alternatives; when the recommended recipe was
     measured at more than one worker count, its elastic plan (report.elastic). With no
     eligible point, `recommendation: null` and the reason. `objective` defaults to `rec.objective`
-    and must agree with it."""
+    and must agree with it. `extra`: blocks appended as given (report/projection_sections.yaml_blocks: the run,
+    the sweep's cost, the throughput model, goodput, report.target_workers); `elastic_predict`: the elastic plan's
+    predicted rows from the throughput model."""
     objective = rec.objective if objective is None else objective
     if objective != rec.objective:
         raise ValueError(f"objective {objective!r} does not match the recommendation's {rec.objective!r}")
@@ -204,7 +208,8 @@ def recommendation_yaml(
     }
     # Ray Train's elastic run: the layout that keeps this global batch at each worker count measured.
     resize = None if rec.best is None else elastic.plan([p.trial for p in rec.points.values()], rec.best,
-                                                        memory_budget_bytes)
+                                                        memory_budget_bytes, elastic_predict)
     if resize is not None:
         doc["elastic_plan"] = resize
+    doc.update(extra or {})
     return yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, width=1000)

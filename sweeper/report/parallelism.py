@@ -1,5 +1,5 @@
-"""Which parallelism a point measured (ddp, zero2, zero3), as the report reads it: the point's own record
-when it has one, else its key's suffix after the worker count (`mb4-acc2-w2-zero3`); a point from before the
+"""Which parallelism a point measured (plan.PARALLELISMS), as the report reads it: the point's own record when
+it has one, else its key's suffix after the worker count (`mb4-acc2-w2-zero3`); a point from before the
 axis measured DDP. Pure (stdlib)."""
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-DEFAULT = "ddp"
-_KEY = re.compile(r"-w\d+-(zero2|zero3)(?=-|$)")
+from sweeper.plan import DEFAULT_PARALLELISM as DEFAULT, PARALLELISMS
+
+_KEY = re.compile(rf"-w\d+-({'|'.join(p for p in PARALLELISMS if p != DEFAULT)})(?=-|$)")
 
 
 def of(trial: Any) -> str:

@@ -1,6 +1,7 @@
-"""The parts of the paste-able answers that name a sharded layout (`zero2`, `zero3`: FSDP2's `fully_shard` per
-block, then the root, as sweeper measured it): Lightning's strategy and `configure_model`, Hugging Face's
-`fsdp` arguments, DeepSpeed's ZeRO stage, torchtitan's TOML and Ray Train's sharding function. Pure (stdlib).
+"""The parts of the paste-able answers that name a sharded layout (`zero2`, `zero3`, `hsdp`: FSDP2's `fully_shard`
+per block, then the root, as sweeper measured it; `zero1` names itself in the header and DeepSpeed's stage only):
+Lightning's strategy and `configure_model`, Hugging Face's `fsdp` arguments, DeepSpeed's ZeRO stage, torchtitan's
+TOML and Ray Train's sharding function. Pure (stdlib).
 
 Each trainer's own spelling, read from its source: Lightning's `ModelParallelStrategy` (lightning/pytorch/
 strategies/model_parallel.py, 2.4+), transformers 5.24's `fsdp` / `fsdp_config` (training_args.py:
@@ -15,21 +16,32 @@ from typing import Any, Dict, List, Sequence
 
 from sweeper.report import recipe_snippets as recipes
 
-SHARDED = ("zero2", "zero3")
+SHARDED = ("zero2", "zero3", "hsdp")
 # FSDP2's reshard_after_forward for the blocks: zero2 keeps a block's gathered weights from its forward to its
-# backward, zero3 frees them after forward and gathers again (the root keeps its own in both).
-RESHARD_AFTER_FORWARD = {"zero2": False, "zero3": True}
+# backward, zero3 (and hsdp, within a node) frees them after forward and gathers again (the root keeps its own).
+RESHARD_AFTER_FORWARD = {"zero2": False, "zero3": True, "hsdp": True}
 # torchtitan's policy names for the same (parallelism.fsdp_reshard_after_forward).
-TORCHTITAN_RESHARD = {"zero2": "never", "zero3": "always"}
-# DeepSpeed's nearest stage. Its stage 2 keeps whole weights between steps; FSDP2's zero2 shards them too.
-DEEPSPEED_STAGE = {"zero2": 2, "zero3": 3}
+TORCHTITAN_RESHARD = {"zero2": "never", "zero3": "always", "hsdp": "always"}
+# DeepSpeed's nearest stage. Its stage 2 keeps whole weights between steps; FSDP2's zero2 shards them too. hsdp:
+# stage 3 sharded within groups of a node's ranks (MiCS, `mics_shard_size`) and replicated across them.
+DEEPSPEED_STAGE = {"zero1": 1, "zero2": 2, "zero3": 3, "hsdp": 3}
 # torchtitan's training.mixed_precision_param (it has no fp16: sweeper refuses fp16 with sharding too).
 TORCHTITAN_PARAM_DTYPE = {"fp32": "float32", "bf16": "bfloat16"}
 
 WHAT = {
     "zero2": "ZeRO-2, FSDP2 fully_shard per block then the root, reshard_after_forward=False",
     "zero3": "ZeRO-3, FSDP2 fully_shard per block then the root, reshard_after_forward=True for the blocks",
+    "zero1": "ZeRO-1, DDP with torch's ZeroRedundancyOptimizer (each rank steps its share of the parameters)",
+    "hsdp": "HSDP, FSDP2 fully_shard per block then the root on a 2-D mesh (replicate across nodes, shard within "
+            "a node), reshard_after_forward=True for the blocks",
 }
+
+
+def mesh_degrees(layout: Any):
+    """hsdp's (replicate, shard) degrees: (nodes, ranks per node), the workers packed onto nodes of the layout's
+    GPUs per node as sweeper measured them; (1, workers) when those are unknown (one node)."""
+    per_node = min(layout.num_workers, layout.gpus_per_node or layout.num_workers)
+    return (layout.num_workers // per_node, per_node) if layout.parallelism == "hsdp" else (1, layout.num_workers)
 
 
 def header_line(parallelism: str, marker: str = "#") -> str:
@@ -75,6 +87,7 @@ def lightning(layout: Any, accelerator: str, precision: str, recipe_lines: Seque
         *_policy_lines(layout.precision, "    "),
         "    for block in self.model.layers:  # your model's blocks\n",
         f"        fully_shard(block, mesh=mesh, reshard_after_forward={blocks}, mp_policy=policy)\n",
+        *_hsdp_mesh(layout, "    "),
         "    fully_shard(self.model, mesh=mesh, reshard_after_forward=False, mp_policy=policy)\n",
         optimizers,
         _lightning_sync(layout),
@@ -84,6 +97,16 @@ def lightning(layout: Any, accelerator: str, precision: str, recipe_lines: Seque
     if layout.activation_checkpointing == "blocks":
         lines.append("# Activation checkpointing (measured with it): checkpoint each block before fully_shard.\n")
     return "".join(lines)
+
+
+def _hsdp_mesh(layout: Any, indent: str) -> List[str]:
+    """hsdp: the 2-D mesh sweeper sharded over, to pass as every fully_shard's `mesh=` (nothing otherwise)."""
+    if layout.parallelism != "hsdp":
+        return []
+    nodes, per_node = mesh_degrees(layout)
+    mesh = f'init_device_mesh("cuda", ({nodes}, {per_node}), mesh_dim_names=("replicate", "shard"))'
+    return [f"{indent}# hsdp: pass mesh={mesh} (nodes, devices per node)\n",
+            f"{indent}# to every fully_shard above and below (torch.distributed.device_mesh).\n"]
 
 
 def _lightning_sync(layout: Any) -> str:
@@ -121,14 +144,18 @@ def fsdp_config(layout: Any) -> Dict[str, Any]:
 
 
 def deepspeed_zero(layout: Any) -> Dict[str, Any]:
-    return {"stage": DEEPSPEED_STAGE[layout.parallelism]}
+    zero: Dict[str, Any] = {"stage": DEEPSPEED_STAGE[layout.parallelism]}
+    if layout.parallelism == "hsdp":
+        zero["mics_shard_size"] = mesh_degrees(layout)[1]
+    return zero
 
 
 def torchtitan_toml(layout: Any, header: str) -> str:
     """A torchtitan 0.2 job config (`torchtitan --job.config_file torchtitan.toml`; its ConfigManager refuses a
     field it does not know): the per-device and global batch (it derives accumulation), the recipe, FSDP over every
-    worker with the blocks' reshard policy, activation checkpointing and precision. Your model and dataset are
-    torchtitan's registered names (placeholders here); what it cannot set is said in a comment."""
+    worker (hsdp: replicated across nodes, sharded within one) with the blocks' reshard policy, activation
+    checkpointing and precision. Your model and dataset are torchtitan's registered names (placeholders here);
+    what it cannot set is said in a comment."""
     r = layout.recipe
     optimizer, cannot = recipes.torchtitan_sections(r, layout.optimizer, layout.lr)
     steps = r.total_steps
@@ -152,8 +179,8 @@ def torchtitan_toml(layout: Any, header: str) -> str:
         "[model]\n", "name = \"llama3\"  # your model's torchtitan name (its TrainSpec)\n",
         "flavor = \"debugmodel\"  # and its size\n\n",
         *optimizer, "\n", *training, "\n",
-        "[parallelism]\n", "data_parallel_replicate_degree = 1\n",
-        f"data_parallel_shard_degree = {layout.num_workers}\n",
+        "[parallelism]\n", f"data_parallel_replicate_degree = {mesh_degrees(layout)[0]}\n",
+        f"data_parallel_shard_degree = {mesh_degrees(layout)[1]}\n",
         f"fsdp_reshard_after_forward = \"{TORCHTITAN_RESHARD[layout.parallelism]}\"\n\n",
         "[activation_checkpoint]\n",
         f"mode = \"{'full' if layout.activation_checkpointing == 'blocks' else 'none'}\"\n\n",
@@ -183,6 +210,7 @@ def ray_train_shard(layout: Any) -> str:
         *_policy_lines(layout.precision, "    "),
         "    for block in blocks:  # your model's repeated blocks (transformer layers, residual blocks)\n",
         f"        fully_shard(block, reshard_after_forward={blocks}, mp_policy=policy)\n",
+        *_hsdp_mesh(layout, "    "),
         "    fully_shard(model, reshard_after_forward=False, mp_policy=policy)\n",
         "    return model\n\n\n",
         sync,

@@ -42,7 +42,7 @@ class Layout:
     activation_checkpointing: str = "none"
     device: str = "gpu"
     key: Optional[str] = None  # the point's key, e.g. mb64-acc2-w2, named in each file's header
-    parallelism: str = "ddp"  # ddp | zero2 | zero3 (FSDP2), as measured
+    parallelism: str = "ddp"  # ddp | zero1 | zero2 | zero3 | hsdp (plan.PARALLELISMS), as measured
     # GPUs per node where it was measured: torchrun's nodes. None (not recorded): every worker on one node.
     gpus_per_node: Optional[int] = None
     recipe: Recipe = field(default_factory=Recipe)
@@ -134,15 +134,15 @@ def write_from_recommendation(recommendation_yaml: str, folder: str, use_gpu: bo
 
 
 def _header(layout: Layout, marker: str = "#") -> str:
-    """Three comment lines: the layout, its precision and LR, its optimizer and schedule (four for a sharded
-    layout: its sharding)."""
+    """Three comment lines: the layout, its precision and LR, its optimizer and schedule (four for a layout
+    other than ddp: its sharding)."""
     what = f" {layout.key}" if layout.key else ""
     return (f"{marker} sweeper's recommended layout{what}: global batch {layout.global_batch_size} = micro-batch "
             f"{layout.micro_batch_size} x accumulation {layout.accumulation_steps} x {layout.num_workers} worker(s)\n"
             f"{marker} recipe: {layout.precision}, activation checkpointing {layout.activation_checkpointing}, "
             f"{layout.optimizer} lr {layout.lr!r}, measured on {layout.device}\n"
             f"{marker} optimizer: {layout.recipe.summary(layout.optimizer)}\n"
-            + (sharded.header_line(layout.parallelism, marker) if layout.sharded else ""))
+            + (sharded.header_line(layout.parallelism, marker) if layout.parallelism != "ddp" else ""))
 
 
 def _layout_yaml(layout: Layout) -> str:
@@ -276,9 +276,9 @@ def deepspeed_config(layout: Layout) -> Dict[str, Any]:
         "bf16": {"enabled": layout.precision == "bf16"},
         # loss_scale 0: dynamic loss scaling, as sweeper's fp16 points ran with a GradScaler.
         "fp16": {"enabled": layout.precision == "fp16", "loss_scale": 0},
-        **recipes.deepspeed_keys(layout.recipe, layout.optimizer, layout.lr, layout.sharded),
+        **recipes.deepspeed_keys(layout.recipe, layout.optimizer, layout.lr, layout.parallelism != "ddp"),
     }
-    if layout.sharded:
+    if layout.parallelism != "ddp":  # zero1 too: DeepSpeed's stage 1
         config["zero_optimization"] = sharded.deepspeed_zero(layout)
     return config
 

@@ -58,11 +58,11 @@ def table_row(t: Trial) -> Dict[str, str]:
 
 def answer_text(rec: Recommendation, line: Optional[str], found: Optional[CriticalBatch] = None,
                 context: Optional[int] = None, glance: Optional[Tuple[List[str], Optional[str]]] = None,
-                chosen_word: str = "recommended") -> str:
+                chosen_word: str = "recommended", run: Optional[headline.RunWords] = None) -> str:
     """What the console prints and the parent run's tag holds: the headline (at most 3 lines of 120
-    characters; a branch sweep's `glance` says whether to train the schedule or the constant layout), the
-    table of alternatives, and the critical batch size in one line."""
-    text = "\n".join(headline.headline(rec, line, glance))
+    characters; a branch sweep's `glance` says whether to train the schedule or the constant layout; `run`, the
+    run's figures: headline.headline), the table of alternatives, and the critical batch size in one line."""
+    text = "\n".join(headline.headline(rec, line, glance, run))
     rows = headline.alternatives(rec, chosen_word)
     if rows:
         text += "\n" + headline.table_text(rows)

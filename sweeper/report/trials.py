@@ -47,7 +47,7 @@ class Trial:
     seed: Optional[int] = None
     lr_multiplier: Optional[float] = None  # sweep.lr_multipliers, on top of the scaling rule
     precision: Optional[str] = None  # "fp32" | "bf16" | "fp16"
-    parallelism: Optional[str] = None  # "ddp" | "zero2" | "zero3" (None: a record from before the axis, ddp)
+    parallelism: Optional[str] = None  # plan.PARALLELISMS (None: a record from before the axis, ddp)
     activation_checkpointing: Optional[str] = None  # "none" | "blocks"
     optimizer: Optional[str] = None  # the optim group: "sgd" | "adamw" | "custom"
     compiled: Optional[bool] = None  # train.compile
@@ -79,6 +79,15 @@ class Trial:
     gradient_sync: Optional[str] = None
     memory_predicted_bytes: Optional[float] = None
     communication_bytes_per_step: Optional[float] = None
+    # What the run's figures and the throughput model read (report/projection.py): a step's seconds waiting for
+    # data (and the share of the step, where a point records it), the worker's own parameter bytes (its shard
+    # under ZeRO), (its bytes moved per step: communication_bytes_per_step above), evaluations and a checkpoint's cost.
+    data_seconds_per_step: Optional[float] = None
+    data_wait_fraction: Optional[float] = None
+    memory_parameters_bytes: Optional[float] = None
+    evaluations: Optional[int] = None
+    eval_seconds: Optional[float] = None
+    checkpoint_write_seconds: Optional[float] = None
     # eval.metrics_fn's metrics: (name, value, its bootstrap standard error or None, higher is better) each
     val_metrics: Tuple[Tuple[str, float, Optional[float], bool], ...] = ()
     eval_error: Optional[str] = None  # why it has no validation figures (its evaluation ran out of memory)

@@ -66,6 +66,18 @@ class SweepReader:
             max_results=10_000,
         )
 
+    def spent(self) -> List[Dict[str, Any]]:
+        """Every complete child run that trained or probed (points, smart's and branch's measurement runs,
+        frontier probes; superseded runs left out), as a row of its params and metrics with its `role`: what the
+        sweep's own compute is summed from (report/run_cost.py)."""
+        rows = []
+        for run in self.children():
+            tags = run.data.tags
+            role = tags.get("sweeper.role")
+            if role in ("trial", "probe", *MEASUREMENT_ROLES) and IDENTITY_TAG in tags:
+                rows.append({**run.data.params, **run.data.metrics, "role": role, "key": tags[IDENTITY_TAG]})
+        return rows
+
     def recorded_keys(self) -> List[str]:
         """Keys of the points this sweep holds complete (ok, oom or failed alike: each once)."""
         return [r.data.tags[IDENTITY_TAG] for r in self.children()

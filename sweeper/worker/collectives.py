@@ -5,12 +5,13 @@ exchange, and the process sub-groups a smaller point trains in. All are no-ops i
 from __future__ import annotations
 
 import datetime
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
 
-from sweeper.worker.spec import WorkerContext
+from sweeper.plan import mesh_by_node
+from sweeper.worker.spec import NodeMesh, WorkerContext
 
 
 def reduce_numbers(values: Dict[str, float], ctx: WorkerContext, device: torch.device, op, mean: bool = False
@@ -72,3 +73,26 @@ def subgroups(sizes: Sequence[int], ctx: WorkerContext, timeout: datetime.timede
             train_group = ctx.group if n == ctx.world_size else dist.new_group(ranks=ranks)
             groups[n] = (train_group, dist.new_group(ranks=ranks, backend="gloo", timeout=timeout))
     return groups
+
+
+def node_meshes(sizes: Sequence[int], rank_nodes: Sequence[str], ctx: WorkerContext
+                ) -> Dict[int, Union[Optional[NodeMesh], str]]:
+    """For each size n of the group's hsdp points: the mesh of ranks 0..n-1 by node (plan.mesh_by_node of
+    `rank_nodes`, the node of every rank of the group) with this rank's groups in it (None for a rank outside
+    those n), or the one line why those ranks make no mesh (their nodes hold unequal counts: the point's error).
+    Every rank takes part in creating each group, members or not, in one order. {} in one process (a group of
+    one makes its own mesh (1, 1): sharding.apply)."""
+    meshes: Dict[int, Union[Optional[NodeMesh], str]] = {}
+    if ctx.world_size == 1:
+        return meshes
+    for n in sizes:
+        try:
+            rows = mesh_by_node(rank_nodes[:n])
+        except ValueError as exc:
+            meshes[n] = str(exc)
+            continue
+        shards = [dist.new_group(ranks=row) for row in rows]
+        replicas = [dist.new_group(ranks=list(column)) for column in zip(*rows)]
+        meshes[n] = next((NodeMesh(rows, replicas[row.index(ctx.rank)], shards[i])
+                          for i, row in enumerate(rows) if ctx.rank in row), None)
+    return meshes

@@ -52,11 +52,13 @@ def run_points(
     device = telemetry.select(first.use_gpu, ctx.local_rank)
     # The data packed at each context the group trains (one for a sweep without sweep.context_lengths).
     loaded = {tuple(s.model.input_shape): None for s in specs}
-    for shape in loaded:
-        loaded[shape] = datasets.load(first.data, list(shape))
+    for shape in loaded:  # your loop's data, and your LightningDataModule's, are theirs to load
+        loaded[shape] = None if yours(first) else datasets.load(first.data, list(shape))
     facts = group_facts(specs, device, ctx, threads)
     subgroups = comm.subgroups(sorted({s.point.num_workers for s in specs}), ctx, status_timeout)
     nodes = comm.gather_objects(ctx.node, ctx) if ctx.node else []
+    meshes = comm.node_meshes(sorted({s.point.num_workers for s in specs if s.point.parallelism == "hsdp"}),
+                              nodes or [ctx.node] * ctx.world_size, ctx)
     freeze_long_lived_objects()
     deadline = Deadline(first.timeout_seconds)
     ready = time.time()
@@ -66,10 +68,10 @@ def run_points(
         point_start = time.time()
         members = spec.point.num_workers
         result = _one_point(spec, ctx, subgroups, device, loaded[tuple(spec.model.input_shape)], facts, deadline,
-                            out_of_memory)
+                            out_of_memory, meshes)
         result.cost.worker_group_points = len(specs)
         if nodes:
-            result.cost.num_nodes = len(set(nodes[:members]))
+            result.cost.update(placement(nodes[:members]))
         if i == 0 and group_start_time is not None:
             # Paid once by the group (Ray trial start to a worker ready to train): logged on the
             # group's first point only, so summing it over points does not count it twice.
@@ -81,12 +83,23 @@ def run_points(
         report(result)
 
 
+def placement(rank_nodes: Sequence[str]) -> Dict[str, Any]:
+    """Where a point's ranks ran (Cost's figures): how many nodes, each rank's node as an index into the nodes
+    in the order they first appear ("0,0,1,1": node by node, as Ray Train numbers ranks), and the nodes' ids."""
+    order = list(dict.fromkeys(rank_nodes))
+    return dict(num_nodes=len(order), rank_nodes=",".join(str(order.index(n)) for n in rank_nodes),
+                nodes=",".join(order))
+
+
 def _one_point(spec: PointSpec, ctx: WorkerContext, subgroups, device, splits, facts, deadline: Deadline,
-               out_of_memory: List[GridPoint]) -> PointResult:
+               out_of_memory: List[GridPoint], meshes=None) -> PointResult:
     """This rank's result for one point of the group: measured on its members, idle on the other ranks,
     or oom without running when a point it needs no more memory than already ran out (`out_of_memory`,
-    which a measured oom joins)."""
+    which a measured oom joins); failed on every rank, unrun, when its ranks make no hsdp mesh (`meshes`)."""
     members = spec.point.num_workers
+    mesh = (meshes or {}).get(members) if spec.point.parallelism == "hsdp" else None
+    if isinstance(mesh, str):  # every rank found the same nodes: the same line, agreed without a collective
+        return PointResult(trial_key=spec.point.key, status="failed", error=mesh)
     cause = implied_oom(spec.point, out_of_memory)
     if cause is not None:
         # Every member saw the same agreed oom, so every member skips the same points.
@@ -97,7 +110,7 @@ def _one_point(spec: PointSpec, ctx: WorkerContext, subgroups, device, splits, f
     if ctx.rank >= members:
         return PointResult(trial_key=spec.point.key, status="idle")  # rank 0's result is the one used
     group, status_group = subgroups.get(members, (ctx.group, None))
-    member = WorkerContext(ctx.rank, members, ctx.local_rank, group, status_group)
+    member = WorkerContext(ctx.rank, members, ctx.local_rank, group, status_group, node=ctx.node, mesh=mesh)
     result = run_point(spec, member, device, splits, facts, deadline)
     if result.status == "oom":
         out_of_memory.append(spec.point)
@@ -213,7 +226,7 @@ def run_point(
     if deadline is not None:
         deadline.arm(spec.point.key)
     try:
-        result = train_point(spec, ctx, device, splits, deadline)
+        result = _train(spec, ctx, device, splits, deadline)
     except Exception as exc:  # recorded as the point's result, never silently dropped
         result, raised = failure(exc), exc
     finally:
@@ -242,6 +255,25 @@ def run_point(
     result.started_at = start  # epoch seconds: the MLflow run's start, so its duration is the point's
     result.cost.trial_seconds = time.time() - start
     return result
+
+
+def yours(spec: PointSpec) -> bool:
+    """Whether the point trains with your loop (loop.fn) or Lightning's Trainer (model=lightning)."""
+    return bool(spec.loop.fn) or spec.model.name == "lightning"
+
+
+def _train(spec: PointSpec, ctx: WorkerContext, device, splits, deadline: Optional[Deadline]) -> PointResult:
+    """The point trained by its loop: yours (worker.user_loop), Lightning's (worker.lightning_point), or the
+    built-in one (worker.train)."""
+    if spec.loop.fn:
+        from sweeper.worker import user_loop
+
+        return user_loop.train_point(spec, ctx, device, deadline)
+    if spec.model.name == "lightning":
+        from sweeper.worker import lightning_point
+
+        return lightning_point.train_point(spec, ctx, device, deadline)
+    return train_point(spec, ctx, device, splits, deadline)
 
 
 def failure(exc: BaseException) -> PointResult:

@@ -33,6 +33,12 @@ def run_frontier(
     device = telemetry.select(template.use_gpu, ctx.local_rank)
     splits = datasets.load(template.data, template.model.input_shape)
     member = replace(ctx, status_group=comm.status_group(ctx, STATUS_TIMEOUT))
+    if template.point.parallelism == "hsdp":  # its probes shard within a node, as its points will
+        mesh = comm.node_meshes([ctx.world_size], comm.gather_objects(ctx.node, ctx), ctx).get(ctx.world_size)
+        if isinstance(mesh, str):
+            report(FrontierResult(trial_key=f"frontier-{fspec.label}", status="failed", error=mesh))
+            return
+        member = replace(member, mesh=mesh)
     freeze_long_lived_objects()
     # No budget given: a GPU's whole memory (a CPU sweep is refused one before it starts).
     budget = fspec.budget_bytes if fspec.budget_bytes is not None else device.total_memory_bytes()

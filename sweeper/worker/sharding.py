@@ -1,6 +1,8 @@
 """Sharded data parallelism for a point's model: `ddp` (torch's DistributedDataParallel, every rank holds
-everything), `zero2` and `zero3` (FSDP2's `fully_shard` per block, then at the root, as torchtitan's
-`parallelize` does). Knows torch only; the blocks are the ones activation checkpointing finds (recipe.blocks).
+everything), `zero1` (DDP, its optimizer a ZeroRedundancyOptimizer: each rank steps and keeps the state of its
+share of the parameters, then broadcasts them), `zero2`, `zero3` and `hsdp` (FSDP2's `fully_shard` per block, then
+at the root, as torchtitan's `parallelize` does; hsdp on a 2-D mesh: shard within a node, replicate across nodes).
+Knows torch only; the blocks are the ones activation checkpointing finds (recipe.blocks).
 
 What each keeps per rank, over a shard group of N (FSDP2 in torch 2.14, read from its source):
 - zero2 (`reshard_after_forward=False`): weights, gradients and optimizer state sharded 1/N between steps;
@@ -8,13 +10,16 @@ What each keeps per rank, over a shard group of N (FSDP2 in torch 2.14, read fro
   step), so the whole model's weights are resident at the top of backward.
 - zero3 (`reshard_after_forward=True` per block): a block's gathered weights are freed after its forward
   and gathered again for its backward: at most the root's and a block or two's are whole at a time.
-The root keeps `reshard_after_forward=False` in both: its weights (embeddings, a tied head) are needed at
+- hsdp: zero3 within each node's ranks (a row of the mesh: worker.spec.NodeMesh), its gradients reduce-scattered
+  within the node and all-reduced across nodes: a parameter is a DTensor placed (Replicate(), Shard(0)).
+The root keeps `reshard_after_forward=False` in all three: its weights (embeddings, a tied head) are needed at
 the end of forward and at once at the start of backward, so freeing them between saves nothing at the peak.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -26,14 +31,17 @@ from sweeper import recipe
 from sweeper.plan import PARALLELISMS
 from sweeper.worker import state
 
-SHARDED = ("zero2", "zero3")
-RESHARD_AFTER_FORWARD = {"zero2": False, "zero3": True}
+SHARDED = ("zero2", "zero3", "hsdp")  # FSDP2's: weights, gradients and optimizer state sharded
+REPLICATED = ("ddp", "zero1")  # DDP's model: every rank holds every weight and gradient
+RESHARD_AFTER_FORWARD = {"zero2": False, "zero3": True, "hsdp": True}
 # Whether micro-steps before the last keep the gathered weights after their backward: ZeRO-2 holds them all
 # at the top of backward anyway, so keeping them costs no peak and saves a gather per unit per micro-step;
-# ZeRO-3 would hold the whole model gathered, which it exists not to do.
-KEEPS_GATHERED = {"ddp": False, "zero2": True, "zero3": False}
-# How micro-steps before the last of an optimizer step skip the gradient reduce under `final`.
-SYNC_MODES = {"ddp": "no_sync", "zero2": "set_requires_gradient_sync", "zero3": "set_requires_gradient_sync"}
+# ZeRO-3 (and hsdp, ZeRO-3 within a node) would hold the whole model gathered, which it exists not to do.
+KEEPS_GATHERED = {"ddp": False, "zero1": False, "zero2": True, "zero3": False, "hsdp": False}
+# How micro-steps before the last of an optimizer step skip the gradient reduce under `final` (recorded per point).
+SYNC_MODES = {"ddp": "no_sync", "zero1": "no_sync", "zero2": "set_requires_gradient_sync",
+              "zero3": "set_requires_gradient_sync", "hsdp": "set_requires_gradient_sync"}
+MESH_DIMS = ("replicate", "shard")  # hsdp's mesh: across nodes, within a node
 
 
 @dataclass
@@ -46,6 +54,8 @@ class Sharding:
     sync_mode: str = "none"  # no_sync | set_requires_gradient_sync | none (one worker under DDP)
     param_dtype: Optional[torch.dtype] = None
     reduce_dtype: Optional[torch.dtype] = None
+    # hsdp: the mesh as built, its shard groups (one per node) and a parameter's placements (mesh_text)
+    mesh: str = ""
 
 
 def problems(parallelism: str, precision: str, model: Optional[nn.Module] = None,
@@ -77,30 +87,31 @@ def mixed_precision(precision: str):
 
 
 def apply(model: nn.Module, parallelism: str, group: Optional[dist.ProcessGroup] = None, precision: str = "fp32",
-          extra_types: Sequence[str] = (), device: Optional[torch.device] = None):
-    """(the model to train, a Sharding saying what was done). `ddp`: wrapped in DistributedDataParallel when the
-    group has more than one rank (the model as it is otherwise). `zero2`/`zero3`: `fully_shard` on every block
-    (recipe.blocks: after activation checkpointing, its Checkpointed wrappers), then on the root, over `group`
-    (the default group when None; at one rank too, so a point's layout is the same code at every size).
+          extra_types: Sequence[str] = (), device: Optional[torch.device] = None, node_mesh: Any = None):
+    """(the model to train, a Sharding saying what was done). `ddp` and `zero1`: wrapped in DistributedDataParallel
+    when the group has more than one rank (the model as it is otherwise; zero1's optimizer is `optimizer_for`'s).
+    `zero2`/`zero3`/`hsdp`: `fully_shard` on every block (recipe.blocks: after activation checkpointing, its
+    Checkpointed wrappers), then on the root, over `group` (the default group when None; at one rank too, so a
+    point's layout is the same code at every size); hsdp over `node_mesh` (worker.spec.NodeMesh: the point's
+    ranks by node), or without one over a mesh (1, N) of `group`'s ranks, all on one node.
     Raises ValueError with the problems() line when it refuses."""
     found = problems(parallelism, precision, model, extra_types)
     if found:
         raise ValueError("; ".join(found))
     device = device or next(model.parameters()).device
     size = dist.get_world_size(group) if dist.is_initialized() else 1
-    if parallelism == "ddp":
+    if parallelism in REPLICATED:
         if size == 1:
-            return model, Sharding("ddp", sync_mode="none")
+            return model, Sharding(parallelism, sync_mode="none")
         ids = [device.index if device.index is not None else torch.cuda.current_device()] \
             if device.type == "cuda" else None
         wrapped = nn.parallel.DistributedDataParallel(model, device_ids=ids, process_group=group)
-        return wrapped, Sharding("ddp", sync_mode=SYNC_MODES["ddp"])
+        return wrapped, Sharding(parallelism, sync_mode=SYNC_MODES[parallelism])
     if not dist.is_initialized():
         raise ValueError(f"parallelism {parallelism} needs a process group (torch.distributed is not initialized)")
-    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
-    mesh = DeviceMesh.from_group(group or dist.group.WORLD, device.type)
+    mesh = _mesh(parallelism, group, device, node_mesh)
     policy = mixed_precision(precision)
     names = {id(m): name for name, m in model.named_modules()}
     units = []
@@ -109,7 +120,96 @@ def apply(model: nn.Module, parallelism: str, group: Optional[dist.ProcessGroup]
         units.append(names[id(block)])
     fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=policy)
     units.append("")
-    return model, Sharding(parallelism, units, SYNC_MODES[parallelism], policy.param_dtype, policy.reduce_dtype)
+    return model, Sharding(parallelism, units, SYNC_MODES[parallelism], policy.param_dtype, policy.reduce_dtype,
+                           mesh_text(model) if parallelism == "hsdp" else "")
+
+
+def _mesh(parallelism: str, group: Optional[dist.ProcessGroup], device: torch.device, node_mesh: Any):
+    """FSDP2's DeviceMesh: zero2/zero3 1-D over `group`; hsdp 2-D (MESH_DIMS), a row per node."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if parallelism != "hsdp":
+        return DeviceMesh.from_group(group or dist.group.WORLD, device.type)
+    if node_mesh is not None:
+        # The groups were made beforehand by every rank of the worker group (collectives.node_meshes): a point on
+        # fewer ranks than its group trains while the others wait, so its ranks alone could not make them.
+        return DeviceMesh.from_group([node_mesh.replicate, node_mesh.shard], device.type, mesh=node_mesh.rows,
+                                     mesh_dim_names=MESH_DIMS)
+    ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+    return DeviceMesh(device.type, torch.tensor([ranks]), mesh_dim_names=MESH_DIMS)
+
+
+def mesh_text(model: nn.Module) -> str:
+    """A sharded model's mesh in words, as recorded (tag sweeper.mesh): its shape by dimension, its rows (the
+    shard groups, global ranks) and a parameter's placements, e.g.
+    `replicate 2 x shard 2; shard groups [0, 1] [2, 3]; placements (Replicate(), Shard(dim=0))`."""
+    weight = next(model.parameters())
+    mesh = weight.device_mesh
+    rows = mesh.mesh.reshape(-1, mesh.mesh.shape[-1]).tolist()
+    shape = " x ".join(f"{name} {n}" for name, n in zip(mesh.mesh_dim_names or (), mesh.mesh.shape))
+    return (f"{shape}; shard groups {' '.join(str(r) for r in rows)}; "
+            f"placements ({', '.join(repr(p) for p in weight.placements)})")
+
+
+def optimizer_for(parallelism: str, optimizer: torch.optim.Optimizer, group: Optional[dist.ProcessGroup] = None
+                  ) -> torch.optim.Optimizer:
+    """The optimizer a point steps with: `optimizer` itself, or under zero1 a ZeroRedundancyOptimizer over `group`
+    (the default group when None) that rebuilds it per rank: its class, its hyperparameters (those its constructor
+    takes) and its parameter groups, each rank stepping and holding the state of its share of the parameters
+    (whole tensors, the largest first to the least-loaded rank), then broadcasting them. `optimizer` holds no state
+    yet (torch's optimizers make it at their first step): nothing is allocated twice."""
+    if parallelism != "zero1":
+        return optimizer
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    kind = type(optimizer)
+    taken = inspect.signature(kind.__init__).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in taken.values())
+    # AdamW's defaults hold `decoupled_weight_decay`, which its constructor does not take (it sets it).
+    defaults = {k: v for k, v in optimizer.defaults.items() if takes_any or k in taken}
+    groups = [dict(g) for g in optimizer.param_groups]
+    try:
+        return ZeroRedundancyOptimizer(groups, optimizer_class=kind, process_group=group, **defaults)
+    except TypeError as exc:
+        raise ValueError(f"sweep.parallelism=zero1: the optimizer {kind.__name__} cannot be rebuilt per rank from "
+                         f"its parameter groups and hyperparameters ({exc}); use parallelism ddp") from exc
+
+
+def traffic(model: nn.Module, point: Any, ctx: Any) -> Dict[str, int]:
+    """A zero1 or hsdp point's predicted bytes a rank sends per optimizer step within its node and across nodes
+    (measure.node_traffic, Cost's communication_*_bytes_per_step), for where its ranks run: hsdp's mesh rows, or
+    the nodes zero1's ranks span (gathered: a collective, every rank of `ctx` calls it). FSDP2's units are its
+    fully_shard modules, each parameter at its whole shape. {} for the other layouts."""
+    if point.parallelism not in ("zero1", "hsdp"):
+        return {}
+    from torch.distributed.fsdp import FSDPModule
+
+    from sweeper.measure import node_traffic, sharded_memory
+    from sweeper.worker.collectives import gather_objects
+
+    nodes = len(ctx.mesh.rows) if ctx.mesh is not None else len(set(gather_objects(ctx.node, ctx)))
+    bare = inner(model)
+    units = sharded_memory.units_of(bare, [m for m in bare.modules() if isinstance(m, FSDPModule) and m is not bare])
+    sent = node_traffic.per_step(units, point.parallelism, point.num_workers, point.accumulation_steps, nodes,
+                                 gather_bytes_per_value=2 if point.precision == "bf16" else None)
+    return dict(communication_within_node_bytes_per_step=sent.within_node_bytes,
+                communication_across_nodes_bytes_per_step=sent.across_nodes_bytes)
+
+
+def is_zero(optimizer: torch.optim.Optimizer) -> bool:
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    return isinstance(optimizer, ZeroRedundancyOptimizer)
+
+
+def local_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The optimizer that holds this rank's state: zero1's per-rank one, or `optimizer` itself."""
+    return optimizer.optim if is_zero(optimizer) else optimizer
+
+
+def holds_shards(model: nn.Module, optimizer: torch.optim.Optimizer) -> bool:
+    """Whether no rank holds the whole training state: its save gathers it (full_state), its load splits it."""
+    return is_sharded(model) or is_zero(optimizer)
 
 
 def is_sharded(model: nn.Module) -> bool:
@@ -180,10 +280,11 @@ def inner(model: nn.Module) -> nn.Module:
 
 @contextlib.contextmanager
 def process_group_for(parallelism: str, world_size: int):
-    """FSDP2 needs a process group even for one worker, and a worker group of one worker runs in its Ray Tune
-    trial's process with none: for a zero2/zero3 point at one worker there, a gloo group of this process alone
-    (an in-memory store), for the point's length. Nothing otherwise (ddp, or a group already up)."""
-    if parallelism not in SHARDED or world_size > 1 or dist.is_initialized():
+    """FSDP2 and ZeroRedundancyOptimizer need a process group even for one worker, and a worker group of one worker
+    runs in its Ray Tune trial's process with none: for a point of a sharded layout at one worker there, a gloo
+    group of this process alone (an in-memory store), for the point's length. Nothing otherwise (ddp, or a group
+    already up)."""
+    if parallelism == "ddp" or world_size > 1 or dist.is_initialized():
         yield
         return
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -195,12 +296,16 @@ def process_group_for(parallelism: str, world_size: int):
 
 def grad_norm(model: nn.Module, group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
     """The whole gradient's 2-norm of a sharded model (after the reduce-scatter: each rank holds disjoint shards,
-    FSDP2's padding zeros): each rank's shards' squares summed, then summed across `group`, as
+    FSDP2's padding zeros): each rank's shards' squares summed, then summed across the shard group (the mesh's
+    last dimension: `group` under zero2/zero3, a node's ranks under hsdp, whose nodes hold the same shards), as
     torch.nn.utils.get_total_norm does for DTensors. A collective: every rank calls it."""
     from sweeper.worker.gns import squared_norm
 
-    local = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
-             for p in model.parameters() if p.grad is not None]
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    meshes = [g.device_mesh for g in grads if hasattr(g, "device_mesh")]
+    if meshes:
+        group = meshes[0].get_group(meshes[0].ndim - 1)
+    local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
     device = next(model.parameters()).device
     squares = torch.stack([squared_norm(g).double() for g in local]).sum() if local else \
         torch.zeros((), dtype=torch.float64, device=device)
@@ -220,15 +325,23 @@ def local_bytes(tensors) -> int:
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     """This rank's optimizer-state bytes (Adam's moments and step counts, momentum), shards as held."""
-    return local_bytes(v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor))
+    held = local_optimizer(optimizer).state.values()
+    return local_bytes(v for state in held for v in state.values() if isinstance(v, torch.Tensor))
 
 
 def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
     """(weights, optimizer state) whole, in worker.state's layout-free format (the bare model's names; the
     optimizer's state keyed by parameter index, as torch.optim's own state_dict), on the host, on rank 0;
     ({}, {}) on the other ranks. Every rank calls it (it gathers the shards: torch's distributed state-dict
-    API, `get_state_dict(full_state_dict=True, cpu_offload=True)`)."""
+    API, `get_state_dict(full_state_dict=True, cpu_offload=True)`; zero1: every rank's share of the optimizer
+    state sent to rank 0, `consolidate_state_dict`, where ZeroRedundancyOptimizer's state_dict is torch.optim's)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    if is_zero(optimizer):
+        optimizer.consolidate_state_dict(to=0)
+        if dist.get_rank(optimizer.process_group) != 0:
+            return {}, {}
+        return state.canonical_state(model), state.to_cpu(optimizer.state_dict())
 
     weights, by_name = get_state_dict(model, optimizer,
                                       options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -244,8 +357,19 @@ def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> Tuple[Dict
 def load_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, saved: Dict[str, Any]) -> None:
     """A layout-free optimizer state (worker.state's, saved at any layout and world size) into the optimizer of
     this rank's sharded model: each rank keeps its shards of it (`set_optimizer_state_dict(full_state_dict)`),
-    under the fresh hyperparameters (state.load_optimizer). The weights go into the bare model before `apply`."""
+    under the fresh hyperparameters (state.load_optimizer). The weights go into the bare model before `apply`.
+    zero1: ZeroRedundancyOptimizer's own load_state_dict keeps this rank's share."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    if is_zero(optimizer):
+        def load_share(saved: Dict[str, Any]) -> None:
+            optimizer.load_state_dict({**saved, "state": dict(saved["state"])})  # it blanks the others' entries
+            # It also keeps a copy of this rank's share in the wrapper's own state, which nothing reads (the
+            # per-rank optimizer steps on its own): dropped, so a continued point holds the share once.
+            optimizer.state.clear()
+
+        state.load_optimizer(optimizer, saved, load_share)
+        return
 
     names = {id(p): n for n, p in model.named_parameters()}
     order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]

@@ -13,6 +13,7 @@ from sweeper.config import (
     DivergenceConfig,
     EvalConfig,
     GnsConfig,
+    LoopConfig,
     LossConfig,
     MeasureConfig,
     ModelConfig,
@@ -94,6 +95,8 @@ class PointSpec:
     # (a smart rung, a branch, a schedule's span, a run continued from a checkpoint). None: the samples of this
     # run and its later spans, from where it starts.
     schedule_samples: Optional[int] = None
+    # loop.fn: your training loop, which trains the point instead of sweeper's (worker.user_loop).
+    loop: LoopConfig = field(default_factory=LoopConfig)
 
     @property
     def seed(self) -> int:
@@ -148,6 +151,18 @@ class WorkerContext:
     status_group: Any = None
     # The node this worker runs on (Ray's node id), to record how many nodes a point spanned.
     node: str = ""
+    # An hsdp point's mesh over its ranks by node (collectives.node_meshes); None for other layouts.
+    mesh: Optional["NodeMesh"] = None
+
+
+@dataclass
+class NodeMesh:
+    """An hsdp point's 2-D mesh (plan.mesh_by_node): `rows`, one per node, of global ranks (a shard group each),
+    and this rank's two process groups: its column across the nodes (`replicate`) and its row (`shard`)."""
+
+    rows: List[List[int]]
+    replicate: Any
+    shard: Any
 
 
 @dataclass(frozen=True)

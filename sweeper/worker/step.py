@@ -89,6 +89,9 @@ class Training:
     clipped: Optional[torch.Tensor] = None
     samples_fn: Optional[Callable[[Any], int]] = None  # data.samples_fn
     batch_checked: bool = False  # the first micro-batch's samples were counted against the micro-batch size
+    # Your loop (loop.fn, worker.user_loop): its backward ran on each micro-batch's own mean, not divided by the
+    # accumulation steps, so `finish` divides the summed gradient by them (the mean over the worker's share).
+    sums_micro_means: bool = False
 
     @property
     def samples_seen(self) -> int:
@@ -118,7 +121,7 @@ class Training:
                 self.micro_grads.flush(self._micro_weight(micro))
             if marks is not None:
                 marks.append(self.device.mark())
-        self._finish(step)
+        self.finish(step)
 
     def _batch(self, batch: Any, copy: bool) -> Any:
         """The micro-batch on the device, whole (any nesting of tensors). Batches loaded beforehand are copied,
@@ -168,11 +171,12 @@ class Training:
             return None
         return (self.spec.point.micro_batch_size / micro.items.double().clamp(min=1)) ** 2
 
-    def _finish(self, step: int) -> None:
-        """After the last micro-step's backward (the gradients reduced across ranks): divided by the global
-        batch's items, unscaled (fp16), measured, clipped; then the optimizer's step and the next step's LR."""
-        if self.counts_items:
-            self._normalize(step)
+    def finish(self, step: int) -> None:
+        """After the last micro-step's backward (the gradients reduced across ranks): made the mean over the global
+        batch (`_normalize`), unscaled (fp16), measured, clipped; then the optimizer's step, the gradients zeroed
+        and the next step's LR. The one end of an optimizer step: the built-in step's, and your loop's
+        (sweeper.loop.step(), worker.user_loop)."""
+        self._normalize(step)
         clip = self.spec.train.grad_clip_norm
         if self.scaler is not None and (self.grad_norms is not None or clip):
             self.scaler.unscale_(self.optimizer)  # GradScaler.step then knows not to unscale again
@@ -192,12 +196,19 @@ class Training:
         self.steps_done = step + 1
 
     def _normalize(self, step: int) -> None:
-        """A loss that counts items: the gradient, summed over every micro-batch's items / the worker's samples and
-        averaged over the ranks, becomes the mean over the global batch's items (all ranks' counted: one
-        all-reduce), as Hugging Face's num_items_in_batch makes it, whichever layout holds the global batch."""
-        items = self.step_items[step].clone()
-        comm.all_reduce(items, self.ctx, dist.ReduceOp.SUM)
-        factor = (self.spec.point.global_batch_size / items.clamp(min=1)).float()
+        """The gradient as the mean over the global batch, whichever layout holds it. A loss that counts items: the
+        gradient, summed over every micro-batch's items / the worker's samples and averaged over the ranks, divided
+        by the global batch's items (all ranks' counted: one all-reduce), as Hugging Face's num_items_in_batch
+        makes it. Your loop's sum of its micro-batches' means: divided by the accumulation steps. Otherwise the
+        backward already divided it."""
+        if self.counts_items:
+            items = self.step_items[step].clone()
+            comm.all_reduce(items, self.ctx, dist.ReduceOp.SUM)
+            factor = (self.spec.point.global_batch_size / items.clamp(min=1)).float()
+        elif self.sums_micro_means and self.spec.point.accumulation_steps > 1:
+            factor = 1.0 / self.spec.point.accumulation_steps
+        else:
+            return
         grads = self._local_grads()
         if grads:
             torch._foreach_mul_(grads, factor)
@@ -256,7 +267,7 @@ class Training:
             self.step(step, loaded=loaded)
         return memory.track_step(
             self.model,
-            self.optimizer,
+            sharding.local_optimizer(self.optimizer),  # zero1: the one holding this rank's state
             run,
             self.device.torch_device,
             budget_bytes=self.spec.memory_budget_bytes if self.budget_mode == "simulated" else None,
@@ -359,7 +370,8 @@ def _model_and_optimizer(spec: PointSpec, ctx: WorkerContext, device: telemetry.
     blocks = recipe.apply_checkpointing(bare, spec.point.checkpointing, spec.model.checkpoint_modules)
     model = _parallelize(bare, spec, ctx, device)
     optimizer = recipe.build_optimizer(spec.optim, model, spec.lr)  # on the shards when sharded
-    if start is not None and sharding.is_sharded(model):  # each rank keeps its shards of the saved state
+    optimizer = sharding.optimizer_for(spec.point.parallelism, optimizer, ctx.group)  # zero1: a share per rank
+    if start is not None and sharding.holds_shards(model, optimizer):  # each rank keeps its shards of the state
         sharding.load_optimizer(model, optimizer, start.optimizer)
     elif start is not None:
         state.load_optimizer(optimizer, start.optimizer)
@@ -386,12 +398,13 @@ def lr_schedule(spec: PointSpec, optimizer: torch.optim.Optimizer, start, start_
 
 
 def _parallelize(model: nn.Module, spec: PointSpec, ctx: WorkerContext, device: telemetry.Device) -> nn.Module:
-    """The model as the point's workers hold it: sharded in place over the point's group (zero2/zero3: FSDP2,
-    at one worker too), wrapped in DDP (more than one worker), or as it is."""
+    """The model as the point's workers hold it: sharded in place over the point's group (zero2/zero3/hsdp: FSDP2,
+    at one worker too; hsdp over its ranks by node), wrapped in DDP (ddp and zero1 at more than one worker), or as
+    it is."""
     point = spec.point
     if point.parallelism != "ddp":
         return sharding.apply(model, point.parallelism, ctx.group, point.precision, spec.model.checkpoint_modules,
-                              device.torch_device)[0]
+                              device.torch_device, ctx.mesh)[0]
     if ctx.world_size > 1:
         return nn.parallel.DistributedDataParallel(
             model, device_ids=[ctx.local_rank] if device.is_cuda else None, process_group=ctx.group
@@ -448,7 +461,7 @@ def capture(run: Training, history=None):
     # Host copies: the live optimizer tensors go on changing if training goes on after the capture, and the
     # device's memory stays the training's.
     cuda_rng = torch.cuda.get_rng_state(run.device.torch_device) if run.device.is_cuda else None
-    if sharding.is_sharded(run.model):  # gathered whole (a collective: every rank captures), on rank 0
+    if sharding.holds_shards(run.model, run.optimizer):  # gathered whole (a collective: every rank captures)
         weights, optimizer = sharding.full_state(run.model, run.optimizer)
     else:
         weights, optimizer = state.canonical_state(run.model), state.to_cpu(run.optimizer.state_dict())

@@ -167,7 +167,7 @@ def _train_span(spec: PointSpec, ctx: WorkerContext, device: Optional[telemetry.
     track_memory = cfg.memory_breakdown or run.budget_mode == "simulated"
     roles = timing.step_roles(spec.steps, cfg.warmup_steps, spec.profile_steps, cfg.windows, track_memory)
     clock = Clock(run, sum(role.opens_window is not None for role in roles), deadline)
-    profiler = _Profiling(_profiler(spec, ctx, device))
+    profiler = Profiling(profiler_of(spec, ctx, device))
     progress = Progress.of(spec)
     progress.start_samples, progress.start_steps = run.start_samples, run.steps_before
     progress.start_seconds = run.seconds_before
@@ -185,7 +185,7 @@ def _train_span(spec: PointSpec, ctx: WorkerContext, device: Optional[telemetry.
     # Saved at the step boundary the loop ended on, before the final evaluation draws from torch's RNG.
     saved = _save_state(run, spec.save_state_to, progress, clock) if spec.save_state_to and diverged is None else None
     handed = _capture(run, progress, clock) if hand_over and diverged is None else None
-    result = _result(run, clock, breakdown, train_seconds, loop_started, progress, diverged)
+    result = result_of(run, clock, breakdown, train_seconds, loop_started, progress, diverged)
     _with_final_evaluation(run, progress, result, saved, handed)
     _state_figures(result, run, saved)
     return (result, handed) if hand_over else result
@@ -284,7 +284,7 @@ def _state_figures(result: PointResult, run: Training, saved) -> None:
             result.state.checkpoint_error = "; ".join(errors)
 
 
-def _loop(run: Training, roles: List[timing.StepRole], clock: Clock, profiler: "_Profiling", progress: Progress,
+def _loop(run: Training, roles: List[timing.StepRole], clock: Clock, profiler: "Profiling", progress: Progress,
           since: float) -> Tuple[Any, Optional[Diverged]]:
     """The steps, each in its role; evaluations when due; divergence checked where the device is
     synchronized anyway (the window edges). Returns the memory breakdown and the divergence, if any."""
@@ -352,7 +352,7 @@ def _evaluate(run: Training, progress: Progress, since: float) -> float:
                              spec.seed, run.device.torch_device, run.ctx, run.steps_done, since)
 
 
-class _Profiling:
+class Profiling:
     """The profiler (or none) through the steps: started, stepped over the profiled steps, stopped once."""
 
     def __init__(self, profiler):
@@ -376,7 +376,7 @@ class _Profiling:
             profiler.stop()
 
 
-def _result(run: Training, clock: "Clock", breakdown, train_seconds: float, loop_started: float,
+def result_of(run: Training, clock: "Clock", breakdown, train_seconds: float, loop_started: float,
             progress: Progress, diverged: Optional[Diverged]) -> PointResult:
     """The point's result, section by section: loss, cost, memory, throughput, utilization, recipe,
     accuracy and its progress, divergence."""
@@ -393,6 +393,8 @@ def _result(run: Training, clock: "Clock", breakdown, train_seconds: float, loop
         result.cost.tokens_seen = result.cost.samples_seen * positions
     if clock.first_step_time is not None:
         result.cost.startup_seconds = clock.first_step_time - run.started
+    result.cost.mesh = sharding.mesh_text(run.model) if spec.point.parallelism == "hsdp" else None
+    result.cost.update(sharding.traffic(run.model, spec.point, run.ctx))  # zero1, hsdp: bytes per step (collective)
     _memory(result, run, breakdown)
     _throughput(result, run, clock)
     _utilization(result, run, clock.utilization)
@@ -469,6 +471,9 @@ def _memory(result: PointResult, run: Training, breakdown) -> None:
         # The whole breakdown of the worker with the largest peak, so its parts still add up.
         breakdowns = comm.gather_objects(breakdown.as_metrics(), run.ctx)
         memory.update(max(breakdowns, key=lambda b: b["memory_tracked_peak_bytes"]))
+    if run.ctx.world_size > 1:  # how the layout split the optimizer state (zero1: by whole tensors)
+        held = comm.gather_objects(sharding.optimizer_state_bytes(run.optimizer), run.ctx)
+        memory.memory_optimizer_state_bytes_by_rank = [float(b) for b in held]
     if device.is_cuda:
         memory.peak_memory_bytes = memory.cuda_max_memory_allocated_bytes
         memory.memory_measure = "cuda: torch.cuda.max_memory_allocated over the point, largest worker"
@@ -647,7 +652,7 @@ def _divergence(result: PointResult, run: Training, diverged: Optional[Diverged]
         result.divergence.status_detail = why
 
 
-def _profiler(spec: PointSpec, ctx: WorkerContext, device: telemetry.Device):
+def profiler_of(spec: PointSpec, ctx: WorkerContext, device: telemetry.Device):
     """torch.profiler for the untimed steps after warm-up (rank 0; one profiler warm-up step, then
     `profile_steps` recorded), written as a Chrome trace that TensorBoard's profiler plugin and
     Perfetto open. None when not profiling."""

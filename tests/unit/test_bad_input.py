@@ -145,7 +145,7 @@ CASES = [
     (["sweep.precisions=[fp8]"], "sweep.precisions"),
     (["sweep.precisions=[]"], "sweep.precisions"),
     (["sweep.activation_checkpointing=[layers]"], "sweep.activation_checkpointing"),
-    # sweep.parallelism (docs/parallelism.md): a list of ddp | zero2 | zero3, and what sharding refuses
+    # sweep.parallelism (docs/parallelism.md): a list of plan.PARALLELISMS, and what sharding refuses
     (["sweep.parallelism=zero3"], "sweep.parallelism='zero3' is invalid: give a list"),
     (["sweep.parallelism=[zero4]"], "sweep.parallelism has zero4"),
     (["sweep.parallelism=[ddp,ddp]"], "sweep.parallelism gives ddp more than once"),
@@ -156,6 +156,9 @@ CASES = [
     (["sweep.parallelism=[zero3]", "gns.enabled=false", "train.compile=true"],
      "train.compile=true with sweep.parallelism"),
     (["sweep.parallelism=[zero2]"], "gns.enabled=true with sweep.parallelism has zero2"),
+    (["sweep.parallelism=[zero1,hsdp]"], "gns.enabled=true with sweep.parallelism has hsdp: the noise scale's"),
+    (["sweep.parallelism=[hsdp]", "gns.enabled=false", "cluster.placement_strategy=STRICT_SPREAD"],
+     "sweep.parallelism has hsdp with cluster.placement_strategy=STRICT_SPREAD: every rank on a node"),
     (["sweep.parallelism=[zero3]", "gns.enabled=false", "sweep.precisions=[fp16]", "cluster.use_gpu=false"],
      "sweep.parallelism=zero3 with precision fp16"),
     (["model=custom", f"model._target_={HERE}.NoBlocks", "model.input_shape=[1,8,8]", "gns.enabled=false",

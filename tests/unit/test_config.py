@@ -145,7 +145,7 @@ def test_cli_collects_several_problems(tmp_path):
 def test_cli_help_and_cfg_job(tmp_path):
     help_text = run_cli("--help", cwd=tmp_path, timeout=60, own_ray=True)
     assert help_text.returncode == 0 and "micro-batch" in help_text.stdout
-    assert "model: custom, gpt, hf, mlp, resnet18" in help_text.stdout
+    assert "model: custom, gpt, hf, lightning, mlp, resnet18" in help_text.stdout
     job = run_cli("+experiment=resnet_batch", "--cfg", "job", cwd=tmp_path, timeout=60, own_ray=True)
     assert job.returncode == 0 and "name: resnet18" in job.stdout
 

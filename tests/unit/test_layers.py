@@ -42,8 +42,8 @@ RANKS: Dict[str, int] = {
     "sweeper.measure": 4,
     # In the training workers, and the inference points: beside each other, neither imports the other.
     "sweeper.worker": 5, "sweeper.inference": 5,
-    # The outside systems: Ray, and MLflow.
-    "sweeper.cluster": 6, "sweeper.tracking": 6,
+    # The outside systems: Ray, and MLflow. And the API your own loop calls (loop.fn), over the workers' session.
+    "sweeper.cluster": 6, "sweeper.tracking": 6, "sweeper.loop": 6,
     # How each sweep.strategy decides which points run; pure, called by the driver.
     "sweeper.strategies": 7,
     # A sweep read back: the report, the DataFrame.
@@ -60,13 +60,16 @@ PURE = (
     "sweeper.tracking.journal", "sweeper.stats",
     "sweeper.config", "sweeper.config.report", "sweeper.config.model_sections", "sweeper.measure.timing",
     "sweeper.measure.frontier", "sweeper.measure.knee", "sweeper.inference.roofline",
-    "sweeper.inference.batching_sim", "sweeper.measure.sharded_memory", "sweeper.cluster.environment",
-    "sweeper.cluster.resources", "sweeper.cluster.records", "sweeper.strategies", "sweeper.strategies.base",
+    "sweeper.inference.batching_sim", "sweeper.measure.sharded_memory", "sweeper.measure.node_traffic",
+    "sweeper.cluster.environment", "sweeper.cluster.resources", "sweeper.cluster.records", "sweeper.strategies",
+    "sweeper.strategies.base",
     "sweeper.strategies.grid", "sweeper.strategies.smart", "sweeper.strategies.branch",
     "sweeper.strategies.branch_reading", "sweeper.report.analysis",
     "sweeper.report.critical_batch", "sweeper.report.snippets", "sweeper.report.folding",
     "sweeper.report.sharded_snippets", "sweeper.report.elastic", "sweeper.report.parallelism",
     "sweeper.measure.layouts", "sweeper.measure.communication",
+    "sweeper.report.throughput_model", "sweeper.report.goodput", "sweeper.report.run_cost",
+    "sweeper.report.target_cluster", "sweeper.report.projection", "sweeper.report.projection_sections",
     "sweeper.report.recipe_snippets",
 )
 HEAVY = ("torch", "ray")

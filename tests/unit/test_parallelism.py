@@ -8,7 +8,7 @@ import yaml
 from sweeper.config import DeviceConfig
 from sweeper.driver import predicted
 from sweeper.measure import frontier, sharded_memory
-from sweeper.plan import GridPoint, expand_grid, gradient_sync, stream_indices, worker_groups
+from sweeper.plan import GridPoint, expand_grid, gradient_sync, mesh_by_node, stream_indices, worker_groups
 from sweeper.report.output import override_line
 from sweeper.worker.points import implied_oom
 from tests.helpers import trial
@@ -20,6 +20,25 @@ def test_a_sharded_point_is_named_after_its_worker_count_and_a_ddp_point_keeps_i
     assert GridPoint(4, 2, 2, parallelism="zero3").key == "mb4-acc2-w2-zero3"
     assert GridPoint(4, 2, 2, "bf16", "blocks", parallelism="zero2", seed=1).key == "mb4-acc2-w2-zero2-bf16-ckpt-s1"
     assert GridPoint(4, 2, 2).key == GridPoint(4, 2, 2, parallelism="ddp").key == "mb4-acc2-w2"
+
+
+def test_zero1_and_hsdp_points_are_named_after_their_worker_count_and_zero1_reduces_as_ddp_does():
+    assert GridPoint(4, 2, 4, parallelism="zero1").key == "mb4-acc2-w4-zero1"
+    assert GridPoint(4, 2, 4, parallelism="hsdp").key == "mb4-acc2-w4-hsdp"
+    from sweeper.worker import sharding
+
+    assert (sharding.SYNC_MODES["zero1"], sharding.SYNC_MODES["hsdp"]) == ("no_sync", "set_requires_gradient_sync")
+    # its model is DDP's: one zero1 worker reduces nothing, so `every` folds into `final` there, as DDP's does
+    assert (gradient_sync("zero1", 1, 2, "every"), gradient_sync("zero1", 4, 2, "every")) == ("final", "every")
+    assert gradient_sync("hsdp", 1, 2, "every") == "every"
+
+
+def test_hsdps_mesh_has_a_row_per_node_in_rank_order_whatever_order_ray_gave_the_ranks():
+    assert mesh_by_node(["a", "a", "b", "b"]) == [[0, 1], [2, 3]]
+    assert mesh_by_node(["b", "a", "b", "a", "b", "a"]) == [[0, 2, 4], [1, 3, 5]]  # arranged by node
+    assert mesh_by_node(["a", "b"]) == [[0], [1]] and mesh_by_node(["a", "a"]) == [[0, 1]]
+    with pytest.raises(ValueError, match=r"hsdp at 3 workers: its nodes hold 2, 1 ranks.*same number on every"):
+        mesh_by_node(["a", "b", "a"])
 
 
 def test_the_grid_crosses_every_point_with_every_parallelism():
@@ -184,3 +203,16 @@ def test_when_even_zero3_at_the_most_workers_is_over_the_budget_the_sweep_says_d
     roomy = config.load(compose_cfg(*sweep, "device.memory_budget_gb=1"))
     assert predicted.beyond_data_parallelism(roomy, points, 256) is None
     assert predicted.beyond_data_parallelism(config.load(compose_cfg(*sweep)), points, 256) is None  # no budget
+
+
+def test_a_sharded_sweep_records_its_models_units_for_the_reports_memory_at_other_worker_counts(cfg_of):
+    from sweeper.report import target_cluster
+
+    cfg = cfg_of("model=mlp", "model.depth=3", "model.width=64", "data=synthetic", "sweep.parallelism=[zero3]",
+                 "gns.enabled=false")
+    units = target_cluster.decode_units(predicted.units_param(cfg, 10)["model_units"])
+    # 3 MLP blocks (1,024 -> 64, then 64 -> 64 twice), the classifier at the root: 64 x 1,024 + 64, then 2 x
+    # (64 x 64 + 64), then 10 x 64 + 10 parameters.
+    assert [u.name for u in units] == ["block0", "block1", "block2", "root"]
+    assert sum(u.numel() for u in units) == 64 * 1024 + 64 + 2 * (64 * 64 + 64) + 10 * 64 + 10
+    assert predicted.units_param(cfg_of("model=mlp", "data=synthetic"), 10) == {}  # DDP: not needed

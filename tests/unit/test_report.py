@@ -86,6 +86,32 @@ def test_report_files_artifacts_and_recommendation(tmp_path):
     assert free.recommendation.best.key == "mb64-acc1-w1"
 
 
+def test_the_run_at_full_length_and_what_the_sweep_cost_reach_the_headline_yaml_and_mlflow(tmp_path):
+    # The sweep's own settings (a variant's figures stay in its folder and leave the parent's metrics alone).
+    settings = ReportConfig(run_samples=9_000_000, price_per_device_hour=3.0)
+    uri, tracker, parent = recorded_sweep(tmp_path, settings=settings)
+    client = MlflowClient(uri)
+    children = client.search_runs([client.get_run(parent).info.experiment_id], f"tags.mlflow.parentRunId = '{parent}'")
+    for child in children:  # each of the 5 runs held its one worker for 36 s: 180 device-seconds, 0.050 device-hours
+        client.log_metric(child.info.run_id, "trial_seconds", 36.0)
+    made = build(tracker.store, parent, settings, str(tmp_path / "out"))
+    # mb32-acc1-w1 at 450 samples/s on 1 worker: 9e6 / 450 = 20,000 s = 5.6 h, 5.56 device-hours, price 16.7; the
+    # sweep's 0.050 device-hours are 0.9 % of that. No point evaluated or saved: neither is counted, and said so.
+    headline = made.text.splitlines()[:3]
+    said = " ".join(headline)
+    assert all(len(line) <= 120 for line in headline) and said.startswith("Train mb32-acc1-w1:")
+    assert "5.6 h" in said and "price 17" in said and "0.050 device-h" in said and "0.9%" in said
+    assert made.override_line.endswith(" train.samples=9000000")
+    doc = yaml.safe_load(open(made.yaml_path))
+    assert doc["run"]["wall_seconds"] == pytest.approx(20_000.0) and doc["run"]["price"] == pytest.approx(50 / 3)
+    assert doc["run"]["overrides"] == made.override_line and len(doc["run"]["notes"]) == 2
+    assert doc["sweep_cost"]["device_hours"] == pytest.approx(0.05)
+    metrics = client.get_run(parent).data.metrics
+    assert metrics["run_device_hours"] == pytest.approx(20_000 / 3600)
+    assert metrics["sweep_share_of_run"] == pytest.approx(0.05 / (20_000 / 3600))
+    assert client.get_run(parent).data.tags["sweeper.recommended_overrides"].endswith("train.samples=9000000")
+
+
 def test_a_rebuild_never_loses_or_duplicates_what_the_sweep_recorded(tmp_path):
     uri, tracker, parent = recorded_sweep(tmp_path, settings=ReportConfig(objective="accuracy"))
     client = MlflowClient(uri)

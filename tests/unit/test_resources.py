@@ -106,6 +106,17 @@ def test_placement_that_can_never_happen_is_refused_before_any_trial():
                        [GridPoint(16, 1, 2)])
 
 
+def test_hsdp_at_a_worker_count_no_placement_splits_evenly_over_the_nodes_is_refused_before_any_trial():
+    hsdp = [GridPoint(16, 1, w, parallelism="hsdp") for w in (2, 4)]
+    # Nodes of 3 CPUs at 1 CPU a worker hold 2 (the trial's driver on the first) and 3: 4 workers as 2 + 2.
+    plan_resources(ClusterConfig(cpus_per_worker=1), nodes(3, 3), hsdp)
+    five = [GridPoint(16, 1, 5, parallelism="hsdp")]  # fits (2 + 3) but only as 2 + 3: no (nodes, ranks per node)
+    with pytest.raises(ConfigError, match=r"parallelism=hsdp at 5 workers: the Ray cluster's nodes hold \[2, 3\]"):
+        plan_resources(ClusterConfig(cpus_per_worker=1), nodes(3, 3), five)
+    plan_resources(ClusterConfig(cpus_per_worker=1), nodes(3, 3), [GridPoint(16, 1, 5, parallelism="zero3")])
+    plan_resources(ClusterConfig(cpus_per_worker=1), nodes(8), five)  # one node: a mesh (1, 5)
+
+
 def test_tune_missing_logs_warning_is_filtered():
     import logging
 

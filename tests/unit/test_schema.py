@@ -33,6 +33,8 @@ NOT_ON_ONE_CPU_POINT = LANGUAGE_MODEL_ONLY | {
     # a sweep with a sharded parallelism's prediction (test_parallelism, test_e2e_parallelism)
     "memory_predicted_bytes", "memory_prediction_error",
     "communication_predicted_bytes_per_step", "communication_prediction_error",
+    # a zero1 or hsdp point's communication per step (test_hybrid_sharding, test_e2e_hybrid)
+    "communication_within_node_bytes_per_step", "communication_across_nodes_bytes_per_step",
     # the recipe's: fp16's loss scaling, checkpointing, compilation, clipping and a loss that counts items
     # (not asked for here: tests/unit/test_your_step.py checks them)
     "grad_scaler_scale", "grad_scaler_skipped_steps", "checkpointed_blocks", "compile_step_seconds",

@@ -1,6 +1,6 @@
-"""measure.sharded_memory and measure.layouts: the per-worker peak of DDP, ZeRO-2 and ZeRO-3 at every phase of the
-step (forward's top, backward, the optimizer step), in both gradient syncs, on fixed numbers worked by hand (no
-processes); the units it reads off a model; the budget's error band and CUDA's margin. Its agreement with
+"""measure.sharded_memory and measure.layouts: the per-worker peak of DDP, ZeRO-1, ZeRO-2, ZeRO-3 and HSDP at every
+phase of the step (forward's top, backward, the optimizer step), in both gradient syncs, on fixed numbers worked by
+hand (no processes); the units it reads off a model; the budget's error band and CUDA's margin. Its agreement with
 torch's MemTracker on real gloo ranks is scripts/bench_sharding.py's (docs/parallelism.md)."""
 
 import ast
@@ -111,6 +111,25 @@ def test_bf16_gathers_half_the_bytes_and_counts_autocasts_weight_copies_once():
     assert bf16.total < fp32.total
 
 
+def test_zero1_is_ddp_with_the_most_loaded_ranks_share_of_the_optimizer_state():
+    # Tensors of 32, 32, 12, 8 and 8 values over 2 ranks, the largest first, each to the less loaded (the first
+    # on a tie): 32 + 12 | 32 + 8 + 8.
+    assert sm.zero1_shares(UNITS, 2) == [(44, 2), (48, 3)]
+    ddp, zero1 = predict("ddp", 2), predict("zero1", 2)
+    assert zero1.optimizer_state_bytes == 2 * 48 * 4 + 3 * 4  # the second rank's: two moments, a step per tensor
+    assert zero1.total == ddp.total - ddp.optimizer_state_bytes + zero1.optimizer_state_bytes  # the rest is DDP's
+    assert predict("zero1", 1) == predict("ddp", 1)  # one rank holds it all
+    # Four equal layers over four ranks: exactly a quarter each.
+    layers = [sm.Unit(f"block{i}", ((16, 16), (16,))) for i in range(3)] + [sm.Unit("root", ((16, 16), (16,)))]
+    assert sm.zero1_shares(layers, 4) == [(272, 2)] * 4
+
+
+def test_hsdp_is_zero3_over_a_nodes_ranks():
+    assert predict("hsdp", 4, ranks_per_node=2) == predict("zero3", 2)  # 2 nodes of 2: shards of a half
+    assert predict("hsdp", 4) == predict("zero3", 4)  # placement unknown: one node of 4
+    assert predict("hsdp", 4, ranks_per_node=1) == predict("zero3", 1)  # a rank per node: whole, as one rank
+
+
 def test_cudas_margin_is_named_and_added_on_cuda_only():
     tensors = predict("zero3", 2).total
     assert sm.margin_for("cpu") == sm.NO_MARGIN and sm.margin_for("cuda") is sm.CUDA_MARGIN
@@ -135,13 +154,14 @@ def test_a_point_predicted_over_the_budget_within_the_error_band_runs():
 
 def test_bad_layouts_are_refused():
     with pytest.raises(ValueError, match="Should be one of"):
-        predict("zero1", 2)
+        predict("zero4", 2)
     with pytest.raises(ValueError, match="at least 1"):
         predict("zero3", 0)
 
 
-def test_every_parallelism_is_one_layout_class():
-    assert set(layouts.LAYOUTS) == set(plan.PARALLELISMS)
+def test_every_parallelism_is_one_layout_class_or_priced_from_one():
+    assert set(layouts.LAYOUTS) | set(sm.DERIVED) == set(plan.PARALLELISMS)
+    assert not set(layouts.LAYOUTS) & set(sm.DERIVED) and set(sm.DERIVED.values()) <= set(layouts.LAYOUTS)
     assert all(isinstance(layout, layouts.Layout) for layout in layouts.LAYOUTS.values())
 
 

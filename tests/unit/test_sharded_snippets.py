@@ -67,7 +67,8 @@ def test_parallelism_is_read_from_a_points_params_and_checked():
     # Today's workers reduce once at the last micro-step; "every" (issue 56's second mode) as recorded.
     assert Layout.from_params({**params, "gradient_sync": "set_requires_gradient_sync"}).gradient_sync == "final"
     assert Layout.from_params({**params, "gradient_sync": "every"}).gradient_sync == "every"
-    with pytest.raises(ValueError, match=r"parallelism='zero4' is invalid. Should be one of \['ddp', 'zero2', 'zero3'"):
+    with pytest.raises(ValueError, match=r"parallelism='zero4' is invalid. Should be one of \['ddp', 'zero1', "
+                                         r"'zero2', 'zero3', 'hsdp'"):
         Layout(8, 1, 1, 0.1, parallelism="zero4")
 
 
@@ -327,3 +328,23 @@ def test_ray_train_builds_and_its_prepare_shards_on_the_workers_device(written, 
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=layout.precision == "bf16"):
         after = sharded(torch.ones(2, 8))
     assert torch.allclose(before, after.float(), atol=5e-2 if layout.precision == "bf16" else 1e-6)
+
+
+def test_a_zero1_layout_is_ddps_files_naming_zero1_and_deepspeeds_stage_1(tmp_path):
+    layout = Layout(8, 2, 4, 1e-3, "adamw", key="mb8-acc2-w4-zero1", parallelism="zero1")
+    files = {Path(p).name: Path(p).read_text() for p in write_snippets(layout, str(tmp_path))}
+    assert "torchtitan.toml" not in files  # no FSDP2 to configure
+    assert "# sharding: zero1 = ZeRO-1, DDP with torch's ZeroRedundancyOptimizer" in files["lightning_trainer.py"]
+    assert "strategy='ddp'" in files["lightning_trainer.py"]
+    assert json.loads(files["deepspeed_config.json"])["zero_optimization"] == {"stage": 1}
+    assert "parallelism: zero1" in files["layout.yaml"]
+
+
+def test_an_hsdp_layouts_mesh_is_nodes_by_devices_per_node_in_torchtitan_and_deepspeed(tmp_path):
+    layout = Layout(4, 2, 4, 1e-3, "adamw", "bf16", "none", "gpu", key="mb4-acc2-w4-bf16-hsdp", parallelism="hsdp",
+                    gpus_per_node=2)  # 4 workers on nodes of 2 GPUs
+    files = {Path(p).name: Path(p).read_text() for p in write_snippets(layout, str(tmp_path))}
+    degrees = tomllib.loads(files["torchtitan.toml"])["parallelism"]
+    assert (degrees["data_parallel_replicate_degree"], degrees["data_parallel_shard_degree"]) == (2, 2)
+    assert json.loads(files["deepspeed_config.json"])["zero_optimization"] == {"stage": 3, "mics_shard_size": 2}
+    assert 'init_device_mesh("cuda", (2, 2), mesh_dim_names=("replicate", "shard"))' in files["ray_train.py"]

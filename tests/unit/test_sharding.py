@@ -1,5 +1,6 @@
-"""Sharded data parallelism (worker.sharding) across two gloo processes on the CPU: DDP, ZeRO-2 and ZeRO-3
-train the same model at one global batch, each rank holds 1/world of the weights and optimizer state,
+"""Sharded data parallelism (worker.sharding) across two gloo processes on the CPU: every layout (DDP, ZeRO-1,
+ZeRO-2, ZeRO-3, HSDP on one node) trains the same model at one global batch, each FSDP2 rank holds 1/world of the
+weights and optimizer state,
 accumulation reduces once per optimizer step, and a training state moves between DDP and ZeRO-3 and
 between world sizes through worker.state's layout-free checkpoint.
 
@@ -85,7 +86,7 @@ def _rank(rank: int, world: int, folder: str) -> None:
         whole = sum(p.numel() * p.element_size() for p in _model().parameters())
         for parallelism in sharding.PARALLELISMS:
             model, done = sharding.apply(_model(), parallelism)
-            optimizer = _optimizer(model)
+            optimizer = sharding.optimizer_for(parallelism, _optimizer(model))
             out["losses"][parallelism] = _train(model, optimizer, range(STEPS), rank, world)
             moments = [v for s in optimizer.state.values() for k, v in s.items() if k in ("exp_avg", "exp_avg_sq")]
             steps = [v for s in optimizer.state.values() for k, v in s.items() if k == "step"]
@@ -242,7 +243,7 @@ def two_ranks(tmp_path_factory):
     return dict(reference=reference, ranks=ranks, folder=folder)
 
 
-def test_ddp_zero2_and_zero3_train_the_same_model_at_one_global_batch(two_ranks):
+def test_every_parallelism_trains_the_same_model_at_one_global_batch(two_ranks):
     losses = two_ranks["ranks"][0]["losses"]
     reference = two_ranks["reference"]  # one process, accumulation 4: the same global batch
     assert reference[-1] < reference[0] - 0.1  # it trains: equal losses of a model that does not would prove little
@@ -301,7 +302,7 @@ def test_a_checkpointed_sharded_models_state_is_named_as_the_bare_model(two_rank
 def test_sharding_refuses_fp16_an_unknown_parallelism_and_a_model_without_blocks():
     plain = nn.Sequential(nn.Flatten(), nn.Linear(4, 2))
     assert sharding.problems("zero4", "fp32") == [
-        "sweep.parallelism='zero4' is invalid. Should be one of ['ddp', 'zero2', 'zero3']."]
+        "sweep.parallelism='zero4' is invalid. Should be one of ['ddp', 'zero1', 'zero2', 'zero3', 'hsdp']."]
     assert "fp16" in sharding.problems("zero3", "fp16")[0] and not sharding.problems("ddp", "fp16")
     (blockless,) = sharding.problems("zero2", "fp32", plain)
     assert "no blocks" in blockless and "model.checkpoint_modules" in blockless

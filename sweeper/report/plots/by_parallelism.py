@@ -1,4 +1,4 @@
-"""The report's figures across parallelisms (ddp, zero2, zero3), drawn only when a sweep measured more than one:
+"""The report's figures across parallelisms (plan.PARALLELISMS), drawn only when a sweep measured more than one:
 peak memory per worker against the worker count, and throughput against the micro-batch, one line per
 parallelism. A DDP-only sweep's report is unchanged. matplotlib's object API only (Figure + Agg, no pyplot).
 """
@@ -13,11 +13,12 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from sweeper.plan import PARALLELISMS
 from sweeper.report import folding, parallelism
 from sweeper.report.trials import Trial
 
-ORDER = ("ddp", "zero2", "zero3")
-STYLE = {"ddp": ("C0", "o"), "zero2": ("C1", "s"), "zero3": ("C2", "^")}
+ORDER = PARALLELISMS
+STYLE = {"ddp": ("C0", "o"), "zero1": ("C3", "D"), "zero2": ("C1", "s"), "zero3": ("C2", "^"), "hsdp": ("C4", "v")}
 MIB = 2 ** 20
 
 
