@@ -22,7 +22,7 @@ import os
 import sys
 import tempfile
 from dataclasses import dataclass
-from typing import Dict, List, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -69,9 +69,9 @@ def _model(shape: Shape) -> GPT:
     return GPT(VOCAB, shape.context, shape.layers, HEADS, shape.width)
 
 
-def layouts(world: int) -> List[Tuple[str, int, str]]:
-    """(parallelism, accumulation, gradient sync) of every distinct layout at `world` workers."""
-    found = [(p, acc, plan.gradient_sync(p, world, acc, sync)) for p in plan.PARALLELISMS for acc, sync in MODES]
+def layouts(world: int, parallelisms: Sequence[str] = plan.PARALLELISMS) -> List[Tuple[str, int, str]]:
+    """(parallelism, accumulation, gradient sync) of every distinct layout of `parallelisms` at `world` workers."""
+    found = [(p, acc, plan.gradient_sync(p, world, acc, sync)) for p in parallelisms for acc, sync in MODES]
     return list(dict.fromkeys(found))
 
 
