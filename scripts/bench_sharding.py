@@ -1,164 +1,198 @@
-"""Predicted against measured peak memory per worker, and throughput, for DDP, ZeRO-1, ZeRO-2, ZeRO-3 and HSDP
-(FSDP2) at 1 and 2 gloo workers on the CPU, and HSDP at 4 on two simulated nodes of 2: sweeper's GPT with AdamW,
-fp32.
+"""Predicted against measured peak memory per worker, and predicted against counted communication per step, for DDP,
+ZeRO-1, ZeRO-2, ZeRO-3 and HSDP (FSDP2; HSDP on simulated nodes of 2) at 1, 2 and 4 gloo workers on the CPU, with and
+without accumulation in both gradient syncs: sweeper's GPT with AdamW in three shapes (activation-heavy, weight-heavy
+at micro-batch 1, and the weight-heavy one in bf16).
 
-Each layout runs in its own gloo processes (no Ray): warm-up steps, one step under torch's MemTracker per
-rank (a fresh tracker per step: MemTracker keeps per-module state between iterations), then timed windows.
-The figure is the largest rank's tracked peak; the prediction is measure.sharded_memory's, from the
-model's parameter shapes and the activation slope of two fake-tensor steps in one process (what the sweep
-measures per sample before it launches).
+Each world size runs in its own gloo processes (no Ray), every layout of a shape one after another: a warm-up
+step, then one step under torch's MemTracker per rank (the figure: the largest rank's tracked peak, and the
+phase it fell in) with its collectives counted where they reach the process group. The prediction is the
+sweep's own: measure.sharded_memory.peak on the model's units, with the activation slope fitted as the sweep
+fits it (fake_memory.activation_fit: two fake-tensor steps of the unsharded model at
+fake_memory.SLOPE_MICRO_BATCHES) and the optimizer's cost measured as the sweep measures it
+(fake_memory.optimizer_cost); the communication is measure.communication.per_step's.
 
-    python scripts/bench_sharding.py            # the table in docs/parallelism.md
-    python scripts/bench_sharding.py --quick    # fewer steps, for a smoke run
-    python scripts/bench_sharding.py --parallelism zero1 hsdp   # some layouts only
+    python scripts/bench_sharding.py                      # the table in docs/parallelism.md
+    python scripts/bench_sharding.py --shapes weights --workers 2
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
-import time
+from dataclasses import dataclass
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from sweeper import recipe
+from sweeper import plan, recipe
 from sweeper.config import OptimConfig
-from sweeper.workloads.gpt import GPT
-from sweeper.measure import memory, sharded_memory
-from sweeper.workloads.samples import Samples
+from sweeper.measure import collective_count, communication, fake_memory, memory, node_traffic, sharded_memory
 from sweeper.worker import collectives, sharding
 from sweeper.worker.spec import WorkerContext
+from sweeper.workloads.gpt import GPT
+from sweeper.workloads.samples import Samples
 
 MIB = 2 ** 20
+VOCAB, HEADS = 256, 4
 RANKS_PER_NODE = 2  # hsdp's simulated nodes
 
 
-def _model(args) -> GPT:
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    context: int
+    layers: int
+    width: int
+    micro: int
+    precision: str = "fp32"
+
+
+SHAPES = {
+    # 3.2M parameters, 4.2 MiB of activations a sample: activations outweigh the weights at micro-batch 4.
+    "activations": Shape("activations", 64, 4, 256, 4),
+    # 7.2M parameters (27.5 MiB), context 8 at micro-batch 1: weights, gradients and AdamW's state are the peak.
+    "weights": Shape("weights", 8, 4, 384, 1),
+    # The same in bf16: FSDP2 gathers bf16 weights, autocast's copies are not counted twice.
+    "bf16": Shape("bf16", 8, 4, 384, 1, "bf16"),
+}
+# (accumulation steps, gradient sync) of every layout; plan.gradient_sync folds the ones that are the same.
+MODES = ((1, "final"), (2, "final"), (2, "every"))
+
+
+def _model(shape: Shape) -> GPT:
     torch.manual_seed(0)
-    return GPT(args.vocab, args.context, args.layers, args.heads, args.width)
+    return GPT(VOCAB, shape.context, shape.layers, HEADS, shape.width)
 
 
-def _optimizer(model):
-    return recipe.build_optimizer(OptimConfig(name="adamw"), model.parameters(), 1e-3)
+def layouts(world: int, parallelisms: Sequence[str] = plan.PARALLELISMS) -> List[Tuple[str, int, str]]:
+    """(parallelism, accumulation, gradient sync) of every distinct layout of `parallelisms` at `world` workers."""
+    found = [(p, acc, plan.gradient_sync(p, world, acc, sync)) for p in parallelisms for acc, sync in MODES]
+    return list(dict.fromkeys(found))
 
 
-def _rank(rank: int, world: int, folder: str, parallelism: str, args) -> None:
+def _rank(rank: int, world: int, folder: str, shape: Shape) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=world)
     try:
-        # hsdp: nodes of RANKS_PER_NODE ranks, simulated (a node id per rank, as Ray reports them)
-        nodes = [f"node{r // min(world, RANKS_PER_NODE)}" for r in range(world)]
-        mesh = collectives.node_meshes([world], nodes, WorkerContext(rank, world)).get(world) \
-            if parallelism == "hsdp" else None
-        model, done = sharding.apply(_model(args), parallelism, node_mesh=mesh)
-        optimizer = sharding.optimizer_for(parallelism, _optimizer(model))
-        accumulation = args.global_batch // (args.micro * world)
-        generator = torch.Generator().manual_seed(rank)
-        tokens = torch.randint(0, args.vocab, (accumulation, args.micro, args.context + 1), generator=generator)
-
-        def step():
-            for micro in range(accumulation):
-                with sharding.accumulation_context(model, micro, accumulation):
-                    logits = model(tokens[micro, :, :-1])
-                    loss = F.cross_entropy(logits.flatten(0, 1), tokens[micro, :, 1:].flatten())
-                    (loss / accumulation).backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-
-        for _ in range(args.warmup):
-            step()
-        breakdown = memory.track_step(model, sharding.local_optimizer(optimizer), step, torch.device("cpu"))
-        windows = []
-        for _ in range(args.windows):
-            dist.barrier()
-            began = time.perf_counter()
-            for _ in range(args.steps_per_window):
-                step()
-            seconds = torch.tensor([time.perf_counter() - began])
-            dist.all_reduce(seconds, op=dist.ReduceOp.MAX)  # the slowest rank sets a data-parallel step's pace
-            windows.append(args.steps_per_window * args.global_batch / seconds.item())
-        torch.save(dict(breakdown=breakdown, windows=windows, units=done.units),
-                   os.path.join(folder, f"rank{rank}.pt"))
+        out = {}
+        for parallelism, accumulation, sync in layouts(world):
+            out[(parallelism, accumulation, sync)] = _measure(shape, parallelism, accumulation, sync, rank)
+        torch.save(out, os.path.join(folder, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
 
-def measure(parallelism: str, world: int, args):
+def _measure(shape: Shape, parallelism: str, accumulation: int, sync: str, rank: int):
+    """(the tracked step's breakdown, the collectives it issued) of one layout on this rank."""
+    world = dist.get_world_size()
+    # hsdp: nodes of RANKS_PER_NODE ranks, simulated (a node id per rank, as Ray reports them)
+    nodes = [f"node{r // min(world, RANKS_PER_NODE)}" for r in range(world)]
+    mesh = collectives.node_meshes([world], nodes, WorkerContext(rank, world)).get(world) \
+        if parallelism == "hsdp" else None
+    model, _ = sharding.apply(_model(shape), parallelism, precision=shape.precision, node_mesh=mesh)
+    optimizer = sharding.optimizer_for(parallelism, recipe.build_optimizer(OptimConfig(name="adamw"),
+                                                                           model.parameters(), 1e-3))
+    tokens = torch.randint(0, VOCAB, (accumulation, shape.micro, shape.context + 1),
+                           generator=torch.Generator().manual_seed(rank))
+    cpu = torch.device("cpu")
+
+    def step() -> None:
+        for micro in range(accumulation):
+            with sharding.accumulation_context(model, micro, accumulation, sync, parallelism):
+                with recipe.autocast(cpu, shape.precision):
+                    logits = model(tokens[micro, :, :-1])
+                loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[micro, :, 1:].flatten())
+                (loss / accumulation).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()
+    with collective_count.CollectiveCounter() as counter:
+        breakdown = memory.track_step(model, sharding.local_optimizer(optimizer), step, cpu)
+    return breakdown, counter.calls
+
+
+def measure(shape: Shape, world: int):
     with tempfile.TemporaryDirectory() as folder:
-        mp.spawn(_rank, args=(world, folder, parallelism, args), nprocs=world, join=True)
+        mp.spawn(_rank, args=(world, folder, shape), nprocs=world, join=True)
         return [torch.load(os.path.join(folder, f"rank{r}.pt"), weights_only=False) for r in range(world)]
 
 
-def activation_slope(args):
-    """(bytes per sample, bytes at no sample) of what forward keeps for backward, from fake-tensor steps at two
-    micro-batch sizes in one process (memory.estimate_step: what the sweep can estimate before launch)."""
-    samples = Samples((args.context,), args.vocab, tokens=True)
-    small, large = args.micro, 2 * args.micro
-    kept = [memory.estimate_step(lambda: _model(args), samples, m, optim=OptimConfig(name="adamw"))
-            .forward_activations_bytes for m in (small, large)]
-    per_sample = (kept[1] - kept[0]) / (large - small)
-    return per_sample, kept[0] - per_sample * small
+def predictions(shape: Shape, world: int) -> Dict[Tuple[str, int, str], Tuple[sharded_memory.Prediction, int]]:
+    """The sweep's prediction of every layout: memory and bytes sent per step."""
+    optim = OptimConfig(name="adamw")
+    per_sample, fixed = fake_memory.activation_fit(lambda: _model(shape), Samples((shape.context,), VOCAB, tokens=True),
+                                                   optim, shape.precision)
+    cost = fake_memory.optimizer_cost(optim, "cpu")
+    model = _model(shape)
+    units = sharded_memory.units_of(model, recipe.blocks(model))
+    out = {}
+    for parallelism, accumulation, sync in layouts(world):
+        gather = 2 if (shape.precision != "fp32" and parallelism != "ddp") else None
+        memory_ = sharded_memory.peak(units, parallelism, world, shape.micro, accumulation, per_sample, fixed,
+                                      gather_bytes_per_value=gather, optimizer=cost, gradient_sync=sync,
+                                      ranks_per_node=min(world, RANKS_PER_NODE))
+        if parallelism in ("zero1", "hsdp"):  # measure.node_traffic's, on the simulated nodes
+            sent = node_traffic.per_step(units, parallelism, world, accumulation,
+                                         nodes=-(-world // RANKS_PER_NODE)).total_bytes
+        else:
+            sent = communication.per_step(units, parallelism, world, accumulation, sync,
+                                          gather_bytes_per_value=gather).bytes
+        out[(parallelism, accumulation, sync)] = (memory_, sent)
+    return out
+
+
+def _measured_phase(breakdown) -> str:
+    return max(("forward", "backward", "optimizer"), key=lambda p: getattr(breakdown, f"{p}_peak_bytes"))
+
+
+def rows_of(shape: Shape, world: int, verbose: bool) -> List[Tuple]:
+    predicted = predictions(shape, world)
+    ranks = measure(shape, world)
+    rows = []
+    for layout, (prediction, sent) in predicted.items():
+        largest, calls = max((r[layout] for r in ranks), key=lambda m: m[0].peak_bytes)
+        counted = communication.traffic(calls, world).bytes
+        error = prediction.tensor_bytes / largest.peak_bytes - 1
+        rows.append((shape.name, layout[0], world, layout[1], layout[2], f"{prediction.tensor_bytes / MIB:.2f}",
+                     prediction.phase, f"{largest.peak_bytes / MIB:.2f}", _measured_phase(largest),
+                     f"{error * 100:+.1f}", f"{sent / MIB:.2f}", f"{counted / MIB:.2f}"))
+        if verbose:
+            print(f"  {shape.name} {layout} x{world}: measured {largest}\n"
+                  f"  predicted {sharded_memory.by_phase(prediction)} {prediction.parts}", file=sys.stderr)
+    return rows
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--vocab", type=int, default=256)
-    parser.add_argument("--context", type=int, default=64)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--width", type=int, default=256)
-    parser.add_argument("--micro", type=int, default=4)
-    parser.add_argument("--global-batch", type=int, default=8)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--windows", type=int, default=3)
-    parser.add_argument("--steps-per-window", type=int, default=4)
-    parser.add_argument("--quick", action="store_true", help="1 warm-up step, 2 windows of 2 steps")
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--workers", nargs="+", type=int, default=[1, 2, 4])
     parser.add_argument("--verbose", action="store_true", help="each layout's measured and predicted parts")
     parser.add_argument("--parallelism", nargs="+", default=list(sharding.PARALLELISMS), help="the layouts to run")
     args = parser.parse_args(argv)
-    if args.quick:
-        args.warmup, args.windows, args.steps_per_window = 1, 2, 2
     os.environ["OMP_NUM_THREADS"] = "1"
-    model = _model(args)
-    units = sharded_memory.units_of(model, recipe.blocks(model))
-    per_sample, fixed = activation_slope(args)
-    print(f"GPT vocab {args.vocab}, context {args.context}, {args.layers} layers x {args.width}, AdamW fp32; "
-          f"global batch {args.global_batch}, micro-batch {args.micro}; activation slope "
-          f"{per_sample / MIB:.3f} MiB/sample (+{fixed / MIB:.2f} MiB fixed, fake-tensor steps)")
-    header = ("parallelism", "workers", "accum", "predicted MiB", "measured MiB", "error %",
-              "samples/s", "spread %")
-    rows = []
-    for parallelism in args.parallelism:
-        for world in (1, 2, 4) if parallelism == "hsdp" else (1, 2):
-            accumulation = args.global_batch // (args.micro * world)
-            if accumulation < 1:
-                print(f"  {parallelism} x{world}: skipped, --global-batch {args.global_batch} < micro x workers",
-                      file=sys.stderr)
-                continue
-            predicted = sharded_memory.peak(units, parallelism, world, args.micro, accumulation, per_sample, fixed,
-                                            ranks_per_node=min(world, RANKS_PER_NODE))
-            ranks = measure(parallelism, world, args)
-            largest = max(ranks, key=lambda r: r["breakdown"].peak_bytes)["breakdown"]
-            windows = ranks[0]["windows"]
-            mean = statistics.mean(windows)
-            spread = (max(windows) - min(windows)) / mean * 100
-            error = (predicted.total - largest.peak_bytes) / largest.peak_bytes * 100
-            rows.append((parallelism, world, accumulation, f"{predicted.total / MIB:.2f}",
-                         f"{largest.peak_bytes / MIB:.2f}", f"{error:+.1f}", f"{mean:.0f}", f"{spread:.0f}"))
-            if args.verbose:
-                print(f"  {parallelism} x{world}: measured {largest}\n  predicted {predicted}", file=sys.stderr)
+    for name in args.shapes:
+        shape = SHAPES[name]
+        params = sum(p.numel() for p in _model(shape).parameters())
+        print(f"{name}: GPT vocab {VOCAB}, context {shape.context}, {shape.layers} layers x {shape.width} "
+              f"({params / 1e6:.2f}M parameters), AdamW, {shape.precision}, micro-batch {shape.micro}")
+    header = ("shape", "parallelism", "workers", "accum", "sync", "predicted MiB", "phase", "measured MiB",
+              "phase", "error %", "comm predicted MiB", "comm counted MiB")
+    rows = [row for name in args.shapes for world in args.workers for row in rows_of(SHAPES[name], world, args.verbose)]
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
     print(" | ".join(h.ljust(w) for h, w in zip(header, widths)))
     print("-|-".join("-" * w for w in widths))
     for row in rows:
         print(" | ".join(str(c).ljust(w) for c, w in zip(row, widths)))
+    errors = [float(r[9]) for r in rows]
+    print(f"error band: {min(errors):+.1f} % to {max(errors):+.1f} % over {len(rows)} layouts "
+          f"(sharded_memory.PREDICTION_ERROR_BAND: {sharded_memory.PREDICTION_ERROR_BAND})")
     return 0
 
 

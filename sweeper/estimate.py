@@ -1,5 +1,6 @@
 """`python -m sweeper.estimate [overrides]`: the memory of the sweep's config predicted on fake tensors,
-printed before anything runs (the frontier under device.memory_budget_gb and each grid point's peak).
+printed before anything runs (the frontier under device.memory_budget_gb, each grid point's peak, and whether
+even ZeRO-3 at the most workers is over the budget: data parallelism not enough).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from typing import List, Optional
 from sweeper import plan
 from sweeper.config import SweeperConfig, budget_bytes
 from sweeper.errors import first_line
+from sweeper.driver import predicted
+from sweeper.measure import sharded_memory
 from sweeper.measure.fake_memory import point_estimates, predicted_frontier
 from sweeper.units import format_bytes
 from sweeper.workloads import models
@@ -28,7 +31,7 @@ def report_lines(cfg: SweeperConfig, num_classes: int) -> List[str]:
         "Tensor memory only: add the CUDA context (~0.3-1 GiB), cuDNN/cuBLAS workspaces and allocator slack.",
     ]
     recipes = [(p, c) for p in cfg.sweep.precisions for c in cfg.sweep.activation_checkpointing]
-    if budget is not None:
+    if budget is not None and "ddp" in cfg.sweep.parallelism:
         for workers in sorted(set(cfg.sweep.num_workers)):
             for precision, checkpointing in recipes:
                 lines.append(_frontier_line(cfg, num_classes, workers, budget, precision, checkpointing))
@@ -36,12 +39,50 @@ def report_lines(cfg: SweeperConfig, num_classes: int) -> List[str]:
     if isinstance(sizes, str):
         return lines
     points = plan.expand_grid(sizes, cfg.sweep.accumulation_steps, cfg.sweep.num_workers,
-                              precisions=cfg.sweep.precisions, checkpointing=cfg.sweep.activation_checkpointing)
-    lines.append(f"{'point':<30}{'estimated peak':>18}{'fits' if budget else '':>8}")
-    for point, peak in point_estimates(cfg, points, num_classes).items():
-        fits = ("yes" if peak <= budget else "no") if budget is not None else ""
-        lines.append(f"{point.key:<30}{_mib(peak):>18}{fits:>8}")
+                              precisions=cfg.sweep.precisions, checkpointing=cfg.sweep.activation_checkpointing,
+                              parallelisms=cfg.sweep.parallelism, gradient_syncs=cfg.sweep.gradient_sync)
+    lines += _point_lines(cfg, num_classes, points, budget)
+    limit = predicted.beyond_data_parallelism(cfg, points, num_classes, device=predicted.device_type(cfg))
+    return lines + ([f"Data parallelism is not enough: {limit}."] if limit else [])
+
+
+def _point_lines(cfg: SweeperConfig, num_classes: int, points: List[plan.GridPoint], budget: Optional[int]
+                 ) -> List[str]:
+    """One line per point: a DDP point's fake-tensor step, a sharded point's per-phase model
+    (measure.sharded_memory: its peak phase, CUDA's margin on CUDA workers), whether it fits, and the bytes a
+    worker sends per step."""
+    device = predicted.device_type(cfg)
+    whole = point_estimates(cfg, [p for p in points if p.parallelism == "ddp"], num_classes)
+    sharded = predicted.predict(cfg, [p for p in points if p.parallelism != "ddp"], num_classes, device=device)
+    sent = predicted.communication_per_step(cfg, points, num_classes)
+    lines = []
+    if any(p.parallelism != "ddp" for p in points):
+        how = "CUDA workers: with CUDA_MARGIN" if device == "cuda" else "CPU workers"
+        lines.append(f"Sharded points: measure.sharded_memory's peak per worker at its phase ({how}); DDP points: "
+                     "one fake-tensor step of the whole model.")
+    lines.append(f"{'point':<32}{'estimated peak':>16}  {'phase':<10}{'fits' if budget else '':>6}"
+                 f"{'comm MiB/step':>15}")
+    for point in points:
+        comm = f"{sent[point] / 2 ** 20:.2f}" if point in sent else "-"
+        if point.parallelism == "ddp":
+            peak, phase = whole[point], "step"
+        elif point in sharded:
+            peak, phase = sharded[point].total, sharded[point].phase
+        else:
+            lines.append(f"{point.key:<32}{'not predicted':>16}  {'-':<10}{'':>6}{comm:>15}")
+            continue
+        fits = _fits(sharded.get(point), peak, budget, point.key) if budget is not None else ""
+        lines.append(f"{point.key:<32}{_mib(peak):>16}  {phase:<10}{fits:>6}{comm:>15}")
     return lines
+
+
+def _fits(prediction: Optional[sharded_memory.Prediction], peak: int, budget: int, key: str) -> str:
+    """yes | no | near (over the budget within the prediction's error: the sweep launches it)."""
+    if peak <= budget:
+        return "yes"
+    if prediction is not None and sharded_memory.over_budget(prediction, budget, key) is None:
+        return "near"
+    return "no"
 
 
 def _frontier_line(cfg: SweeperConfig, num_classes: int, workers: int, budget: int, precision: str,

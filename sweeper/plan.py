@@ -18,6 +18,11 @@ DEFAULT_PRECISION, DEFAULT_CHECKPOINTING = "fp32", "none"
 # state sharded; hsdp shards within a node and replicates across nodes (its mesh: mesh_by_node).
 PARALLELISMS = ("ddp", "zero1", "zero2", "zero3", "hsdp")
 DEFAULT_PARALLELISM = "ddp"
+# How gradient accumulation reduces (sweep.gradient_sync): `final` skips the reduce until the last micro-step
+# (the gradients held unsharded meanwhile), `every` reduces at every micro-step (sharded gradients held, more
+# communication). The default: a point at it keeps the key it had before the axis.
+GRADIENT_SYNCS = ("final", "every")
+DEFAULT_GRADIENT_SYNC = "final"
 
 
 @dataclass(frozen=True)
@@ -26,7 +31,9 @@ class GridPoint:
     micro-batches per optimizer step on each of `num_workers` data-parallel workers, trained in
     `precision` (fp32 | bf16 | fp16 autocast) with activation `checkpointing` (none | blocks), at the
     scaled LR times `lr_multiplier`. `seed`: one replicate of it (None: train.seed, one replicate).
-    `parallelism`: how the workers hold the model (ddp | zero1 | zero2 | zero3 | hsdp: worker.sharding)."""
+    `parallelism`: how the workers hold the model (ddp | zero1 | zero2 | zero3 | hsdp:
+    worker.sharding); `gradient_sync`: how
+    accumulation reduces the gradients (final | every: worker.sharding.accumulation_context)."""
 
     micro_batch_size: int
     accumulation_steps: int
@@ -40,6 +47,7 @@ class GridPoint:
     # (key -from<samples>); None for every grid point
     branch_from: Optional[int] = None
     parallelism: str = DEFAULT_PARALLELISM
+    gradient_sync: str = DEFAULT_GRADIENT_SYNC
 
     @property
     def global_batch_size(self) -> int:
@@ -49,9 +57,9 @@ class GridPoint:
     @property
     def key(self) -> str:
         """A stable name for the point, used for Ray trial names and to avoid duplicate MLflow runs:
-        mb64-acc2-w1, then -zero1 / -zero2 / -zero3 / -hsdp for a sharded layout, -bf16 / -ckpt for a recipe
-        other than fp32 without checkpointing, -lrx2 for an LR multiplier other than 1, -ctx256 for a context from
-        sweep.context_lengths, -s1 for one seed of several."""
+        mb64-acc2-w1, then -zero1 / -zero2 / -zero3 / -hsdp for a sharded layout, -every for gradient_sync every,
+        -bf16 / -ckpt for a recipe other than fp32 without checkpointing, -lrx2 for an LR multiplier other than 1,
+        -ctx256 for a context from sweep.context_lengths, -s1 for one seed of several."""
         key = self.point_key
         return key if self.seed is None else f"{key}-s{self.seed}"
 
@@ -61,6 +69,8 @@ class GridPoint:
         key = f"mb{self.micro_batch_size}-acc{self.accumulation_steps}-w{self.num_workers}"
         if self.parallelism != DEFAULT_PARALLELISM:
             key += f"-{self.parallelism}"
+        if self.gradient_sync != DEFAULT_GRADIENT_SYNC:
+            key += f"-{self.gradient_sync}"
         if self.precision != DEFAULT_PRECISION:
             key += f"-{self.precision}"
         if self.checkpointing != DEFAULT_CHECKPOINTING:
@@ -87,13 +97,13 @@ def frontier_label(search: GridPoint) -> str:
     return search.key.split("-", 2)[2]
 
 
-def gradient_sync(parallelism: str, num_workers: int) -> str:
-    """How the micro-steps before the last of an optimizer step skip the gradient reduce (worker.sharding's
-    Sharding.sync_mode, recorded as param gradient_sync): DDP's no_sync, FSDP2's
-    set_requires_gradient_sync(False), or none (one DDP worker reduces nothing). zero1's model is DDP's."""
-    if parallelism in (DEFAULT_PARALLELISM, "zero1"):
-        return "no_sync" if num_workers > 1 else "none"
-    return "set_requires_gradient_sync"
+def gradient_sync(parallelism: str, num_workers: int, accumulation_steps: int, asked: str) -> str:
+    """The gradient sync a point runs: `asked`, except where both modes are one and the same (one micro-step
+    reduces once either way; one DDP or zero1 worker reduces nothing), which is `final`, so no point is measured
+    twice."""
+    if accumulation_steps == 1 or (parallelism in (DEFAULT_PARALLELISM, "zero1") and num_workers == 1):
+        return DEFAULT_GRADIENT_SYNC
+    return asked
 
 
 def mesh_by_node(rank_nodes: Sequence[str]) -> List[List[int]]:
@@ -127,20 +137,24 @@ def expand_grid(
     seeds: Optional[Sequence[int]] = None,
     contexts: Optional[Sequence[int]] = None,
     parallelisms: Sequence[str] = (DEFAULT_PARALLELISM,),
+    gradient_syncs: Sequence[str] = (DEFAULT_GRADIENT_SYNC,),
 ) -> List[GridPoint]:
     """The product of the axes (duplicates removed, order kept), optionally filtered to the points
     whose global batch size (in sequences) is one of `global_batch_sizes` (in every recipe and
     context). `seeds` None: one replicate per point (train.seed); else one per seed. `contexts` None:
-    the model's own; else one point per context."""
+    the model's own; else one point per context. `gradient_syncs`: per point where the modes differ
+    (gradient_sync), else `final` once."""
     keep = None if global_batch_sizes is None else set(global_batch_sizes)
     points: List[GridPoint] = []
-    for context, micro, accum, workers, parallelism, precision, ckpt, multiplier, seed in itertools.product(
+    for context, micro, accum, workers, parallelism, sync, precision, ckpt, multiplier, seed in itertools.product(
         contexts if contexts is not None else [None], micro_batch_sizes, accumulation_steps, num_workers,
-        parallelisms, precisions, checkpointing, lr_multipliers, seeds if seeds is not None else [None],
+        parallelisms, gradient_syncs, precisions, checkpointing, lr_multipliers,
+        seeds if seeds is not None else [None],
     ):
         point = GridPoint(int(micro), int(accum), int(workers), str(precision), str(ckpt), float(multiplier),
                           None if seed is None else int(seed), None if context is None else int(context),
-                          parallelism=str(parallelism))
+                          parallelism=str(parallelism),
+                          gradient_sync=gradient_sync(str(parallelism), int(workers), int(accum), str(sync)))
         if point in points:
             continue
         if keep is not None and point.global_batch_size not in keep:
@@ -225,6 +239,14 @@ def stream_indices(
             for i in stream[first: first + length]]
 
 
+def with_gradient_syncs(points: Sequence[GridPoint], syncs: Sequence[str]) -> List[GridPoint]:
+    """Each point in every gradient sync of `syncs` where the modes differ (gradient_sync), duplicates removed,
+    order kept (the frontier search's grid, built without the axis)."""
+    out = [replace(p, gradient_sync=gradient_sync(p.parallelism, p.num_workers, p.accumulation_steps, s))
+           for p in points for s in syncs]
+    return list(dict.fromkeys(out))
+
+
 def replicate(points: Sequence[GridPoint], lr_multipliers: Sequence[float] = (1.0,),
               seeds: Optional[Sequence[int]] = None) -> List[GridPoint]:
     """Each point at every LR multiplier and, with `seeds`, once per seed (what the frontier search's
@@ -240,7 +262,8 @@ def worker_groups(points: Sequence[GridPoint], points_per_group: Optional[int] =
     groups are as uniform as they can be. Worker start-up is then paid once per group. Within a
     worker count, smaller micro-batches (then fewer accumulation steps) come first, so a point
     that runs out of memory marks the larger ones after it as out of memory without running them."""
-    ordered = sorted(points, key=lambda p: (p.num_workers, p.parallelism, p.recipe, p.context or 0, p.micro_batch_size,
-                                            p.accumulation_steps, p.lr_multiplier, -1 if p.seed is None else p.seed))
+    ordered = sorted(points, key=lambda p: (p.num_workers, p.parallelism, p.gradient_sync, p.recipe, p.context or 0,
+                                            p.micro_batch_size, p.accumulation_steps, p.lr_multiplier,
+                                            -1 if p.seed is None else p.seed))
     size = points_per_group or max(len(ordered), 1)
     return [ordered[i : i + size] for i in range(0, len(ordered), size)]

@@ -67,6 +67,10 @@ class Memory(Record):
     memory_other_bytes: Optional[int] = metric()
     memory_tracked_peak_bytes: Optional[int] = metric()
     memory_forward_activations_bytes: Optional[int] = metric()
+    # the tracked step's highest total in each phase: the peak is the largest (measure.memory.MemoryBreakdown)
+    memory_forward_peak_bytes: Optional[int] = metric()
+    memory_backward_peak_bytes: Optional[int] = metric()
+    memory_optimizer_peak_bytes: Optional[int] = metric()
     # the budget the step ran under, and the fake-tensor estimate of the tracked peak against it
     memory_budget_bytes: Optional[int] = metric()
     memory_budget_mode: Optional[str] = tag("sweeper.memory_budget")
@@ -81,6 +85,18 @@ class Memory(Record):
     cuda_max_memory_reserved_bytes: Optional[int] = metric()
     cpu_rss_peak_above_baseline_bytes: Optional[int] = metric()
     cpu_rss_peak_bytes: Optional[int] = metric()
+
+
+@dataclass
+class Communication(Record):
+    """The collectives of one optimizer step on a worker, counted where they reach the process group
+    (measure.collective_count, on the last warm-up step), the bytes a worker sent for them under ring
+    algorithms (measure.communication), and the prediction from the model's units against it."""
+
+    communication_bytes_per_step: Optional[int] = metric()
+    communication_collectives_per_step: Optional[int] = metric()
+    communication_predicted_bytes_per_step: Optional[int] = metric()
+    communication_prediction_error: Optional[float] = metric()
 
 
 @dataclass
@@ -330,9 +346,13 @@ class PointResult(Record):
     started_at: Optional[float] = note()  # epoch seconds in the worker: the MLflow run's start
     device: Optional[str] = note()
     profile_trace_dir: Optional[str] = note()  # profile=true: logged as the run's `profile/` artifacts
+    # how accumulation reduced, read back from the worker's wrapped model (final | every | none): the driver
+    # records it as the point's param gradient_sync
+    gradient_sync: Optional[str] = note()
     train_loss: Optional[List[float]] = series()  # the global batch's loss at every optimizer step
     throughput: Throughput = section(Throughput)
     memory: Memory = section(Memory)
+    communication: Communication = section(Communication)
     utilization: Utilization = section(Utilization)
     flops: Flops = section(Flops)
     accuracy: Accuracy = section(Accuracy)

@@ -12,7 +12,7 @@ from sweeper.config.report import invalid_choice
 from sweeper.config.rules import check_rule, check_choices, is_not_negative, is_positive, check_sizes
 from sweeper.config.runtime import is_auto, normalize_batch_coupled
 from sweeper.config.training import CHECKPOINTING, PRECISIONS
-from sweeper.plan import PARALLELISMS
+from sweeper.plan import GRADIENT_SYNCS, PARALLELISMS
 
 
 STRATEGIES = ("grid", "smart", "branch")
@@ -107,6 +107,11 @@ class SweepConfig:
     # sharded 1/N between steps; zero3 also frees a block's gathered weights after its forward).
     # A list, e.g. [ddp,zero3] (docs/parallelism.md).
     parallelism: Any = field(default_factory=lambda: ["ddp"])
+    # How gradient accumulation reduces the gradients, as an axis: final (skip the reduce until the last
+    # micro-step: one reduce per optimizer step, the whole model's gradients held unsharded meanwhile) and/or
+    # every (reduce at every micro-step: sharded gradients held, a reduce per micro-step). A list, e.g.
+    # [final,every]; a point with one micro-step, or one DDP worker, runs final alone (docs/parallelism.md).
+    gradient_sync: Any = field(default_factory=lambda: ["final"])
 
 
 @dataclass
@@ -196,7 +201,7 @@ def _repeated(sweep: SweepConfig) -> List[str]:
         "sweep.global_batch_sizes": sweep.global_batch_sizes, "sweep.seeds": sweep.seeds,
         "sweep.precisions": sweep.precisions, "sweep.activation_checkpointing": sweep.activation_checkpointing,
         "sweep.lr_multipliers": sweep.lr_multipliers, "sweep.context_lengths": sweep.context_lengths,
-        "sweep.parallelism": sweep.parallelism,
+        "sweep.parallelism": sweep.parallelism, "sweep.gradient_sync": sweep.gradient_sync,
     }
     problems = []
     for key, values in axes.items():
@@ -240,6 +245,7 @@ def check_sweep(sweep: SweepConfig) -> List[str]:
         "sweep.activation_checkpointing", sweep.activation_checkpointing, CHECKPOINTING, "[none,blocks]"
     )
     problems += check_choices("sweep.parallelism", sweep.parallelism, PARALLELISMS, "[ddp,zero3]")
+    problems += check_choices("sweep.gradient_sync", sweep.gradient_sync, GRADIENT_SYNCS, "[final,every]")
     problem = invalid_choice("sweep.strategy", sweep.strategy, STRATEGIES)
     if problem:
         problems.append(problem)

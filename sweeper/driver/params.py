@@ -22,7 +22,7 @@ SYNTHETIC_NOTE = "not measured: synthetic data has random labels, so accuracy wo
 def record_point(cfg: SweeperConfig, s: Session, spec: PointSpec, point: GridPoint, result: PointResult) -> None:
     """`point`'s MLflow child run: its params (from its spec) and its result; with sweep.retry_failed it
     replaces the point's failed run from before the resume."""
-    s.tracker.log_point(point, point_params(cfg, spec), result, replace_failed=cfg.sweep.retry_failed)
+    s.tracker.log_point(point, point_params(cfg, spec, result), result, replace_failed=cfg.sweep.retry_failed)
 
 
 def accuracy_note(cfg: SweeperConfig) -> Optional[str]:
@@ -30,8 +30,12 @@ def accuracy_note(cfg: SweeperConfig) -> Optional[str]:
     return SYNTHETIC_NOTE if cfg.data.name == "synthetic" and not cfg.data._target_ else None
 
 
-def point_params(cfg: SweeperConfig, spec: PointSpec) -> Dict[str, Any]:
+def point_params(cfg: SweeperConfig, spec: PointSpec, result: Optional[PointResult] = None) -> Dict[str, Any]:
+    """The point's MLflow params: what it is, and (`result`) how its worker trained it."""
     point = spec.point
+    # How accumulation reduced, as the worker read it back from its model (final | every | none); absent for a
+    # point no worker trained (skipped by prediction, failed before its first step).
+    done = {"gradient_sync": result.gradient_sync} if result is not None and result.gradient_sync else {}
     return {
         # the point its replicates share (every axis but the seed): group runs by it to compare points
         "point": point.point_key,
@@ -43,9 +47,9 @@ def point_params(cfg: SweeperConfig, spec: PointSpec) -> Dict[str, Any]:
         "micro_batch_size": point.micro_batch_size,
         "accumulation_steps": point.accumulation_steps,
         "num_workers": point.num_workers,
-        # how the workers hold the model (absent in older records: ddp) and how accumulation skips the reduce
+        # how the workers hold the model (absent in older records: ddp) and how accumulation reduced
         "parallelism": point.parallelism,
-        "gradient_sync": plan.gradient_sync(point.parallelism, point.num_workers),
+        **done,
         "global_batch_size": point.global_batch_size,
         "lr": spec.lr,
         "lr_scaling": cfg.train.lr_scaling,

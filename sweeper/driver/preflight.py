@@ -48,6 +48,9 @@ class Prepared:
     # A sweep with a sharded parallelism and a budget: the points predicted over it, each with its line
     # (driver.predicted: recorded out of memory, never launched).
     over_budget: Dict[GridPoint, str] = field(default_factory=dict)
+    # Even ZeRO-3 at the largest worker count predicted over the budget: why data parallelism cannot hold the
+    # model (driver.predicted.beyond_data_parallelism), said at the start and in the answer.
+    beyond_data_parallelism: Optional[str] = None
     # Why the batches are the sweep's own (your collate, dict samples, your step), which the fake-tensor FLOP
     # count and memory estimate (built from model.input_shape) do not describe; None: they describe them.
     own_batches: Optional[str] = None
@@ -172,7 +175,7 @@ def grid(cfg: SweeperConfig, problems: List[str]) -> List[GridPoint]:
     points = plan.expand_grid(
         sweep.micro_batch_sizes, sweep.accumulation_steps, sweep.num_workers, sweep.global_batch_sizes,
         sweep.precisions, sweep.activation_checkpointing, sweep.lr_multipliers, sweep.seeds, sweep.context_lengths,
-        sweep.parallelism,
+        sweep.parallelism, sweep.gradient_sync,
     )
     if not points:
         unfiltered = plan.expand_grid(sweep.micro_batch_sizes, sweep.accumulation_steps, sweep.num_workers)
@@ -185,7 +188,8 @@ def grid(cfg: SweeperConfig, problems: List[str]) -> List[GridPoint]:
 
 
 def _point_spec(cfg: SweeperConfig, point: GridPoint, steps: int, flop_counts: Dict,
-                estimate: Optional[int], prediction: Optional[Any] = None, budget: Optional[int] = None) -> PointSpec:
+                estimate: Optional[int], prediction: Optional[Any] = None, budget: Optional[int] = None,
+                communication: Optional[int] = None) -> PointSpec:
     """What one point's workers are told: its slice of the config, its scaled LR, its step budget (and the
     samples of its whole budget, which its LR schedule spans)."""
     return PointSpec(
@@ -207,7 +211,9 @@ def _point_spec(cfg: SweeperConfig, point: GridPoint, steps: int, flop_counts: D
         flop_count=flop_counts.get(point.checkpointing),
         memory_budget_bytes=budget_bytes(cfg.device),
         memory_estimate_bytes=estimate,
-        memory_predicted_bytes=prediction.total if prediction is not None else None,
+        # the tensors' prediction, against the tracked step's (CUDA's margin is for the skip alone)
+        memory_predicted_bytes=prediction.tensor_bytes if prediction is not None else None,
+        communication_predicted_bytes=communication,
         timeout_seconds=cfg.cluster.point_timeout_seconds,
         start_from=cfg.train.start_from,
         schedule_samples=budget,
@@ -224,9 +230,16 @@ def build_specs(cfg: SweeperConfig, prepared: Prepared, points: List[GridPoint])
         estimates.update(estimate_memory(at_context(cfg, context), [p for p in points if p.context == context
                                                                     and p.parallelism == "ddp"],
                                          prepared.num_classes))
-    predictions = predicted.predict(cfg, points, prepared.num_classes, at_context) if prepared.yours is None else {}
+    device = predicted.device_type(cfg)
+    # Your loop's (loop.fn, model=lightning) memory is its own: measured, never predicted from sweeper's step.
+    predictions = {} if prepared.yours is not None else predicted.predict(cfg, points, prepared.num_classes,
+                                                                          at_context, device)
+    sent = predicted.communication_per_step(cfg, points, prepared.num_classes)
     if not prepared.auto:  # a frontier's grid is measured to fit: never skipped by prediction
         prepared.over_budget = predicted.over_budget(predictions, budget_bytes(cfg.device))
+        if prepared.yours is None:
+            prepared.beyond_data_parallelism = predicted.beyond_data_parallelism(cfg, points, prepared.num_classes,
+                                                                                 at_context, device)
     specs: Dict[GridPoint, PointSpec] = {}
     meta = start_meta(cfg, problems)
     start = int(meta["position"]["samples_seen"]) if meta else 0
@@ -235,7 +248,8 @@ def build_specs(cfg: SweeperConfig, prepared: Prepared, points: List[GridPoint])
         budget = plan.sample_budget(num_train, cfg.train.epochs, cfg.train.samples, point.context, cfg.model.context)
         # A continued point trains what is left of the budget after the checkpoint's samples.
         steps = plan.optimizer_steps(budget - start, 1, point.global_batch_size)
-        spec = _point_spec(cfg, point, steps, counts, estimates.get(point), predictions.get(point), budget)
+        spec = _point_spec(cfg, point, steps, counts, estimates.get(point), predictions.get(point), budget,
+                           sent.get(point))
         problem = continuation_problem(cfg, spec, meta)
         if problem:  # the checkpoint's, the same for every point: said once
             problems.append(problem)

@@ -48,11 +48,7 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
             raise ConfigError([NEEDS_BUDGET])  # a cluster without GPUs
         name, parent, done_keys = open_sweep(cfg, s, prepared.auto, resolved_yaml, interrupted)
         s.tracker.dataset = dataset_record(cfg, prepared)
-        # A sharded sweep's model units: the report's memory per worker at worker counts it did not run.
-        opening = {**strategy.opening_params(prepared.batch_coupled),
-                   **predicted.units_param(cfg, prepared.num_classes)}
-        if not cfg.sweep.resume and opening:
-            s.tracker.log_sweep_params(opening)
+        _opening_params(cfg, s, strategy, prepared)
         phases("tracking")
         console.print_where(s.uri, s.cluster.dashboard_url, s.cluster.token_path, s.cluster.results_dir)
         points, specs, frontier_failed = prepared.points, specs, False
@@ -64,7 +60,8 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
                 s.end(summary([], phases, Counter()), "FAILED")
                 return EXIT_POINT_FAILED
         points, skipped = predicted.skip(cfg, points, prepared.over_budget, done_keys,
-                                         lambda p, r: record_point(cfg, s, specs[p], p, r))
+                                         lambda p, r: record_point(cfg, s, specs[p], p, r),
+                                         {p: specs[p].memory_predicted_bytes for p in points})
         measured = strategy.measure(cfg, s, name, points, specs, done_keys, prepared)
         rows = skipped + measured.rows
         phases("grid")
@@ -88,6 +85,18 @@ def run(cfg: SweeperConfig, resolved_yaml: str) -> int:
             console.print_report(made.html_path, made.text, made.yaml_path)
         # Writes still pending: the record is not complete, whatever the points did.
         return EXIT_POINT_FAILED if failed or s.tracker.pending else EXIT_OK
+
+
+def _opening_params(cfg: SweeperConfig, s: Session, strategy: Any, prepared: Any) -> None:
+    """The parent run's params known before the first point: the strategy's, a sharded sweep's model units (the
+    report's memory per worker at worker counts it did not run) and the data-parallel limit (said now too)."""
+    opening = {**strategy.opening_params(prepared.batch_coupled), **predicted.units_param(cfg, prepared.num_classes)}
+    if not cfg.sweep.resume and opening:
+        s.tracker.log_sweep_params(opening)
+    if prepared.beyond_data_parallelism:  # said now and in the answer (report/text.py reads the param)
+        console.warn(prepared.beyond_data_parallelism)
+        if not cfg.sweep.resume:
+            s.tracker.log_sweep_params({"data_parallel_limit": prepared.beyond_data_parallelism})
 
 
 def recorded_statuses(s: Session, parent: str, rows: Rows) -> Counter:
@@ -131,7 +140,8 @@ def grid_from_frontier(
                  if (search.parallelism, search.recipe) == (layout, recipe)}
         made, skipped = frontier.grid_from_frontiers(found, cfg.sweep.accumulation_steps,
                                                      cfg.sweep.global_batch_sizes, recipe, layout)
-        points += plan.replicate(made, cfg.sweep.lr_multipliers, cfg.sweep.seeds)
+        points += plan.replicate(plan.with_gradient_syncs(made, cfg.sweep.gradient_sync), cfg.sweep.lr_multipliers,
+                                 cfg.sweep.seeds)
         for line in skipped:
             console.warn(f"not measured ({', '.join((layout, *recipe))}): {line}")
     if not points:
@@ -158,6 +168,7 @@ def sweep_params(cfg: SweeperConfig, auto: bool, resources: Resources) -> Dict[s
         "accumulation_steps": list(cfg.sweep.accumulation_steps),
         "num_workers": list(cfg.sweep.num_workers),
         "parallelism": list(cfg.sweep.parallelism),
+        "gradient_sync": list(cfg.sweep.gradient_sync),
         "global_batch_sizes": cfg.sweep.global_batch_sizes,
         "points_per_worker_group": cfg.sweep.points_per_worker_group,
         "profile": cfg.profile,

@@ -79,6 +79,13 @@ class MemoryBreakdown:
     Everything forward keeps for backward is alive then, so it grows linearly with the
     micro-batch size, whereas activations_bytes depends on where in backward the peak
     falls (for resnet18 the peak moves as the batch grows).
+
+    forward_peak_bytes, backward_peak_bytes, optimizer_peak_bytes: not part of the sum: the
+    highest tracked total while the step was in each phase (forward: from a top-level forward's
+    start, the loss included; backward: from autograd's first op (the gradient reduce FSDP2 and
+    DDP issue there included) until the next forward or the optimizer step, so backward's end
+    is backward's; optimizer: from `optimizer.step()` to the step's end, zero_grad included). peak_bytes is the
+    largest of the three; which one it is says where the step's peak is (measure.sharded_memory predicts each).
     """
 
     parameters_bytes: int
@@ -90,6 +97,9 @@ class MemoryBreakdown:
     other_bytes: int
     peak_bytes: int
     forward_activations_bytes: int
+    forward_peak_bytes: int = 0
+    backward_peak_bytes: int = 0
+    optimizer_peak_bytes: int = 0
 
     def as_metrics(self, prefix: str = "memory_") -> Dict[str, int]:
         # "tracked_peak" keeps it apart from the device-level peak_memory_bytes of a trial.
@@ -126,6 +136,10 @@ class _HindsightMemTracker(MemTracker):
         self._born: Dict[int, int] = {}  # id(winfo) -> event of its allocation or resize
         self._forward_ends: List[Tuple[int, Dict[torch.device, int]]] = []
         self._act_survivors: List[Tuple[torch.device, int, int]] = []
+        # forward | backward | optimizer: forward from a top-level forward's start, backward from autograd's
+        # first op until the next forward or the optimizer step, optimizer from its step to the step's end.
+        self.phase = "forward"
+        self._phase_peaks: Dict[torch.device, Dict[str, int]] = {}
 
     def __enter__(self) -> "_HindsightMemTracker":
         super().__enter__()
@@ -170,6 +184,8 @@ class _HindsightMemTracker(MemTracker):
     ) -> None:
         super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
         self._event += 1
+        if self._depth > 0:
+            self._note_phase(winfo.device)
         if u_type in (_UpdateType.ADD, _UpdateType.SIZE):
             # A storage resized after the peak had another size at the peak: never patch it.
             self._born[id(winfo)] = self._event
@@ -185,6 +201,22 @@ class _HindsightMemTracker(MemTracker):
         elif self._depth > 0 and winfo.reftype is _MemRefType.OPT and born > self._enter_event:
             # Created in this step and freed in it: scratch space, not optimizer state.
             self._move_at_peak(winfo, _MemRefType.OPT, _MemRefType.TEMP)
+
+    def _note_phase(self, device: torch.device) -> None:
+        if self.phase == "forward" and _in_backward():
+            self.phase = "backward"
+        peaks = self._phase_peaks.setdefault(device, {})
+        peaks[self.phase] = max(peaks.get(self.phase, 0), self._curr_mem_snap[device][_TOTAL_KEY])
+
+    def optimizer_phase(self, *_) -> None:
+        """An optimizer's step pre-hook: from optimizer.step() to the step's end is the optimizer's phase
+        (zero_grad frees the gradients after it, so the moment between, the gradients and the updated state
+        alive together, is the optimizer's too)."""
+        self.phase = "optimizer"
+
+    def phase_peaks(self, device: torch.device) -> Dict[str, int]:
+        """The highest tracked total in each phase of the step (forward, backward, optimizer)."""
+        return {f"{phase}_peak_bytes": peak for phase, peak in self._phase_peaks.get(device, {}).items()}
 
     def _enforce_budget(self, winfo: _WeakRefInfo) -> None:
         if self.budget_bytes is None or self._depth == 0:
@@ -234,7 +266,7 @@ def _resolve(device: torch.device) -> torch.device:
 
 def track_step(
     model: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer: Optional[torch.optim.Optimizer],
     step: Callable[[], None],
     device: torch.device,
     budget_bytes: Optional[int] = None,
@@ -266,6 +298,8 @@ def tracking(model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.d
 
     def before_forward(module: nn.Module, args) -> None:
         nonlocal depth
+        if depth == 0 and not _in_backward():
+            tracker.phase = "forward"
         if depth == 0 and not _in_backward() and module in tracker.memory_tracking:
             # MemTracker takes a second top-level forward of a module for the next
             # iteration and raises; accumulation micro-batches are exactly that. Its
@@ -285,6 +319,7 @@ def tracking(model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.d
             **{name: peak.get(ref, 0) for name, ref in _CATEGORIES.items()},
             peak_bytes=peak.get(_TOTAL_KEY, 0),
             forward_activations_bytes=tracker.forward_activations(device),
+            **tracker.phase_peaks(device),
         )
 
     # Registered before MemTracker registers its own global hooks, so these run first.
@@ -292,6 +327,8 @@ def tracking(model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.d
         register_module_forward_pre_hook(before_forward),
         register_module_forward_hook(after_forward, always_call=True),
     )
+    if optimizer is not None:
+        handles += (optimizer.register_step_pre_hook(tracker.optimizer_phase),)
     try:
         with tracker:
             yield breakdown

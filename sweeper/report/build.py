@@ -59,8 +59,7 @@ def build(
     budget_gb = cfg.memory_budget_gb or number(sweep.params.get("device_memory_budget_gb"))
     budget = budget_gb * 2**30 if budget_gb else None
     found = folding.critical_batch(trials)
-    # sweep.strategy=branch: the branches' answer, whose critical batch size is the quality rule
-    is_branch = sweep.params.get("strategy") == "branch"
+    is_branch = sweep.params.get("strategy") == "branch"  # the branches' answer: its critical batch rules quality
     answer = branched.read(reader) if is_branch else None
 
     rec = _recommend(trials, cfg, budget, found, branched.limit(answer) if is_branch else None, sweep.params)
@@ -70,6 +69,7 @@ def build(
     yaml_path = _write_yaml(folder, rec, cfg, budget, projected, line)
     run_line, run = _run_words(projected, line)
     images = figures.draw(folder, trials, cfg, sweep.params, budget, rec, found)
+    limit = _append_limit(yaml_path, sweep.params)
     why = recommendation_text(rec, run_line, found, folding.single_context(trials))
     glance = branched.glance(answer, rec.best, trials, line) if answer is not None and rec.best else None
     word = branched.chosen_word(answer, glance)  # the recommended point's verdict in the alternatives
@@ -79,6 +79,7 @@ def build(
     if answer is not None:
         extra += _branch_sections(answer, folder, trials, found, images)
         text += "\n" + branched.headline(answer).strip()
+    text = _say_limit(limit, extra, text)
     # The parent's own figures: the frontier searches' (sweep.micro_batch_sizes=auto) and the smart
     # strategy's compute ledger.
     extra += sections.sections(trials, found, {**sweep.params, **settings_params(cfg)}, reader.metrics())
@@ -95,6 +96,28 @@ def build(
             _log_critical_batch(store, parent_run_id, trials, found, sweep.params)
             tracking.log_sweep_metrics(store, parent_run_id, projection.metrics(projected))
     return report
+
+
+def _say_limit(limit: Optional[str], extra: List[Any], text: str) -> str:
+    """The answer's text with the data-parallel limit said last, and its section put first (nothing without one)."""
+    if not limit:
+        return text
+    extra.insert(0, ("Beyond data parallelism", f"Data parallelism is not enough: {limit}."))
+    return text + f"\nData parallelism is not enough: {limit}."
+
+
+def _append_limit(yaml_path: str, params: Dict[str, str]) -> Optional[str]:
+    """recommendation.yaml gets `beyond_data_parallelism` when the sweep recorded it (param data_parallel_limit,
+    driver.predicted.beyond_data_parallelism's line): why even ZeRO-3 at the most workers cannot hold the model
+    (tensor or pipeline parallelism are outside sweeper's scope). Returns the line, or None."""
+    import yaml
+
+    limit = params.get("data_parallel_limit")
+    if not limit:
+        return None
+    with open(yaml_path, "a") as f:
+        f.write(yaml.safe_dump({"beyond_data_parallelism": limit}, width=10_000))
+    return limit
 
 
 def _recommend(trials: List[Trial], cfg: ReportConfig, budget: Optional[float], found: Optional[CriticalBatch],

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, Optional, Tuple
 
+from sweeper.report import parallelism
 from sweeper.report.noninferiority import Gap, judge_matched
 from sweeper.report.quality import ACCURACY, QUALITIES, Quality
 from sweeper.report.trials import Trial, _finite, _mean
@@ -70,7 +71,7 @@ def lr_table(trials: Iterable[Trial], metric: Optional[str] = None, max_drop: Op
         judged: Tuple[Tuple[float, Gap], ...] = ()
         if judged_by is not None and best is not None and max_drop is not None:
             def runs(m: float) -> Dict[Any, Trial]:
-                return {(t.micro_batch_size, t.accumulation_steps, t.num_workers, t.parallelism, t.precision,
+                return {(t.micro_batch_size, t.accumulation_steps, t.num_workers, parallelism.of(t), t.precision,
                          t.activation_checkpointing, t.context, t.seed): t for t in at_batch if _multiplier(t) == m}
             judged = tuple((m, gap) for m in tried if m != best
                            for gap in [judge_matched(runs(m), runs(best), max_drop, level, judged_by)] if gap)

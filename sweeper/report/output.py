@@ -8,7 +8,7 @@ from typing import Dict, List, Optional
 
 import yaml
 
-from sweeper.report import classes, elastic, headline
+from sweeper.report import classes, elastic, headline, parallelism
 from sweeper.report.lr import lr_table
 from sweeper.report.quality import judged_by, resolve
 from sweeper.config.report import LR_SCALING_RULES, invalid_choice
@@ -35,8 +35,10 @@ def override_line(best: Trial, lr_scaling: Optional[str] = None) -> str:
         f"sweep.accumulation_steps=[{best.accumulation_steps}]",
         f"sweep.num_workers=[{best.num_workers}]",
     ]
-    if best.parallelism not in (None, "ddp"):  # ddp is the default: the headline stays within its 3 lines
-        parts.append(f"sweep.parallelism=[{best.parallelism}]")
+    if parallelism.of(best) != parallelism.DEFAULT:  # ddp is the default: the headline stays within its 3 lines
+        parts.append(f"sweep.parallelism=[{parallelism.of(best)}]")
+    if best.gradient_sync == "every":  # final is the default, as the worker did it (param gradient_sync)
+        parts.append("sweep.gradient_sync=[every]")
     if best.precision is not None:
         parts.append(f"sweep.precisions=[{best.precision}]")
     if best.activation_checkpointing is not None:
@@ -131,7 +133,8 @@ def _chosen(rec: Recommendation) -> Dict[str, object]:
         "micro_batch_size": int(best.micro_batch_size),
         "accumulation_steps": int(best.accumulation_steps),
         "num_workers": int(best.num_workers),
-        "parallelism": best.parallelism or "ddp",  # absent from a record before the axis: ddp
+        "parallelism": parallelism.of(best),  # absent from a record before the axis: its key's, else ddp
+        "gradient_sync": best.gradient_sync or "final",  # as the worker did it; absent before the axis: final
         "global_batch_size": int(best.global_batch_size),
         "lr": _num(best.lr),
         "lr_multiplier": _num(best.lr_multiplier),

@@ -105,7 +105,7 @@ class MemoryModel:
         # The activations cancel (both sides at zero): what differs is the model's states and buffers.
         return sharded_memory.peak(self.units, self.parallelism, workers, micro, accumulation, 0.0,
                                    gather_bytes_per_value=self.gather_bytes_per_value,
-                                   state_values_per_param=self.state_values_per_param).total
+                                   optimizer=sharded_memory.OptimizerCost(4.0 * self.state_values_per_param, 4.0)).total
 
     def _slope(self, ref: Trial, exclude: str = "") -> float:
         """Activation bytes per sample: the slope of the peaks over micro-batches at the reference's workers and

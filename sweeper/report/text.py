@@ -35,6 +35,8 @@ def table_row(t: Trial) -> Dict[str, str]:
         "samples/s": fmt(t.samples_per_second, "{:.1f}") + ("" if t.throughput_stable is not False else " (unstable)")
         + (" (emulated)" if t.throughput_emulated else ""),
         "cv": fmt(t.samples_per_second_cv, "{:.1%}"),
+        "comm MiB/step": fmt(None if t.communication_bytes_per_step is None
+                             else t.communication_bytes_per_step / MiB, "{:.1f}"),
         "peak MiB": fmt(None if t.peak_memory_bytes is None else t.peak_memory_bytes / MiB, "{:.0f}"),
         "val acc": fmt(t.val_accuracy, "{:.3f}"),
         "lr": fmt(t.lr, "{:.4g}"),

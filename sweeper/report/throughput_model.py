@@ -64,8 +64,8 @@ def comm_bytes_per_step(parallelism: str, workers: int, accumulation_steps: int,
     them once per step and all-gather the weights at every micro-step: ZeRO-2 in forward (FSDP2 reshards after
     each backward), ZeRO-3 in forward and again in backward. `gather_ratio`: the gathered weights' bytes per
     value over the gradients' (bf16 weights, fp32 gradients: 0.5). The one place the model says what a
-    parallelism moves: a point's measured figure (Trial.comm_bytes_per_step) replaces it where recorded. ZeRO-1:
-    DDP's all-reduce, then each rank broadcasts its share of the updated (fp32) weights once per step
+    parallelism moves: a point's measured figure (Trial.communication_bytes_per_step) replaces it where recorded.
+    ZeRO-1: DDP's all-reduce, then each rank broadcasts its share of the updated (fp32) weights once per step
     (measure.node_traffic's zero1). HSDP: as ZeRO-3 over all its workers, exact on one node (its mesh is then
     (1, workers)); across nodes the record read here holds no node count (node_traffic has the split)."""
     if workers <= 1:
@@ -290,7 +290,8 @@ def _parameter_bytes(members: Sequence[Trial], parallelism: str) -> Optional[flo
 def _observed(t: Trial, parallelism: str, parameter_bytes: float, gather_ratio: float) -> Observed:
     layout = Layout(t.micro_batch_size, t.accumulation_steps, t.num_workers)
     modelled = comm_bytes_per_step(parallelism, t.num_workers, t.accumulation_steps, parameter_bytes, gather_ratio)
-    measured = t.comm_bytes_per_step if t.comm_bytes_per_step is not None and t.num_workers > 1 else None
+    measured = (t.communication_bytes_per_step if t.communication_bytes_per_step is not None and t.num_workers > 1
+                else None)
     return Observed(t.key, layout, float(t.samples_per_second), modelled if measured is None else float(measured))
 
 

@@ -74,13 +74,17 @@ class Trial:
     train_unigram_entropy_bits: Optional[float] = None
     context: Optional[int] = None
     memory_activations_bytes: Optional[float] = None  # the micro-batch's activations at the peak
+    # How accumulation reduced, as the worker did it (final | every | none: param gradient_sync), the peak per
+    # worker measure.sharded_memory predicted (a skipped point's too), the bytes a worker sent per step.
+    gradient_sync: Optional[str] = None
+    memory_predicted_bytes: Optional[float] = None
+    communication_bytes_per_step: Optional[float] = None
     # What the run's figures and the throughput model read (report/projection.py): a step's seconds waiting for
     # data (and the share of the step, where a point records it), the worker's own parameter bytes (its shard
-    # under ZeRO), the bytes it moved per step where a point measured them, evaluations and a checkpoint's cost.
+    # under ZeRO), (its bytes moved per step: communication_bytes_per_step above), evaluations and a checkpoint's cost.
     data_seconds_per_step: Optional[float] = None
     data_wait_fraction: Optional[float] = None
     memory_parameters_bytes: Optional[float] = None
-    comm_bytes_per_step: Optional[float] = None
     evaluations: Optional[int] = None
     eval_seconds: Optional[float] = None
     checkpoint_write_seconds: Optional[float] = None

@@ -152,13 +152,17 @@ def freeze_long_lived_objects() -> None:
 
 def implied_oom(point: GridPoint, out_of_memory: Sequence[GridPoint]) -> Optional[GridPoint]:
     """The point already out of memory that implies `point` is too: same workers, parallelism and recipe
-    (precision, checkpointing), a context at least as long, a micro-batch at least as large, and
-    accumulation if it accumulated
+    (precision, checkpointing), the same gradient sync or `every` for a `final` point (holding unsharded
+    gradients never takes less memory than holding sharded ones), a context at least as long, a micro-batch at
+    least as large, and accumulation if it accumulated
     (from the second micro-step on, the accumulated gradients are alive beside the next
     micro-batch's activations)."""
     for seen in out_of_memory:
         if (seen.num_workers, seen.parallelism, seen.recipe) != (point.num_workers, point.parallelism, point.recipe) \
                 or seen == point:
+            continue
+        if (seen.gradient_sync != point.gradient_sync
+                and (seen.gradient_sync, point.gradient_sync) != ("every", "final")):
             continue
         if (point.context or 0) < (seen.context or 0):
             continue
@@ -187,6 +191,24 @@ def group_facts(specs: Sequence[PointSpec], device: telemetry.Device, ctx: Worke
         if peak is not None:
             peaks[precision] = peak
     return GroupFacts(peaks=peaks)
+
+
+def _predictions(result: PointResult, spec: PointSpec) -> None:
+    """A trained point's figures as predicted before it ran, each beside its error against what it measured:
+    the fake-tensor peak (DDP), sharded_memory's peak (sharded) and the bytes a step sends."""
+    tracked = result.memory.memory_tracked_peak_bytes
+    if spec.memory_estimate_bytes is not None and tracked:
+        result.memory.memory_estimated_peak_bytes = spec.memory_estimate_bytes
+        result.memory.memory_estimate_error = spec.memory_estimate_bytes / tracked - 1.0
+    if spec.memory_predicted_bytes is not None:
+        result.memory.memory_predicted_bytes = spec.memory_predicted_bytes
+        if tracked:
+            result.memory.memory_prediction_error = spec.memory_predicted_bytes / tracked - 1.0
+    sent, predicted = result.communication.communication_bytes_per_step, spec.communication_predicted_bytes
+    if predicted is not None:
+        result.communication.communication_predicted_bytes_per_step = predicted
+        if sent:
+            result.communication.communication_prediction_error = predicted / sent - 1.0
 
 
 def run_point(
@@ -234,14 +256,7 @@ def run_point(
                              oom_simulated=result.oom_simulated)
     elif worst[0] in ("ok", "did_not_learn"):  # trained to the end: its throughput and FLOPs stand
         result.flops.update(_flops_metrics(spec, result, facts or GroupFacts()))
-        tracked = result.memory.memory_tracked_peak_bytes
-        if spec.memory_estimate_bytes is not None and tracked:
-            result.memory.memory_estimated_peak_bytes = spec.memory_estimate_bytes
-            result.memory.memory_estimate_error = spec.memory_estimate_bytes / tracked - 1.0
-        if spec.memory_predicted_bytes is not None:
-            result.memory.memory_predicted_bytes = spec.memory_predicted_bytes
-            if tracked:
-                result.memory.memory_prediction_error = spec.memory_predicted_bytes / tracked - 1.0
+        _predictions(result, spec)
     result.trial_key = spec.point.key
     result.started_at = start  # epoch seconds: the MLflow run's start, so its duration is the point's
     result.cost.trial_seconds = time.time() - start

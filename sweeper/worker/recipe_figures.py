@@ -1,7 +1,8 @@
 """What a point's recipe did, as its result's figures: fp16's loss scaling, checkpointing and compilation,
 clipping (train.grad_clip_norm), the figures your step returned (train.step_fn), the items a loss counted and
-their rate, and a precision the device only emulates. Every rank computes the same (its collectives: every rank
-calls them). Knows torch only.
+their rate, a precision the device only emulates, and how its accumulation reduced and what a step sent
+(`sync_figures`). Every rank computes the same (its collectives: every rank
+calls them). Knows torch and measure.communication only.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from sweeper import recipe
+from sweeper.measure import communication
 from sweeper.schema import PointResult
 from sweeper.worker import collectives as comm
 from sweeper.worker.step import Training
@@ -34,6 +36,18 @@ def recipe_figures(result: PointResult, run: Training, first_step_time: Optional
         clipped = int(run.clipped[:done].sum().item())
         figures.grad_clipped_steps, figures.grad_clipped_fraction = clipped, clipped / done
     figures.step_metrics = step_metrics(run)
+
+
+def sync_figures(result: PointResult, run: Training) -> None:
+    """How accumulation reduced, as the worker read it back from its model (for the point's param gradient_sync),
+    and the collectives of one optimizer step (the last warm-up step's, the same on every rank) with the bytes
+    each worker sent for them (measure.communication's ring arithmetic)."""
+    result.gradient_sync = run.gradient_sync
+    if run.collectives is None:
+        return
+    sent = communication.traffic(run.collectives, run.spec.point.num_workers)
+    result.communication.communication_bytes_per_step = sent.bytes
+    result.communication.communication_collectives_per_step = sent.collectives
 
 
 def timed_steps(run: Training) -> range:

@@ -34,7 +34,11 @@ from sweeper.worker import state
 SHARDED = ("zero2", "zero3", "hsdp")  # FSDP2's: weights, gradients and optimizer state sharded
 REPLICATED = ("ddp", "zero1")  # DDP's model: every rank holds every weight and gradient
 RESHARD_AFTER_FORWARD = {"zero2": False, "zero3": True, "hsdp": True}
-# How micro-steps before the last of an optimizer step skip the gradient reduce (recorded per point).
+# Whether micro-steps before the last keep the gathered weights after their backward: ZeRO-2 holds them all
+# at the top of backward anyway, so keeping them costs no peak and saves a gather per unit per micro-step;
+# ZeRO-3 (and hsdp, ZeRO-3 within a node) would hold the whole model gathered, which it exists not to do.
+KEEPS_GATHERED = {"ddp": False, "zero1": False, "zero2": True, "zero3": False, "hsdp": False}
+# How micro-steps before the last of an optimizer step skip the gradient reduce under `final` (recorded per point).
 SYNC_MODES = {"ddp": "no_sync", "zero1": "no_sync", "zero2": "set_requires_gradient_sync",
               "zero3": "set_requires_gradient_sync", "hsdp": "set_requires_gradient_sync"}
 MESH_DIMS = ("replicate", "shard")  # hsdp's mesh: across nodes, within a node
@@ -214,25 +218,59 @@ def is_sharded(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def accumulation_context(model: nn.Module, micro_step: int, accumulation_steps: int):
-    """Skip the gradient reduce on every micro-step but the last of an optimizer step: DDP's `no_sync`; under
-    FSDP2, `set_requires_gradient_sync(False)` (each rank then holds its blocks' *unsharded* gradients across
-    the micro-steps, accumulated locally, and reduce-scatters them once, on the last). Nothing to skip for one
-    worker under DDP."""
+def accumulation_context(model: nn.Module, micro_step: int, accumulation_steps: int, gradient_sync: str = "final",
+                         parallelism: str = "ddp"):
+    """How one micro-step of an optimizer step reduces its gradients (`gradient_sync`, plan.GRADIENT_SYNCS):
+    `final` skips the reduce on every micro-step but the last (DDP's `no_sync`; FSDP2's
+    `set_requires_gradient_sync(False)`: each rank holds its blocks' *unsharded* gradients across the
+    micro-steps and reduce-scatters them once, on the last); `every` reduces at every micro-step (DDP's
+    all-reduce, FSDP2's reduce-scatter: only sharded gradients are held, more communication). Under ZeRO-2
+    (`KEEPS_GATHERED`) the micro-steps before the last also keep the gathered weights after their backward
+    (`set_reshard_after_backward(False)`), so the next micro-step's forward gathers nothing; the last reshards,
+    so the optimizer steps on shards alone. Nothing to skip for one worker under DDP."""
     is_last = micro_step == accumulation_steps - 1
     if is_sharded(model):
-        return _gradient_sync(model, is_last)
-    if isinstance(model, nn.parallel.DistributedDataParallel) and not is_last:
+        return _fsdp_micro_step(model, is_last or gradient_sync == "every", is_last or not KEEPS_GATHERED[parallelism])
+    if isinstance(model, nn.parallel.DistributedDataParallel) and not is_last and gradient_sync != "every":
         return model.no_sync()
     return contextlib.nullcontext()
 
 
 @contextlib.contextmanager
-def _gradient_sync(model: nn.Module, sync: bool):
+def _fsdp_micro_step(model: nn.Module, sync: bool, reshard: bool):
     # Set before every micro-step (not only the skipped ones): a step that failed half-way leaves no
-    # stale "skip" behind for the next point's first step.
+    # stale "skip" or "keep gathered" behind for the next point's first step.
     model.set_requires_gradient_sync(sync)
+    model.set_reshard_after_backward(reshard)
     yield
+
+
+def reduces_gradients(model: nn.Module) -> Optional[bool]:
+    """Whether this micro-step's backward will reduce the gradients, read back from the wrapped model (call it
+    inside accumulation_context): FSDP2's per-group `reduce_grads` flags (every one set), DDP's
+    `require_backward_grad_sync`; None when nothing reduces (one worker under DDP, a bare model)."""
+    if is_sharded(model):
+        from torch.distributed.fsdp import FSDPModule
+
+        return all(group.reduce_grads for m in model.modules() if isinstance(m, FSDPModule)
+                   for group in m._get_fsdp_state()._fsdp_param_groups)
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        return bool(model.require_backward_grad_sync)
+    return None
+
+
+def observed_sync(model: nn.Module, micro_step: int, accumulation_steps: int) -> Optional[str]:
+    """What the worker does, read inside the context of micro-step `micro_step` (the first, for one read per
+    step): `every` when a micro-step before the last reduces, `final` when it does not (or when one
+    micro-step reduces once), `none` when nothing reduces; None when this micro-step cannot tell."""
+    reduces = reduces_gradients(model)
+    if reduces is None:
+        return "none"
+    if accumulation_steps == 1:
+        return "final"
+    if micro_step == accumulation_steps - 1:
+        return None
+    return "every" if reduces else "final"
 
 
 def inner(model: nn.Module) -> nn.Module:

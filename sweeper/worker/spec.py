@@ -66,6 +66,8 @@ class PointSpec:
     memory_estimate_bytes: Optional[int] = None
     # measure.sharded_memory's predicted peak per worker (a sweep with a sharded parallelism), to report its error.
     memory_predicted_bytes: Optional[int] = None
+    # measure.communication's bytes a worker sends per optimizer step, against the collectives it counts.
+    communication_predicted_bytes: Optional[int] = None
     # False for frontier probes: memory only, no validation pass.
     evaluate: bool = True
     # cluster.point_timeout_seconds: the point's time limit on a worker (None: projected from its

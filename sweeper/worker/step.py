@@ -74,6 +74,11 @@ class Training:
     history: Any = None
     # spec.save_states_at: (samples seen, the Snapshot written, or why it was not) for each one saved so far
     saved_on_the_way: List[Any] = field(default_factory=list)
+    # How accumulation reduced, read back from the wrapped model at the first step (sharding.observed_sync):
+    # final | every | none; what the point's param gradient_sync records.
+    gradient_sync: Optional[str] = None
+    # The collectives of the last warm-up step, (kind, payload bytes) each (measure.collective_count).
+    collectives: Optional[List[Any]] = None
     # A loss that counts items (worker.losses): whether it does (None until the first micro-batch says), and
     # this rank's items at each step.
     counts_items: Optional[bool] = None
@@ -106,7 +111,10 @@ class Training:
             batch = self._batch(next(self.batches) if loaded is None else loaded[micro_step], loaded is not None)
             if marks is not None:
                 marks.append(self.device.mark())
-            with accumulation_context(self.model, micro_step, point.accumulation_steps):
+            with accumulation_context(self.model, micro_step, point.accumulation_steps, point.gradient_sync,
+                                      point.parallelism):
+                if micro_step == 0 and self.gradient_sync is None:
+                    self.gradient_sync = sharding.observed_sync(self.model, micro_step, point.accumulation_steps)
                 micro = self._forward_backward(batch)
             self._record(step, micro)
             if self.micro_grads is not None:

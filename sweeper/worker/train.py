@@ -7,6 +7,7 @@ Knows torch only, like the rest of worker/.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -15,7 +16,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from sweeper.measure import telemetry, timing
+from sweeper.measure import collective_count, telemetry, timing
 from sweeper.schema import PointResult
 from sweeper.worker import collectives as comm
 from sweeper.worker import divergence, gns, sharding
@@ -23,7 +24,7 @@ from sweeper.worker.deadline import Deadline
 from sweeper.worker.divergence import Diverged
 from sweeper.worker import evaluate as evaluation
 from sweeper.worker.evaluate import Progress
-from sweeper.worker.recipe_figures import emulation, items_figures, recipe_figures
+from sweeper.worker.recipe_figures import emulation, items_figures, recipe_figures, sync_figures
 from sweeper.worker.spec import PointSpec, WorkerContext
 from sweeper.worker.step import Training, setup
 from sweeper.workloads import datasets, models
@@ -299,12 +300,17 @@ def _loop(run: Training, roles: List[timing.StepRole], clock: Clock, profiler: "
         began = time.perf_counter()
         if role.starts_profiler:
             profiler.start()
-        if role.kind == timing.TRACKED:
-            breakdown = run.tracked_step(step)
-        elif role.kind == timing.TIMED:
-            clock.timed_step(step)
-        else:
-            run.step(step)
+        # The last warm-up step's collectives, counted where they reach the process group (untimed).
+        counter = collective_count.CollectiveCounter() if step == run.spec.measure.warmup_steps - 1 else None
+        with counter if counter is not None else contextlib.nullcontext():
+            if role.kind == timing.TRACKED:
+                breakdown = run.tracked_step(step)
+            elif role.kind == timing.TIMED:
+                clock.timed_step(step)
+            else:
+                run.step(step)
+        if counter is not None:
+            run.collectives = counter.calls
         profiler.after(role)
         if instrumented:
             progress.instrumented_seconds += time.perf_counter() - began
@@ -395,6 +401,7 @@ def result_of(run: Training, clock: "Clock", breakdown, train_seconds: float, lo
     recipe_figures(result, run, clock.first_step_time, loop_started)
     items_figures(result, run)
     emulation(result, run)
+    sync_figures(result, run)
     if spec.profile and run.ctx.rank == 0:
         result.profile_trace_dir = _trace_dir(spec)
     if diverged is None or diverged.reason != divergence.NONFINITE:

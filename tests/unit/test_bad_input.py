@@ -149,6 +149,10 @@ CASES = [
     (["sweep.parallelism=zero3"], "sweep.parallelism='zero3' is invalid: give a list"),
     (["sweep.parallelism=[zero4]"], "sweep.parallelism has zero4"),
     (["sweep.parallelism=[ddp,ddp]"], "sweep.parallelism gives ddp more than once"),
+    # sweep.gradient_sync: a list of final | every
+    (["sweep.gradient_sync=every"], "sweep.gradient_sync='every' is invalid: give a list of final, every"),
+    (["sweep.gradient_sync=[sometimes]"], "sweep.gradient_sync has sometimes: use final, every"),
+    (["sweep.gradient_sync=[every,every]"], "sweep.gradient_sync gives every more than once"),
     (["sweep.parallelism=[zero3]", "gns.enabled=false", "train.compile=true"],
      "train.compile=true with sweep.parallelism"),
     (["sweep.parallelism=[zero2]"], "gns.enabled=true with sweep.parallelism has zero2"),

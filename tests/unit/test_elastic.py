@@ -18,8 +18,10 @@ MIB = 2 ** 20
 
 
 def layout(mb, acc=1, w=1, sps=100.0, peak=100, **more):
-    """A measured layout (tests.helpers.trial) at `sps` samples/s and `peak` MiB, in SGD, fp32, no checkpointing."""
-    return trial(mb, acc, w, samples_per_second=sps, peak_memory_bytes=peak * MIB, lr=0.01, precision="fp32",
+    """A measured layout (tests.helpers.trial) at `sps` samples/s and `peak` MiB (None: none recorded), in SGD, fp32,
+    no checkpointing."""
+    return trial(mb, acc, w, samples_per_second=sps, peak_memory_bytes=None if peak is None else peak * MIB, lr=0.01,
+                 precision="fp32",
                  activation_checkpointing="none", optimizer="sgd", **more)
 
 
@@ -45,6 +47,22 @@ def test_a_budget_moves_a_worker_count_to_a_micro_batch_that_fits_and_says_it_wa
     assert (one["micro_batch_size"], one["accumulation_steps"], one["source"]) == (32, 2, "predicted")
     assert one["from"] == ["mb32-acc4-w1"] and one["peak_memory_bytes"] == 380 * MIB
     assert "not run" in one["why"]
+
+
+def test_an_accumulating_row_never_takes_the_memory_of_a_point_without_accumulation():
+    """The issue's gpt_sharded sweep (44 MiB a worker): at 2 workers ZeRO-3 measured mb2 and mb4 without
+    accumulation (35.5, 37.5 MiB) and skipped both accumulating layouts by prediction (45.9, 50.1: the unsharded
+    gradients held). A plan that accumulates at 2 workers used to borrow mb4-acc1's 37.5 and call mb4-acc2 fit."""
+    zero3 = dict(suffix="-zero3", parallelism="zero3")
+    trials = [layout(16, 1, 1, sps=90, peak=40, **zero3),
+              layout(2, 1, 2, sps=200, peak=35.5, **zero3), layout(4, 1, 2, sps=111, peak=37.5, **zero3),
+              layout(2, 2, 2, status="oom", sps=None, peak=None, memory_predicted_bytes=45.9 * MIB, **zero3),
+              layout(4, 2, 2, status="oom", sps=None, peak=None, memory_predicted_bytes=50.1 * MIB, **zero3)]
+    two = elastic.plan(trials, trials[0], budget_bytes=44 * MIB)["rows"][1]
+    assert two["micro_batch_size"] is None, two  # share 8: mb4 x 2 and mb2 x 4 both hold their gradients
+    roomy = elastic.plan(trials, trials[0], budget_bytes=60 * MIB)["rows"][1]
+    assert (roomy["micro_batch_size"], roomy["accumulation_steps"]) == (4, 2)
+    assert roomy["peak_memory_bytes"] == int(50.1 * MIB) and "memory predicted on mb4-acc2-w2-zero3" in roomy["why"]
 
 
 def test_worker_counts_between_measured_ones_are_predicted_or_refused():

@@ -67,6 +67,7 @@ PURE = (
     "sweeper.strategies.branch_reading", "sweeper.report.analysis",
     "sweeper.report.critical_batch", "sweeper.report.snippets", "sweeper.report.folding",
     "sweeper.report.sharded_snippets", "sweeper.report.elastic", "sweeper.report.parallelism",
+    "sweeper.measure.layouts", "sweeper.measure.communication",
     "sweeper.report.throughput_model", "sweeper.report.goodput", "sweeper.report.run_cost",
     "sweeper.report.target_cluster", "sweeper.report.projection", "sweeper.report.projection_sections",
     "sweeper.report.recipe_snippets",

@@ -151,8 +151,30 @@ def test_metrics_are_prefixed_and_name_the_tracked_peak():
     assert metrics["memory_parameters_bytes"] == 1
     assert metrics["memory_tracked_peak_bytes"] == 28
     assert metrics["memory_forward_activations_bytes"] == 9
-    assert len(metrics) == 9
+    assert metrics["memory_optimizer_peak_bytes"] == 0  # not given: no phase tracked
+    assert len(metrics) == 12
     assert set(m.as_metrics("x_")) == {"x_" + k[len("memory_") :] for k in metrics}
+
+
+def test_each_phase_has_its_peak_and_a_weight_heavy_adamw_step_peaks_in_the_optimizer():
+    """A 1024 x 1024 Linear (4 MiB of weights) at batch 1 with AdamW on the CPU: forward holds the weights and
+    the two moments (12 MiB), backward adds the gradient (16 MiB), the optimizer step adds its two temporaries
+    of the tensor (sqrt and division: 24 MiB)."""
+    mib = 2 ** 20
+    model = nn.Linear(1024, 1024, bias=False)
+    adamw = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(1, 1024)
+
+    def step():
+        model(x).sum().backward()
+        adamw.step()
+        adamw.zero_grad(set_to_none=True)
+
+    step()
+    m = track_step(model, adamw, step, torch.device("cpu"))
+    assert m.peak_bytes == m.optimizer_peak_bytes == max(m.forward_peak_bytes, m.backward_peak_bytes,
+                                                         m.optimizer_peak_bytes)
+    assert (m.forward_peak_bytes // mib, m.backward_peak_bytes // mib, m.optimizer_peak_bytes // mib) == (12, 16, 24)
 
 
 def installed() -> dict:

@@ -64,3 +64,20 @@ def test_the_headline_and_the_alternatives_name_the_recommended_sharding():
     assert rec.best.key == "mb8-acc1-w2-zero3"
     assert headline.headline(rec, None)[0].startswith("Train mb8-acc1-w2-zero3: ")
     assert headline.alternatives(rec)[0]["point"] == "mb8-acc1-w2-zero3"
+
+
+def test_layouts_at_the_same_micro_batch_that_differ_by_sharding_or_sync_are_series_of_their_own(tmp_path):
+    """DDP, ZeRO-3 and ZeRO-3 in the every sync at mb4-acc2-w2 all measured: one throughput per size per
+    series, so the knees and the throughput plot build (they raised 'appears twice in one series')."""
+    from dataclasses import replace
+
+    from sweeper.report.figures import knees_per_recipe
+    from sweeper.report.plots import throughput_vs_micro_batch
+
+    every = replace(layout(4, 2, 2, "zero3", sps=40), key="mb4-acc2-w2-zero3-every", gradient_sync="every")
+    layouts = [layout(4, 2, 2, sps=50), layout(8, 2, 2, sps=80), layout(4, 2, 2, "zero3", sps=45),
+               layout(8, 2, 2, "zero3", sps=70), every]
+    knees = knees_per_recipe(layouts, 0.10)
+    assert set(knees) == {(2, 2, ""), (2, 2, "zero3"), (2, 2, "zero3, sync every")}
+    assert knees[(2, 2, "")] is None  # 50 -> 80: still climbing
+    assert throughput_vs_micro_batch(layouts, knees, str(tmp_path / "t.png"), 0.10)

@@ -18,7 +18,7 @@ POINT = GridPoint(16, 2, 1, precision="bf16", checkpointing="blocks", lr_multipl
 PARAMS = {"point": POINT.point_key, "micro_batch_size": 16, "accumulation_steps": 2, "num_workers": 1,
           "global_batch_size": 32, "lr": 0.002, "seed": 3, "lr_multiplier": 2.0, "precision": "bf16",
           "parallelism": "ddp", "activation_checkpointing": "blocks", "optimizer": "adamw", "compiled": True,
-          "context": 64, "dataset": "digits"}
+          "context": 64, "dataset": "digits", "gradient_sync": "final"}
 # ... and what its worker measured: every figure the report reads, a diverged run's tags included.
 RESULT = {
     "trial_key": POINT.key, "status": "diverged", "error": "loss spiked", "divergence_reason": "spike",
@@ -28,13 +28,14 @@ RESULT = {
     "train_unigram_entropy_bits": 4.25, "train_loss": [2.5, 1.75, 1.25], "train_seconds": 8.0,
     "samples_seen": 4096, "steps_to_target": 96, "samples_to_target": 3072, "time_to_target_seconds": 6.5,
     "reached_target": 1, "throughput_emulated": "bf16 emulated: no avx512_bf16",
-    "eval_error": "OutOfMemoryError: evaluation", "gns_b_simple": 40.0, "gns_b_simple_train_avg": 36.0,
+    "eval_error": "OutOfMemoryError: evaluation", "memory_predicted_bytes": 2_500_000,
+    "communication_bytes_per_step": 65_536, "gns_b_simple": 40.0, "gns_b_simple_train_avg": 36.0,
     "tokens_per_second": 32768.0, "data_seconds_per_step": 0.01, "memory_parameters_bytes": 400_000,
     "evaluations": 3, "eval_seconds": 1.5, "checkpoint_write_seconds": 0.25,
 }
-# Trial fields whose figures other branches add to the schema (data_wait_fraction: the streaming data's,
-# comm_bytes_per_step: the sharding's measured communication); read under those names once recorded.
-NOT_YET_IN_THE_SCHEMA = {"data_wait_fraction", "comm_bytes_per_step"}
+# Trial fields whose figures other branches add to the schema (data_wait_fraction: the streaming data's); read
+# under those names once recorded.
+NOT_YET_IN_THE_SCHEMA = {"data_wait_fraction"}
 
 
 def test_every_trial_field_comes_back_from_a_real_store_under_its_recorded_name(tmp_path):
@@ -54,6 +55,7 @@ def test_every_trial_field_comes_back_from_a_real_store_under_its_recorded_name(
         steps_to_target=96.0, samples_to_target=3072.0, time_to_target_seconds=6.5, reached_target=True,
         gns_b_simple=40.0, gns_b_simple_train_avg=36.0, num_classes=10, tokens_per_second=32768.0, val_loss_se=0.05,
         val_bits_per_byte=1.5, train_unigram_entropy_bits=4.25, context=64, memory_activations_bytes=1_048_576.0,
+        gradient_sync="final", memory_predicted_bytes=2_500_000.0, communication_bytes_per_step=65_536.0,
         data_seconds_per_step=0.01, memory_parameters_bytes=400_000.0, evaluations=3, eval_seconds=1.5,
         checkpoint_write_seconds=0.25,
     )

@@ -365,3 +365,23 @@ def test_the_lr_table_and_recipe_sections_judge_by_the_sweeps_recorded_drop():
     shown = dict(sections._recipe_sections(trials, {}, 0.02))
     assert "bf16 with no checkpointing is not recommended: its accuracy is more than" in \
         shown["Recipes against fp32: accuracy by the recommendation's rule"]
+
+
+def test_when_data_parallelism_cannot_hold_the_model_the_answer_says_so(tmp_path):
+    """driver.predicted.beyond_data_parallelism's line, recorded on the sweep (param data_parallel_limit), is in
+    the answer the console prints, in recommendation.yaml and in the report."""
+    import yaml
+
+    uri, tracker, parent = recorded_sweep(tmp_path)
+    line = ("even ZeRO-3 at 4 workers (mb1-acc1-w4-zero3, the smallest layout swept) is predicted at 90.0 MiB per "
+            "worker, over device.memory_budget_gb (64.0 MiB): data parallelism alone cannot hold this model here. "
+            "More workers shard it further; tensor or pipeline parallelism, which split each layer or the layers "
+            "themselves, are outside sweeper's scope")
+    tracker.log_sweep_params({"data_parallel_limit": line})
+    made = build(tracker.store, parent, ReportConfig(), str(tmp_path / "out"))
+    assert f"Data parallelism is not enough: {line}." in made.text
+    assert yaml.safe_load(open(made.yaml_path))["beyond_data_parallelism"] == line
+    assert "Beyond data parallelism" in open(made.html_path).read()
+    _, other, other_parent = recorded_sweep(tmp_path / "plain")
+    plain = build(other.store, other_parent, ReportConfig(), str(tmp_path / "plain-out"))
+    assert "Data parallelism is not enough" not in plain.text

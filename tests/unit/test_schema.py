@@ -32,6 +32,7 @@ NOT_ON_ONE_CPU_POINT = LANGUAGE_MODEL_ONLY | {
     "memory_estimated_peak_bytes", "memory_estimate_error",
     # a sweep with a sharded parallelism's prediction (test_parallelism, test_e2e_parallelism)
     "memory_predicted_bytes", "memory_prediction_error",
+    "communication_predicted_bytes_per_step", "communication_prediction_error",
     # a zero1 or hsdp point's communication per step (test_hybrid_sharding, test_e2e_hybrid)
     "communication_within_node_bytes_per_step", "communication_across_nodes_bytes_per_step",
     # the recipe's: fp16's loss scaling, checkpointing, compilation, clipping and a loss that counts items

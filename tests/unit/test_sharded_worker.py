@@ -45,9 +45,9 @@ def _sequences(count: int) -> TensorDataset:
     return TensorDataset(tokens[:, :-1], tokens[:, 1:])
 
 
-def _spec(parallelism: str, workers: int, save_to: str) -> PointSpec:
+def _spec(parallelism: str, workers: int, save_to: str, sync: str = "final") -> PointSpec:
     cfg = config.load(compose_cfg("model=mlp", "data=digits", "optim=adamw", "gns.enabled=false"))
-    point = GridPoint(16, 2, workers, parallelism=parallelism)
+    point = GridPoint(16, 2, workers, parallelism=parallelism, gradient_sync=sync)
     return PointSpec(model=cfg.model, data=cfg.data, train=cfg.train, measure=MEASURE, point=point, lr=0.01,
                      steps=STEPS, optim=cfg.optim, loss=cfg.loss, eval=cfg.eval, divergence=cfg.divergence,
                      gns=cfg.gns, save_state_to=save_to)
@@ -55,7 +55,22 @@ def _spec(parallelism: str, workers: int, save_to: str) -> PointSpec:
 
 def _figures(result) -> dict:
     return dict(status=result.status, loss=list(result.train_loss or []), accuracy=result.get("val_accuracy"),
-                val_loss=result.get("val_loss"), norms=result.get("grad_norm"), error=result.error)
+                val_loss=result.get("val_loss"), norms=result.get("grad_norm"), error=result.error,
+                sync=result.gradient_sync, sent=result.get("communication_bytes_per_step"),
+                collectives=result.get("communication_collectives_per_step"))
+
+
+def _held_by_the_worker(spec: PointSpec, rank: int, world: int) -> list:
+    """The worker's own setup of a point (worker.step.setup): each parameter of the model it trains, as (its
+    type's name, elements this rank holds, elements of the whole)."""
+    from sweeper.measure import telemetry
+    from sweeper.worker.step import setup
+    from sweeper.workloads import datasets
+
+    splits = datasets.load(spec.data, spec.model.input_shape)
+    run = setup(spec, WorkerContext(rank, world), telemetry.select(False, 0), splits)
+    return [(type(p).__name__, (p.to_local() if hasattr(p, "to_local") else p).numel(), p.numel())
+            for p in run.model.parameters()]
 
 
 def _sharded_evaluation(rank: int, world: int) -> dict:
@@ -87,7 +102,8 @@ def _rank(rank: int, world: int, folder: str, specs) -> None:
     dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=60))
     try:
-        out = {"evaluation": _sharded_evaluation(rank, world), "grad_norm": _sharded_grad_norm()}
+        out = {"evaluation": _sharded_evaluation(rank, world), "grad_norm": _sharded_grad_norm(),
+               "held": {name: _held_by_the_worker(spec, rank, world) for name, spec in specs.items()}}
         for name, spec in specs.items():
             out[name] = _figures(train_point(spec, WorkerContext(rank, world)))
     finally:
@@ -102,6 +118,7 @@ def _rank(rank: int, world: int, folder: str, specs) -> None:
 def two_ranks(tmp_path_factory):
     folder = str(tmp_path_factory.mktemp("sharded_worker"))
     specs = {name: _spec(name, 2, os.path.join(folder, name)) for name in ("ddp", "zero3")}
+    specs["zero3 every"] = _spec("zero3", 2, None, "every")
     mp.spawn(_rank, args=(2, folder, specs), nprocs=2, join=True)
     ranks = [torch.load(os.path.join(folder, f"rank{r}.pt"), weights_only=False) for r in range(2)]
     return dict(ranks=ranks, folder=folder)
@@ -147,3 +164,32 @@ def test_the_gradient_norm_of_a_sharded_model_is_the_whole_gradients(two_ranks):
     for rank in two_ranks["ranks"]:
         norms = rank["grad_norm"]
         assert norms["sharded"] == pytest.approx(norms["alone"], rel=1e-5)
+
+
+def test_the_worker_trains_zero3_on_dtensor_shards_of_half_of_every_parameter(two_ranks):
+    """Would fail if ZeRO-3 silently ran as DDP: the worker's own setup holds DTensors, 1/2 of each on a rank."""
+    for rank in two_ranks["ranks"]:
+        sharded, whole = rank["held"]["zero3"], rank["held"]["ddp"]
+        assert {name for name, _, _ in sharded} == {"DTensor"} and "DTensor" not in {name for name, _, _ in whole}
+        assert all(local * 2 == total for _, local, total in sharded)  # every dim 0 of the MLP is even
+        assert sum(local for _, local, _ in sharded) * 2 == sum(local for _, local, _ in whole)
+
+
+def test_each_point_records_the_gradient_sync_its_worker_did_and_the_collectives_it_counted(two_ranks):
+    from sweeper.measure import communication, fake_memory
+
+    rank0 = two_ranks["ranks"][0]
+    ddp, final, every = rank0["ddp"], rank0["zero3"], rank0["zero3 every"]
+    assert (ddp["sync"], final["sync"], every["sync"]) == ("final", "final", "every")
+    assert every["status"] == "ok" and every["loss"] == pytest.approx(final["loss"], abs=TOLERANCE)
+    cfg = config.load(compose_cfg("model=mlp", "data=digits", "optim=adamw", "gns.enabled=false"))
+    units = fake_memory.model_units(cfg, 10)
+    whole = sum(u.numel() for u in units) * 4
+    # One ring all-reduce of the gradients at 2 workers (2 x 1/2 x their bytes), and DDP's own broadcasts of a few
+    # bytes of its state in forward (52 here).
+    assert whole <= ddp["sent"] < whole + 1024
+    for figures, sync in ((final, "final"), (every, "every")):
+        predicted = communication.per_step(units, "zero3", 2, 2, sync).bytes
+        # + 8 bytes: the divergence check's all-reduce of the gradient norm's square (a float64), sweeper's own
+        assert figures["sent"] == predicted + 8 and predicted > ddp["sent"]
+    assert every["collectives"] > final["collectives"]  # a reduce-scatter per unit per micro-step

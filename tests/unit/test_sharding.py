@@ -44,9 +44,11 @@ def _optimizer(model: nn.Module) -> torch.optim.Optimizer:
     return torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
 
 
-def _train(model, optimizer, steps, rank=0, world=1, on_micro_step=None, skip_reduce=True):
+def _train(model, optimizer, steps, rank=0, world=1, on_micro_step=None, skip_reduce=True, sync="final",
+           parallelism="ddp"):
     """The global batch's mean loss at each of `steps` (a range of step indices): each rank takes its share
-    of the global batch in micro-batches of MICRO, skipping the reduce before the last (sharding's context)."""
+    of the global batch in micro-batches of MICRO, reducing as sharding's context says for `sync` (final:
+    skipping the reduce before the last micro-step; every: at each)."""
     inputs, targets = _batches()
     share = GLOBAL_BATCH // world
     accumulation = share // MICRO
@@ -55,7 +57,7 @@ def _train(model, optimizer, steps, rank=0, world=1, on_micro_step=None, skip_re
         total = torch.zeros(())
         for micro in range(accumulation):
             rows = slice(rank * share + micro * MICRO, rank * share + (micro + 1) * MICRO)
-            with (sharding.accumulation_context(model, micro, accumulation) if skip_reduce
+            with (sharding.accumulation_context(model, micro, accumulation, sync, parallelism) if skip_reduce
                   else contextlib.nullcontext()):
                 loss = F.cross_entropy(model(inputs[step, rows]).flatten(0, 1), targets[step, rows].flatten())
                 (loss / accumulation).backward()
@@ -102,6 +104,10 @@ def _rank(rank: int, world: int, folder: str) -> None:
         out["bf16"] = _bf16_step(rank, world)
         out["reduce_scatters"] = _count_reduce_scatters(rank, world)
         out["ddp_all_reduces"] = _count_ddp_all_reduces(rank, world)
+        out["every"] = {p: _train(*_built(p), range(STEPS), rank, world, sync="every", parallelism=p)
+                        for p in sharding.PARALLELISMS}
+        out["per_micro_step"] = {(p, sync): _collectives_per_micro_step(p, sync, rank, world)
+                                 for p in sharding.PARALLELISMS for sync in ("final", "every")}
         out["continued"] = _continue_as_zero3(rank, world, folder)
         torch.save(out, os.path.join(folder, f"rank{rank}.pt"))
     finally:
@@ -141,7 +147,7 @@ def _count_reduce_scatters(rank: int, world: int):
         per_micro = []
         dist.reduce_scatter_single, calls[0] = counting, 0
         try:
-            _train(model, _optimizer(model), range(1), rank, world, on_micro_step=lambda m: note(per_micro),
+            _train(model, _optimizer(model), range(1), rank, world, on_micro_step=lambda m, seen=per_micro: note(seen),
                    skip_reduce=skip)
         finally:
             dist.reduce_scatter_single = real
@@ -170,6 +176,37 @@ def _count_ddp_all_reduces(rank: int, world: int):
 
     _train(model, _optimizer(model), range(1), rank, world, on_micro_step=note)
     return per_micro
+
+
+def _built(parallelism: str):
+    model, _ = sharding.apply(_model(), parallelism)
+    return model, _optimizer(model)
+
+
+def _collectives_per_micro_step(parallelism: str, sync: str, rank: int, world: int):
+    """The collectives of each micro-step of one step at accumulation 2 (counted where they reach the process
+    group), by kind, and what sharding.observed_sync read back from the wrapped model inside the first."""
+    from collections import Counter
+
+    from sweeper.measure.collective_count import CollectiveCounter
+
+    model, optimizer = _built(parallelism)
+    _train(model, optimizer, range(1), rank, world, sync=sync, parallelism=parallelism)  # warm: DDP's buckets
+    seen, read = [], []
+
+    def note(micro):
+        seen.append(Counter(kind for kind, _ in counter.calls))
+        counter.calls.clear()
+
+    def observe(micro):
+        if micro == 0:
+            read.append(sharding.observed_sync(model, 0, 2))
+
+    with CollectiveCounter() as counter:
+        with sharding.accumulation_context(model, 0, 2, sync, parallelism):
+            observe(0)
+        _train(model, optimizer, range(1, 2), rank, world, on_micro_step=note, sync=sync, parallelism=parallelism)
+    return dict(kinds=seen, observed=read[0])
 
 
 def _continue_as_zero3(rank: int, world: int, folder: str):
@@ -289,3 +326,25 @@ def test_bf16_computes_with_bf16_weights_and_keeps_fp32_shards_and_gradients(two
     assert bf16["sharded"] == torch.float32 and bf16["grad"] == torch.float32  # what AdamW steps on
     assert abs(bf16["loss"] - two_ranks["reference"][0]) < 0.05  # bf16's rounding, the same model
     assert sharding.mixed_precision("fp32").param_dtype is None
+
+
+def test_every_micro_step_reducing_trains_the_same_model_in_every_layout(two_ranks):
+    every = two_ranks["ranks"][0]["every"]
+    for parallelism in sharding.PARALLELISMS:
+        assert every[parallelism] == pytest.approx(two_ranks["reference"], abs=TOLERANCE), parallelism
+
+
+def test_each_sync_reduces_where_it_says_and_zero2_gathers_once_per_step(two_ranks):
+    counts = two_ranks["ranks"][0]["per_micro_step"]
+    units = LAYERS + 1
+    kinds = {key: [(c.get("all_gather", 0), c.get("reduce_scatter", 0), c.get("all_reduce", 0)) for c in found["kinds"]]
+             for key, found in counts.items()}
+    # (all-gathers, reduce-scatters, all-reduces) at micro-steps 0 and 1 (the divergence-free loop here)
+    assert kinds[("zero2", "final")] == [(units, 0, 0), (0, units, 0)]  # weights kept gathered across micro-steps
+    assert kinds[("zero2", "every")] == [(units, units, 0), (0, units, 0)]
+    assert kinds[("zero3", "final")] == [(units + LAYERS, 0, 0), (units + LAYERS, units, 0)]
+    assert kinds[("zero3", "every")] == [(units + LAYERS, units, 0), (units + LAYERS, units, 0)]
+    assert kinds[("ddp", "final")][0][2] == 0 and kinds[("ddp", "final")][1][2] >= 1
+    assert kinds[("ddp", "every")][0][2] >= 1  # no no_sync: an all-reduce per micro-step
+    assert {key: found["observed"] for key, found in counts.items()} == {
+        (p, sync): sync for p in sharding.PARALLELISMS for sync in ("final", "every")}

@@ -10,7 +10,7 @@ from typing import Dict, Iterable, List, Sequence, Tuple
 from matplotlib.axes import Axes
 from matplotlib.lines import Line2D
 
-from sweeper.report import folding
+from sweeper.report import folding, parallelism
 from sweeper.report.analysis import Trial, replicates
 from sweeper.report.plots import canvas
 
@@ -61,11 +61,17 @@ def by_series(trials: Iterable[Trial]) -> Dict[Series, List[Trial]]:
 
 
 def series_of(t: Trial) -> Series:
-    """A trial's series: its accumulation and workers, and its recipe and LR multiplier when they are
-    not the defaults (a layout-folded trial carries no multiplier)."""
+    """A trial's series: its accumulation and workers, and its recipe, sharding, gradient sync and LR
+    multiplier when they are not the defaults (a layout-folded trial carries no multiplier). The sharding
+    and the sync are in it because each is a layout of its own at the same micro-batch (one series holds one
+    throughput per size)."""
     extra = []
     if folding.recipe(t) != folding.DEFAULT_RECIPE:
         extra.append(folding.recipe_label(folding.recipe(t)))
+    if parallelism.of(t) != parallelism.DEFAULT:
+        extra.append(parallelism.of(t))
+    if t.gradient_sync == "every":
+        extra.append("sync every")
     if t.lr_multiplier is not None and t.lr_multiplier != 1.0:
         extra.append(f"LR x{t.lr_multiplier:g}")
     if t.context is not None and "-ctx" in t.point:  # a point of sweep.context_lengths
