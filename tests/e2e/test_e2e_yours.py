@@ -51,9 +51,11 @@ def test_a_ray_train_style_loop_sweeps_four_layouts_with_the_built_in_loops_reco
     assert "FLOPs (MFU) and the fake-tensor memory estimate are skipped: the training is yours" in result.stdout
     runs, curves = _trials(tmp_path, "loop")
     assert sorted(runs) == ["mb16-acc1-w1", "mb4-acc2-w2", "mb8-acc1-w2", "mb8-acc2-w1"]
-    # what only sweeper's own evaluation knows: the split's size and classes, its loss's spread
+    # what only sweeper's own evaluation knows (the split's size and classes, its loss's spread, its batch size)
+    # and what only the built-in step counts (its collectives: your loop's backward is not counted yet)
     fields, built_in_losses = _built_in()
-    expected = fields - {"val_loss_se", "val_samples", "num_classes"}
+    expected = fields - {"val_loss_se", "val_samples", "num_classes", "eval_batch_size",
+                         "communication_bytes_per_step", "communication_collectives_per_step"}
     for key, run in runs.items():
         assert run.data.tags["sweeper.status"] == "ok", (key, run.data.tags.get("sweeper.error"))
         assert run.data.params["loop_fn"] == "tests.your_loop.train_loop_per_worker"

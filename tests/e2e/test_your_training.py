@@ -42,9 +42,9 @@ def test_a_hugging_face_classifier_from_a_csv_is_swept_with_its_recipe_and_judge
         "data=custom", "data._target_=examples.hf_classifier.load_csv", "data.num_classes=2",
         f"+data.kwargs.train_path={tmp_path / 'train.csv'}", f"+data.kwargs.val_path={tmp_path / 'val.csv'}",
         "data.collate_fn=examples.hf_classifier.collate", "eval.metrics_fn=examples.hf_classifier.F1",
-        "report.quality_metric=f1", "optim=adamw", "optim.lr=0.003", "optim.weight_decay=0.01",
+        "report.quality_metric=f1", "optim=adamw", "optim.lr=0.002", "optim.weight_decay=0.01",
         "optim.no_decay=[bias,LayerNorm]", "train.lr_schedule=cosine", "train.warmup_steps=4",
-        "train.grad_clip_norm=1.0", "train.epochs=3", "sweep.micro_batch_sizes=[16,32]",
+        "train.grad_clip_norm=1.0", "train.epochs=6", "sweep.micro_batch_sizes=[16,32]",
         "sweep.accumulation_steps=[1]", "measure.warmup_steps=2", "measure.windows=3",
         "tracking.experiment_name=yours", cwd=tmp_path,
     )
