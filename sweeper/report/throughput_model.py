@@ -8,9 +8,12 @@ One optimizer step's seconds:
            + [workers > 1] x (latency + bytes / bandwidth + accumulation x contention x micro-batch)
 
 where `per_step` is what an optimizer step costs once, whatever its accumulation (the update, zeroing the gradients:
-measured apart only where the accumulation varies), `bytes` is what each worker moves per step
-(`comm_bytes_per_step`: the points' own measured figure where they record one, else what the parallelism's
-collectives move), `fixed` and `per_sample` are a micro-step's compute, and the bandwidth is fitted from the points
+measured apart only where the accumulation varies), `bytes` is what each worker moves per step: in shares of the
+model ((N-1)/N of its parameter bytes), a part once per step and a part per micro-step (`comm_bytes_per_step`
+gives what the parallelism's collectives move); where the points recorded what they moved
+(communication_bytes_per_step), the two parts are fitted to those figures instead and predict every layout
+(FSDP2 keeps its root's weights gathered from forward to backward, so ZeRO-3 gathers less than twice per
+micro-step: 1.1 shares on the MLP benchmark, not 2), `fixed` and `per_sample` are a micro-step's compute, and the bandwidth is fitted from the points
 with more than one worker unless cluster.interconnect_gbps gives it. The latency is fitted only where two world
 sizes above one were measured (with one, it cannot be told from the bandwidth). `contention` is a cost per sample
 that appears only with more than one worker: workers that share a node's cores or memory bandwidth (all of them on
@@ -64,17 +67,48 @@ def comm_bytes_per_step(parallelism: str, workers: int, accumulation_steps: int,
     them once per step and all-gather the weights at every micro-step: ZeRO-2 in forward (FSDP2 reshards after
     each backward), ZeRO-3 in forward and again in backward. `gather_ratio`: the gathered weights' bytes per
     value over the gradients' (bf16 weights, fp32 gradients: 0.5). The one place the model says what a
-    parallelism moves: a point's measured figure (Trial.communication_bytes_per_step) replaces it where recorded.
+    parallelism moves where nothing was recorded: where points recorded their bytes
+    (Trial.communication_bytes_per_step), fitted_bytes_rule fits its two parts to them.
     ZeRO-1: DDP's all-reduce, then each rank broadcasts its share of the updated (fp32) weights once per step
     (measure.node_traffic's zero1). HSDP: as ZeRO-3 over all its workers, exact on one node (its mesh is then
     (1, workers)); across nodes the record read here holds no node count (node_traffic has the split)."""
+    return bytes_of_shares(bytes_rule(parallelism, gather_ratio), workers, accumulation_steps, parameter_bytes)
+
+
+def bytes_rule(parallelism: str, gather_ratio: float = 1.0) -> Tuple[float, float]:
+    """(shares moved once per optimizer step, shares moved per micro-step) that the parallelism's collectives
+    move, a share being (N-1)/N of the parameter bytes (comm_bytes_per_step)."""
+    if parallelism in ("ddp", "zero1"):
+        return (2.0 if parallelism == "ddp" else 3.0), 0.0
+    return 1.0, {"zero2": 1, "zero3": 2, "hsdp": 2}[parallelism] * gather_ratio
+
+
+def bytes_of_shares(rule: Tuple[float, float], workers: int, accumulation_steps: int,
+                    parameter_bytes: float) -> float:
+    """Bytes each worker moves per step under `rule` (bytes_rule's two parts); none with one worker."""
     if workers <= 1:
         return 0.0
-    share = (workers - 1) / workers * parameter_bytes
-    if parallelism in ("ddp", "zero1"):
-        return (2 if parallelism == "ddp" else 3) * share
-    gathers = {"zero2": 1, "zero3": 2, "hsdp": 2}[parallelism] * accumulation_steps
-    return share * (1 + gathers * gather_ratio)
+    once, per_micro_step = rule
+    return (workers - 1) / workers * parameter_bytes * (once + per_micro_step * accumulation_steps)
+
+
+def fitted_bytes_rule(observed: Sequence["Observed"], default: Tuple[float, float],
+                      parameter_bytes: float) -> Tuple[float, float]:
+    """The two parts of `default` fitted to the bytes the points above one worker recorded: both parts by least
+    squares where two accumulations were measured (each >= 0), else `default` scaled to the figures' mean
+    ratio; `default` itself where none recorded what it moved."""
+    found = [(o.layout.accumulation_steps,
+              o.comm_bytes / ((o.layout.num_workers - 1) / o.layout.num_workers * parameter_bytes))
+             for o in observed if o.bytes_measured and o.layout.num_workers > 1]
+    if not found:
+        return default
+    if len({a for a, _ in found}) >= 2:
+        x = np.array([[1.0, float(a)] for a, _ in found])
+        values, *_ = np.linalg.lstsq(x, np.array([shares for _, shares in found]), rcond=None)
+        if (values >= 0).all():
+            return float(values[0]), float(values[1])
+    scale = statistics.mean(shares / (default[0] + default[1] * a) for a, shares in found)
+    return default[0] * scale, default[1] * scale
 
 
 @dataclass(frozen=True)
@@ -100,6 +134,7 @@ class Observed:
     layout: Layout
     samples_per_second: float
     comm_bytes: float
+    bytes_measured: bool = False  # comm_bytes is the point's recorded figure (else the parallelism's formula)
 
     @property
     def step_seconds(self) -> float:
@@ -161,6 +196,8 @@ class GroupModel:
     loo_errors: Dict[str, float]  # point key -> predicted / measured - 1, by the fit to the others
     beyond_error: Optional[float]  # None: unbounded
     excluded: Dict[str, str] = field(default_factory=dict)  # data-bound points, with why
+    # (shares once per step, per micro-step) each worker moves: fitted_bytes_rule over the points' records
+    shares_moved: Optional[Tuple[float, float]] = None
 
     @property
     def parallelism(self) -> str:
@@ -181,8 +218,8 @@ class GroupModel:
         return statistics.median(values) if values else None
 
     def comm_bytes(self, layout: Layout) -> float:
-        return comm_bytes_per_step(self.parallelism, layout.num_workers, layout.accumulation_steps,
-                                   self.parameter_bytes or 1.0, self.gather_ratio)
+        rule = self.shares_moved or bytes_rule(self.parallelism, self.gather_ratio)
+        return bytes_of_shares(rule, layout.num_workers, layout.accumulation_steps, self.parameter_bytes or 1.0)
 
     def predict(self, layout: Layout) -> Optional[Prediction]:
         """The layout's predicted throughput and its error; None where the fit cannot say (more than one worker
@@ -269,14 +306,20 @@ def fit_group(group: Group, members: Sequence[Trial], interconnect_gbps: Optiona
     coefficients = fit(observed, per_byte)
     if coefficients is None:
         return None
+    default = bytes_rule(group[0], gather_ratio)
     loo = {}
     for i, one in enumerate(observed):
-        refit = fit(observed[:i] + observed[i + 1:], per_byte)
-        step = None if refit is None else refit.step_seconds(one.layout, one.comm_bytes)
+        others = observed[:i] + observed[i + 1:]
+        refit = fit(others, per_byte)
+        # the left-out point's bytes as a layout never measured gets them: from the others' records
+        moved = bytes_of_shares(fitted_bytes_rule(others, default, parameter_bytes or 1.0), one.layout.num_workers,
+                                one.layout.accumulation_steps, parameter_bytes or 1.0)
+        step = None if refit is None else refit.step_seconds(one.layout, moved)
         if step:
             loo[one.key] = (one.layout.global_batch_size / step) / one.samples_per_second - 1
     return GroupModel(group, coefficients, observed, parameter_bytes, gather_ratio, per_byte is not None, loo,
-                      _beyond_error(observed, per_byte), excluded)
+                      _beyond_error(observed, per_byte, default, parameter_bytes or 1.0), excluded,
+                      fitted_bytes_rule(observed, default, parameter_bytes or 1.0))
 
 
 def _parameter_bytes(members: Sequence[Trial], parallelism: str) -> Optional[float]:
@@ -292,7 +335,8 @@ def _observed(t: Trial, parallelism: str, parameter_bytes: float, gather_ratio: 
     modelled = comm_bytes_per_step(parallelism, t.num_workers, t.accumulation_steps, parameter_bytes, gather_ratio)
     measured = (t.communication_bytes_per_step if t.communication_bytes_per_step is not None and t.num_workers > 1
                 else None)
-    return Observed(t.key, layout, float(t.samples_per_second), modelled if measured is None else float(measured))
+    return Observed(t.key, layout, float(t.samples_per_second), modelled if measured is None else float(measured),
+                    measured is not None)
 
 
 def fit(observed: Sequence[Observed], seconds_per_byte: Optional[float] = None) -> Optional[Coefficients]:
@@ -360,9 +404,11 @@ def _solve(x: np.ndarray, y: np.ndarray, weights: np.ndarray) -> Optional[Tuple[
     return float(((xw @ values - yw) ** 2).sum()), values
 
 
-def _beyond_error(observed: Sequence[Observed], seconds_per_byte: Optional[float]) -> Optional[float]:
+def _beyond_error(observed: Sequence[Observed], seconds_per_byte: Optional[float], default: Tuple[float, float],
+                  parameter_bytes: float) -> Optional[float]:
     """The worst error of predicting the points at the largest measured world size from the fit to the points at
-    smaller ones; None (unbounded) when there are none, or that fit cannot predict them."""
+    smaller ones (their bytes from the smaller ones' records); None (unbounded) when there are none, or that fit
+    cannot predict them."""
     largest = max(o.layout.num_workers for o in observed)
     smaller = [o for o in observed if o.layout.num_workers < largest]
     if largest <= 1 or not smaller:
@@ -370,11 +416,13 @@ def _beyond_error(observed: Sequence[Observed], seconds_per_byte: Optional[float
     refit = fit(smaller, seconds_per_byte)
     if refit is None:
         return None
+    rule = fitted_bytes_rule(smaller, default, parameter_bytes)
     errors = []
     for o in observed:
         if o.layout.num_workers != largest:
             continue
-        step = refit.step_seconds(o.layout, o.comm_bytes)
+        step = refit.step_seconds(o.layout, bytes_of_shares(rule, o.layout.num_workers, o.layout.accumulation_steps,
+                                                            parameter_bytes))
         if not step:
             return None
         errors.append(abs((o.layout.global_batch_size / step) / o.samples_per_second - 1))

@@ -70,6 +70,28 @@ def test_the_model_recovers_its_own_coefficients_and_predicts_what_was_not_measu
     assert four.error is None and four.rule.startswith("unbounded")
 
 
+def test_recorded_bytes_fit_what_the_parallelism_moves_once_and_per_micro_step():
+    # ZeRO-3 of 4e6 parameter bytes (2e6 per worker at 2 workers; a share (2-1)/2 x 4e6 = 2e6), whose points
+    # recorded what they moved: 1.5 shares at accumulation 1 (3e6 bytes), 2.5 at accumulation 2 (5e6), so half a
+    # share once per step and one per micro-step, not the formula's 1 + 2 (FSDP2 keeps its root gathered). Step
+    # seconds as above with those bytes at 1 GB/s: mb16-acc1-w2 0.031 + 0.003 = 0.034; mb32-acc2-w2 0.089 + 0.005.
+    z3 = partial(point, suffix="-zero3", parallelism="zero3")
+    ones = [z3(mb, acc, 1, samples_per_second=mb * acc / (acc * (0.010 + 0.001 * mb) + 0.005),
+               memory_parameters_bytes=P) for mb, acc in ((16, 1), (32, 1), (16, 2), (32, 2))]
+    twos = [z3(16, 1, 2, samples_per_second=32 / 0.034, memory_parameters_bytes=P / 2,
+               communication_bytes_per_step=3e6),
+            z3(32, 2, 2, samples_per_second=128 / 0.094, memory_parameters_bytes=P / 2,
+               communication_bytes_per_step=5e6)]
+    model = tm.fit_all(ones + twos)[tm.group_of(twos[0])]
+    assert model.shares_moved == pytest.approx((0.5, 1.0))
+    # Each 2-worker point left out takes its bytes from the other's record (the formula's 1 + 2 per micro-step
+    # scaled to it: 1.5 / 3 or 2.5 / 5, half), as a layout never measured would: exact.
+    assert model.within_error == pytest.approx(0.0, abs=1e-9)
+    # mb16-acc4-w2, never measured: 4 x 0.026 + 0.005 = 0.109 s of compute and 2e6 x (0.5 + 4) = 9e6 bytes, 9 ms:
+    # 128 samples in 0.118 s (the formula's 2e6 x (1 + 8) = 18e6 bytes would say 0.127 s).
+    assert model.predict(tm.Layout(16, 4, 2)).samples_per_second == pytest.approx(128 / 0.118)
+
+
 def test_a_given_interconnect_bounds_the_extrapolation_with_its_measured_error():
     # 8 Gb/s is 1 GB/s, the points' own: the 1-worker fit predicts the 2-worker points exactly.
     model = tm.fit_all(POINTS, interconnect_gbps=8)[tm.group_of(POINTS[0])]
