@@ -9,19 +9,19 @@ One optimizer step's seconds:
 
 where `per_step` is what an optimizer step costs once, whatever its accumulation (the update, zeroing the gradients:
 measured apart only where the accumulation varies), `bytes` is what each worker moves per step: in shares of the
-model ((N-1)/N of its parameter bytes), a part once per step and a part per micro-step (`comm_bytes_per_step`
-gives what the parallelism's collectives move); where the points recorded what they moved
-(communication_bytes_per_step), the two parts are fitted to those figures instead and predict every layout
-(FSDP2 keeps its root's weights gathered from forward to backward, so ZeRO-3 gathers less than twice per
-micro-step: 1.1 shares on the MLP benchmark, not 2), `fixed` and `per_sample` are a micro-step's compute, and the bandwidth is fitted from the points
-with more than one worker unless cluster.interconnect_gbps gives it. The latency is fitted only where two world
-sizes above one were measured (with one, it cannot be told from the bandwidth). `contention` is a cost per sample
-that appears only with more than one worker: workers that share a node's cores or memory bandwidth (all of them on
-one CPU machine) compute slower together than alone; fitted where the workers' shares differ above one worker.
-Weighted least squares on relative residuals, every coefficient >= 0 (the best subset of terms that fits without a
-negative one). Points whose steps waited on data for more than DATA_BOUND of their time measure the input pipeline,
-not the model, and points whose timed windows spread over NOISY_CV measure the machine's other load: both are left
-out of the fit (and said so).
+model ((N-1)/N of its parameter bytes), a part once per step and a part per micro-step (`comm_bytes_per_step` gives
+what the parallelism's collectives move); where the points recorded what they moved (communication_bytes_per_step),
+the two parts are fitted to those figures instead and predict every layout (FSDP2 keeps its root's weights gathered
+from forward to backward, so ZeRO-3 gathers less than twice per micro-step: 1.1 shares on the MLP benchmark, not 2).
+`fixed` and `per_sample` are a micro-step's compute, and the bandwidth is fitted from the points with more than one
+worker unless cluster.interconnect_gbps gives it. The latency is fitted only where two world sizes above one were
+measured (with one, it cannot be told from the bandwidth). `contention` is a cost per sample that appears only with
+more than one worker: workers that share a node's cores or memory bandwidth (all of them on one CPU machine) compute
+slower together than alone; fitted where the workers' shares differ above one worker. Weighted least squares on
+relative residuals, every coefficient >= 0 (the best subset of terms that fits without a negative one). Points whose
+steps waited on data for more than DATA_BOUND of their time measure the input pipeline, not the model, and points
+whose timed windows spread over NOISY_CV measure the machine's other load: both are left out of the fit (and said
+so).
 
 The error each prediction carries, measured on the sweep's own points:
 - a world size within the measured ones: leave-one-out, each measured point predicted by the fit to the others;
